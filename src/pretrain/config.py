@@ -1,0 +1,219 @@
+"""Typed schemas of the composed run config.
+
+Every config group in `conf/` is checked against one of these dataclasses. OmegaConf checks
+types while Hydra composes; `validate` then builds the dataclasses, whose `__post_init__`
+checks values and cross-group constraints, so a bad value fails before training starts with
+an error that names the key.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+FORMATS = ("full_sentences", "doc_sentences", "segment_pair")
+PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key and says what would be right."""
+
+
+def _check(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: {expected}")
+
+
+def _unit_interval(key: str, value: float, *, open_low: bool = True, open_high: bool = True) -> None:
+    low_ok = value > 0 if open_low else value >= 0
+    high_ok = value < 1 if open_high else value <= 1
+    lo, hi = "(" if open_low else "[", ")" if open_high else "]"
+    _check(low_ok and high_ok, key, value, f"must lie in {lo}0, 1{hi}")
+
+
+@dataclass
+class ModelConfig:
+    """A BERT-style encoder; sizes in units of features, layers and heads."""
+
+    name: str = "bert_tiny"
+    _target_: str = "pretrain.models.bert.BertEncoder"
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                    "max_position_embeddings", "type_vocab_size"):
+            _check(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
+        _check(self.hidden_size % self.num_attention_heads == 0, "model.hidden_size", self.hidden_size,
+               f"must be divisible by model.num_attention_heads ({self.num_attention_heads})")
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            _unit_interval(f"model.{key}", getattr(self, key), open_low=False)
+
+
+@dataclass
+class ObjectiveConfig:
+    """What is corrupted and predicted. Probabilities are per selected token."""
+
+    name: str = "mlm_nsp"
+    _target_: str = "pretrain.objectives.mlm.MaskedLanguageModel"
+    nsp: bool = True
+    mlm_probability: float = 0.15
+    mask_token_probability: float = 0.8
+    random_token_probability: float = 0.1
+    masking: str = "dynamic"
+    dupe_factor: int = 10
+
+    def __post_init__(self) -> None:
+        _unit_interval("objective.mlm_probability", self.mlm_probability)
+        _unit_interval("objective.mask_token_probability", self.mask_token_probability, open_low=False, open_high=False)
+        _unit_interval("objective.random_token_probability", self.random_token_probability, open_low=False, open_high=False)
+        total = self.mask_token_probability + self.random_token_probability
+        _check(total <= 1 + 1e-9, "objective.mask_token_probability + objective.random_token_probability",
+               total, "must be at most 1 (the rest of the selected tokens stay unchanged)")
+        _check(self.masking in ("dynamic", "static"), "objective.masking", self.masking, "must be 'dynamic' or 'static'")
+        _check(self.dupe_factor >= 1, "objective.dupe_factor", self.dupe_factor, "must be at least 1")
+
+
+@dataclass
+class DataConfig:
+    """Where the shards are and how documents become batches. Lengths in tokens."""
+
+    format: str = "segment_pair"
+    shards_dir: str = "data/builtin"
+    tokenizer_dir: Optional[str] = None
+    max_seq_length: int = 128
+    short_seq_probability: float = 0.1
+    nsp_random_probability: float = 0.5
+    batch_size: int = 32
+    num_workers: int = 0
+    shuffle_buffer_documents: int = 1000
+    random_document_pool: int = 100
+
+    def __post_init__(self) -> None:
+        _check(self.format in FORMATS, "data.format", self.format, f"must be one of {', '.join(FORMATS)}")
+        _check(self.max_seq_length >= 8, "data.max_seq_length", self.max_seq_length, "must be at least 8")
+        _unit_interval("data.short_seq_probability", self.short_seq_probability, open_low=False)
+        _unit_interval("data.nsp_random_probability", self.nsp_random_probability)
+        _check(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be at least 1")
+        _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be 0 or more")
+        _check(self.shuffle_buffer_documents >= 1, "data.shuffle_buffer_documents", self.shuffle_buffer_documents, "must be at least 1")
+        _check(self.random_document_pool >= 1, "data.random_document_pool", self.random_document_pool, "must be at least 1")
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer (a `_partial_` receiving the parameter groups) and learning-rate schedule."""
+
+    optimizer: dict = field(default_factory=lambda: {
+        "_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-4,
+        "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01})
+    schedule: str = "linear"
+    warmup_steps: int = 10000
+
+    def __post_init__(self) -> None:
+        lr = self.optimizer.get("lr", 0)
+        _check(lr > 0, "optim.optimizer.lr", lr, "must be positive")
+        _check(self.schedule in ("linear", "constant"), "optim.schedule", self.schedule, "must be 'linear' or 'constant'")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be 0 or more")
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer settings; steps are optimizer steps."""
+
+    accelerator: str = "auto"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    max_steps: int = 1000
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: Optional[float] = 1.0
+    log_every_n_steps: int = 10
+    checkpoint_every_n_steps: int = 500
+    keep_checkpoints: int = 2
+    enable_progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.precision in PRECISIONS, "trainer.precision", self.precision, f"must be one of {', '.join(PRECISIONS)}")
+        _check(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
+        _check(self.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", self.accumulate_grad_batches, "must be at least 1")
+        _check(self.gradient_clip_val is None or self.gradient_clip_val > 0, "trainer.gradient_clip_val",
+               self.gradient_clip_val, "must be positive or null (no clipping)")
+        _check(self.log_every_n_steps >= 1, "trainer.log_every_n_steps", self.log_every_n_steps, "must be at least 1")
+        _check(self.checkpoint_every_n_steps >= 1, "trainer.checkpoint_every_n_steps", self.checkpoint_every_n_steps, "must be at least 1")
+        _check(self.keep_checkpoints >= 1, "trainer.keep_checkpoints", self.keep_checkpoints, "must be at least 1")
+
+
+@dataclass
+class LoggerConfig:
+    """CSV metrics are always written; wandb too when `wandb` is true."""
+
+    wandb: bool = True
+    project: str = "pretrain"
+    group: Optional[str] = None
+    mode: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check(self.mode in ("auto", "online", "offline"), "logger.mode", self.mode, "must be auto, online or offline")
+
+
+@dataclass
+class TrainConfig:
+    """The whole run. `run_dir` is derived from names, never a timestamp, so requeued jobs find it."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 1234
+    experiment_name: str = "default"
+    run_name: str = "${model.name}-${objective.name}-${data.format}"
+    run_dir: str = "runs/${experiment_name}/${run_name}"
+    resume: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check(self.data.max_seq_length <= self.model.max_position_embeddings, "data.max_seq_length",
+               self.data.max_seq_length,
+               f"must not exceed model.max_position_embeddings ({self.model.max_position_embeddings}) of model {self.model.name}")
+        _check(not self.objective.nsp or self.data.format == "segment_pair", "objective.nsp", self.objective.nsp,
+               f"next-sentence prediction needs data=segment_pair (data.format is {self.data.format!r}); "
+               "use objective=mlm for single-segment formats")
+        _check(self.resume in ("auto", "never") or self.resume.endswith(".ckpt"), "resume", self.resume,
+               "must be 'auto', 'never' or the path of a .ckpt file")
+
+
+def register_schemas() -> None:
+    """Register the schemas so `conf/train.yaml` can name them in its defaults list."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+
+
+def validate(cfg: DictConfig) -> TrainConfig:
+    """Build the dataclasses from a composed config, running every value check."""
+    return OmegaConf.to_object(cfg)
+
+
+register_schemas()
+
+
+def compose_config(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
+    """Compose `conf/<config_name>.yaml` with Hydra overrides outside a Hydra app (tests,
+    `pretrain-data preview`)."""
+    from hydra import compose, initialize_config_dir
+
+    from pretrain.paths import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides or []))

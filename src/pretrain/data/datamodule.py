@@ -1,0 +1,75 @@
+"""The LightningDataModule: opens and checks a prepared corpus, serves one stream per epoch,
+and records its position in checkpoints so a resumed run sees the same batches."""
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from pretrain.data.shards import Manifest, ShardError, check_shards, check_tokenizer, load_manifest
+from pretrain.data.stream import StreamSpec, training_stream
+from pretrain.data.vocab import Vocabulary, load_vocabulary
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A checked, prepared corpus: its manifest, tokenizer directory and special ids."""
+
+    manifest: Manifest
+    tokenizer_dir: Path
+    vocab: Vocabulary
+
+
+def open_corpus(shards_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Corpus:
+    """Load and check the manifest, every shard's presence and size, and that the tokenizer is
+    the one the shards were made with. Errors name `data.shards_dir` / `data.tokenizer_dir`
+    and the file at fault."""
+    try:
+        manifest = load_manifest(shards_dir)
+        check_shards(manifest)
+        tokenizer = Path(tokenizer_dir).resolve() if tokenizer_dir else manifest.tokenizer_dir
+        check_tokenizer(manifest, tokenizer)
+        vocab = load_vocabulary(tokenizer)
+    except (ShardError, ValueError) as error:
+        raise ShardError(f"data.shards_dir={shards_dir} data.tokenizer_dir={tokenizer_dir}: {error}") from error
+    return Corpus(manifest, tokenizer, vocab)
+
+
+class PretrainingDataModule(L.LightningDataModule):
+    """Serves `training_stream(spec, epoch)`; the DataLoader is rebuilt every epoch
+    (the Trainer runs with reload_dataloaders_every_n_epochs=1) so each epoch has its own
+    shard order, shuffle and masks."""
+
+    def __init__(self, spec: StreamSpec, num_workers: int = 0):
+        super().__init__()
+        self.spec = spec
+        self.num_workers = num_workers
+        self._resume: dict | None = None
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        epoch = trainer.current_epoch if trainer else 0
+        spec = self.spec
+        if trainer is not None:
+            spec = replace(spec, rank=trainer.global_rank, world_size=trainer.world_size)
+        skip = 0
+        if self._resume and self._resume["epoch"] == epoch:
+            skip = self._resume["batches"]
+        self._resume = None
+        return DataLoader(
+            training_stream(spec, epoch, skip_batches=skip),
+            batch_size=None,
+            num_workers=self.num_workers,
+            persistent_workers=False,
+            generator=torch.Generator().manual_seed(spec.seed),  # keeps the global RNG untouched
+        )
+
+    def state_dict(self) -> dict:
+        """Position in the stream: the epoch and the batches already processed in it."""
+        return {"epoch": self.trainer.current_epoch,
+                "batches": self.trainer.fit_loop.epoch_loop.batch_progress.current.processed}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._resume = dict(state_dict)

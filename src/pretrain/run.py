@@ -1,0 +1,80 @@
+"""From a composed config to a trained, checkpointed run."""
+
+import sys
+from pathlib import Path
+
+import lightning as L
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from pretrain.checkpointing import find_resume_checkpoint
+from pretrain.config import ConfigError, validate
+from pretrain.data.datamodule import PretrainingDataModule, open_corpus
+from pretrain.data.shards import ShardError
+from pretrain.data.stream import StreamSpec
+from pretrain.objectives.base import PretrainingModule
+from pretrain.trainer import build_trainer
+
+
+def build_stream(cfg: DictConfig) -> tuple[dict, StreamSpec, type[PretrainingModule]]:
+    """Validate the config, open and check the corpus, and describe the data stream.
+    The returned plain config adds what the tokenizer decides (`model_runtime`) and absolute
+    data paths; it is what checkpoints store."""
+    validate(cfg)
+    data = cfg.data
+    corpus = open_corpus(data.shards_dir, data.tokenizer_dir)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config["data"]["shards_dir"] = str(Path(data.shards_dir).resolve())
+    config["data"]["tokenizer_dir"] = str(corpus.tokenizer_dir)
+    config["model_runtime"] = {"vocab_size": corpus.vocab.size, "pad_token_id": corpus.vocab.pad}
+    module_class = get_class(cfg.objective._target_)
+    spec = StreamSpec(
+        shard_paths=tuple(str(p) for p in corpus.manifest.shard_paths), vocab=corpus.vocab,
+        corruption=module_class.build_corruption(config, corpus.vocab), format=data.format,
+        max_seq_length=data.max_seq_length, batch_size=data.batch_size, seed=cfg.seed,
+        short_seq_probability=data.short_seq_probability, nsp_random_probability=data.nsp_random_probability,
+        shuffle_buffer_documents=data.shuffle_buffer_documents, random_document_pool=data.random_document_pool)
+    return config, spec, module_class
+
+
+def prepare_run(cfg: DictConfig) -> tuple[dict, PretrainingModule, PretrainingDataModule]:
+    """`build_stream`, then the objective module (seeded) and the data module."""
+    config, spec, module_class = build_stream(cfg)
+    L.seed_everything(cfg.seed, workers=False, verbose=False)
+    module = module_class(config, spec.vocab)
+    return config, module, PretrainingDataModule(spec, num_workers=cfg.data.num_workers)
+
+
+def train(cfg: DictConfig) -> Path:
+    """Train (or resume) the run described by `cfg`; returns its run directory."""
+    config, module, datamodule = prepare_run(cfg)
+    run_dir = Path(config["run_dir"])
+    ckpt_path = find_resume_checkpoint(run_dir, config["resume"])
+    if ckpt_path:
+        print(f"Resuming from {ckpt_path}", flush=True)
+    trainer = build_trainer(config, run_dir)
+    for logger in trainer.loggers:
+        logger.log_hyperparams(config)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if trainer.is_global_zero:
+        print(summary(module, run_dir), flush=True)
+    return run_dir
+
+
+def summary(module: PretrainingModule, run_dir: Path) -> str:
+    """The MLM loss at the first and the last logged step of this launch."""
+    history = module.loss_history
+    lines = [f"Run directory: {run_dir}", f"Checkpoints: {run_dir / 'checkpoints'}"]
+    if history:
+        (first_step, first), (last_step, last) = history[0], history[-1]
+        lines.insert(0, f"MLM loss: {first:.3f} at step {first_step} -> {last:.3f} at step {last_step}")
+    return "\n".join(lines)
+
+
+def run_or_exit(cfg: DictConfig) -> Path:
+    """`train`, turning config and data errors into a clear message and exit status 2."""
+    try:
+        return train(cfg)
+    except (ConfigError, ShardError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,45 @@
+"""Builds the Lightning Trainer of a run: loggers, checkpointing, precision, accumulation."""
+
+import hashlib
+import os
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+
+from pretrain.checkpointing import AtomicCheckpointIO, checkpoint_dir
+
+
+def build_loggers(config: dict, run_dir: Path) -> list[Logger]:
+    """CSV always (a new version folder per launch, nothing overwritten); wandb when
+    logger.wandb, offline unless an API key is configured, with a run id derived from the
+    run directory so a resumed run continues the same wandb run."""
+    loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="csv")]
+    options = config["logger"]
+    if options["wandb"]:
+        mode = options["mode"]
+        offline = mode == "offline" or (mode == "auto" and not os.environ.get("WANDB_API_KEY"))
+        run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
+        loggers.append(WandbLogger(
+            project=options["project"], group=options["group"] or config["experiment_name"],
+            name=config["run_name"], id=run_id, save_dir=str(run_dir), offline=offline, resume="allow"))
+    return loggers
+
+
+def build_trainer(config: dict, run_dir: Path) -> L.Trainer:
+    """A Trainer for `config` (plain dict) writing logs and checkpoints under `run_dir`."""
+    t = config["trainer"]
+    checkpoints = ModelCheckpoint(
+        dirpath=str(checkpoint_dir(run_dir)), filename="step-{step:07d}", auto_insert_metric_name=False,
+        monitor="step", mode="max", save_top_k=t["keep_checkpoints"], save_last=True,
+        every_n_train_steps=t["checkpoint_every_n_steps"])
+    loggers = build_loggers(config, run_dir)
+    return L.Trainer(
+        accelerator=t["accelerator"], devices=t["devices"], num_nodes=t["num_nodes"], strategy=t["strategy"],
+        precision=t["precision"], max_steps=t["max_steps"], max_epochs=-1,
+        accumulate_grad_batches=t["accumulate_grad_batches"], gradient_clip_val=t["gradient_clip_val"],
+        log_every_n_steps=t["log_every_n_steps"], enable_progress_bar=t["enable_progress_bar"],
+        callbacks=[checkpoints],
+        logger=loggers, plugins=[AtomicCheckpointIO()], reload_dataloaders_every_n_epochs=1,
+        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(run_dir))

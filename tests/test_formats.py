@@ -1,0 +1,130 @@
+"""Invariants of the input formats: lengths, separators, document boundaries, NSP labels."""
+
+import numpy as np
+import pytest
+
+from pretrain.data.formats import make_segment_pairs, pack_sentences, truncated_lengths
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.vocab import Vocabulary
+
+VOCAB = Vocabulary(size=100_000, pad=0, unk=1, cls=2, sep=3, mask=4)
+
+
+def make_documents(n_docs: int, seed: int = 0, max_sentences: int = 12, max_len: int = 40) -> list[dict]:
+    """Documents whose token ids are unique and increasing (doc d owns ids from 1000*(d+1)), so
+    every token tells which document and position it came from."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for d in range(n_docs):
+        lengths = rng.integers(1, max_len, size=rng.integers(1, max_sentences))
+        n = int(lengths.sum())
+        ids = np.arange(n, dtype=np.int64) + 1000 * (d + 1)
+        docs.append({"key": f"doc_{d:05d}", "ids": ids, "sents": np.cumsum(lengths).astype(np.int32),
+                     "words": rng.random(n) < 0.7})
+    return docs
+
+
+def content(seq: dict) -> np.ndarray:
+    ids = seq["input_ids"]
+    return ids[~np.isin(ids, (VOCAB.cls, VOCAB.sep))]
+
+
+@pytest.mark.parametrize("max_len", [16, 64])
+def test_full_sentences_keeps_every_token_in_order_and_separates_documents(max_len):
+    docs = make_documents(30, max_len=30)
+    seqs = list(pack_sentences(docs, max_len, VOCAB, cross_documents=True))
+    for s in seqs:
+        assert len(s["input_ids"]) <= max_len
+        assert s["input_ids"][0] == VOCAB.cls and s["input_ids"][-1] == VOCAB.sep
+        assert (s["token_type_ids"] == 0).all() and s["next_sentence_label"] == IGNORE_INDEX
+        assert len(s["word_starts"]) == len(s["input_ids"])
+    np.testing.assert_array_equal(np.concatenate([content(s) for s in seqs]), np.concatenate([d["ids"] for d in docs]))
+    # a document change inside a sequence is marked by an extra [SEP]
+    crossings = 0
+    for s in seqs:
+        body = s["input_ids"][1:-1]
+        owners = body // 1000
+        for i in np.flatnonzero(body == VOCAB.sep):
+            assert owners[i - 1] != owners[i + 1]
+            crossings += 1
+        real = owners[body != VOCAB.sep]
+        assert (np.diff(real) >= 0).all()
+        assert len(np.unique(real)) - 1 == (body == VOCAB.sep).sum()
+    assert crossings > 0
+    # sequences are filled: all but the last leave less room than the next sentence needs
+    assert np.mean([len(s["input_ids"]) for s in seqs[:-1]]) > 0.7 * max_len
+
+
+def test_doc_sentences_never_crosses_documents():
+    docs = make_documents(30, seed=1)
+    seqs = list(pack_sentences(docs, 48, VOCAB, cross_documents=False))
+    for s in seqs:
+        assert len(s["input_ids"]) <= 48
+        owners = content(s) // 1000
+        assert (owners == owners[0]).all()
+        assert s["key"].startswith(f"doc_{owners[0] - 1:05d}:")
+    np.testing.assert_array_equal(np.concatenate([content(s) for s in seqs]), np.concatenate([d["ids"] for d in docs]))
+    # shorter sequences at document ends: there are more sequences than with crossing
+    assert len(seqs) > len(list(pack_sentences(docs, 48, VOCAB, cross_documents=True)))
+
+
+def test_sentences_split_at_sentence_ends():
+    docs = make_documents(10, seed=2, max_len=10)
+    ends = {int(d["ids"][0] + e) for d in docs for e in d["sents"]}  # first token id after each sentence
+    for s in pack_sentences(docs, 64, VOCAB, cross_documents=False):
+        body = content(s)
+        assert int(body[-1]) + 1 in ends  # every sequence ends at a sentence end
+
+
+def brute_force_truncate(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
+    while len_a + len_b > max_tokens:
+        if len_a > len_b:
+            len_a -= 1
+        else:
+            len_b -= 1
+    return len_a, len_b
+
+
+def test_truncated_lengths_equal_berts_loop():
+    for a in range(0, 40):
+        for b in range(0, 40):
+            for m in (5, 17, 30, 80):
+                assert truncated_lengths(a, b, m) == brute_force_truncate(a, b, m)
+
+
+def test_segment_pairs_labels_lengths_and_continuations():
+    docs = make_documents(400, seed=3)
+    seqs = list(make_segment_pairs(docs, 64, VOCAB, seed=5, epoch=0))
+    labels = np.array([s["next_sentence_label"] for s in seqs])
+    assert set(labels) == {0, 1}
+    n = len(labels)
+    assert abs(labels.mean() - 0.5) < 4 * np.sqrt(0.25 / n), (labels.mean(), n)
+    for s in seqs:
+        ids, types = s["input_ids"], s["token_type_ids"]
+        assert len(ids) <= 64
+        seps = np.flatnonzero(ids == VOCAB.sep)
+        assert ids[0] == VOCAB.cls and len(seps) == 2 and seps[1] == len(ids) - 1
+        np.testing.assert_array_equal(types, np.r_[np.zeros(seps[0] + 1), np.ones(len(ids) - seps[0] - 1)])
+        a, b = ids[1 : seps[0]], ids[seps[0] + 1 : -1]
+        assert len(a) >= 1 and len(b) >= 1
+        doc_a = s["key"].split(":")[0]
+        assert (a // 1000 == int(doc_a[4:]) + 1).all()
+        if s["next_sentence_label"] == 0:
+            assert (b // 1000 == a[0] // 1000).all() and b[0] > a[-1]  # same document, after A
+        else:
+            assert (b // 1000 != a[0] // 1000).all()  # another document
+            assert (np.diff(b) == 1).all()  # contiguous sentences of it
+    # reproducible from (seed, epoch, key); another epoch draws other pairs
+    again = list(make_segment_pairs(docs, 64, VOCAB, seed=5, epoch=0))
+    assert all((x["input_ids"] == y["input_ids"]).all() for x, y in zip(seqs, again, strict=True))
+    other = list(make_segment_pairs(docs, 64, VOCAB, seed=5, epoch=1))
+    assert [s["key"] for s in other] != [s["key"] for s in seqs] or any(
+        len(x["input_ids"]) != len(y["input_ids"]) for x, y in zip(seqs, other, strict=False))
+
+
+def test_segment_pair_true_continuations_are_contiguous_when_not_truncated():
+    docs = make_documents(200, seed=4, max_len=8, max_sentences=30)
+    for s in make_segment_pairs(docs, 128, VOCAB, seed=1, epoch=0, short_seq_probability=0.0):
+        body = content(s)
+        if s["next_sentence_label"] == 0 and len(body) < 128 - 3:  # not truncated
+            assert (np.diff(body) == 1).all()  # A then B with nothing missing between

@@ -1,0 +1,108 @@
+"""Statistics and reproducibility of BERT's token masking."""
+
+import numpy as np
+import pytest
+
+from pretrain.data.keyed_rng import key_hashes, keyed_uniform
+from pretrain.data.masking import IGNORE_INDEX, mask_tokens
+from pretrain.objectives.mlm import MaskedLMCorruption
+
+VOCAB, MASK_ID, SPECIAL = 1000, 4, (0, 1, 2, 3, 4)
+
+
+def make_batch(n_rows: int, length: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, VOCAB, size=(n_rows, length))
+    lengths = rng.integers(length // 2, length + 1, size=n_rows)
+    attention = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int64)
+    ids[:, 0] = 2  # [CLS]
+    ids[np.arange(n_rows), lengths - 1] = 3  # [SEP]
+    ids[attention == 0] = 0
+    return {"input_ids": ids, "attention_mask": attention, "keys": [f"doc{seed}_{i}:0" for i in range(n_rows)]}
+
+
+def corrupt(batch: dict, epoch: int = 0, **kw) -> dict:
+    corruption = MaskedLMCorruption(seed=7, vocab_size=VOCAB, mask_token_id=MASK_ID, special_ids=SPECIAL, **kw)
+    return corruption({k: (v.copy() if isinstance(v, np.ndarray) else list(v)) for k, v in batch.items()}, epoch)
+
+
+def test_keyed_uniform_is_uniform_and_keyed():
+    u = keyed_uniform(1, 0, 10, key_hashes([f"k{i}" for i in range(2000)]), 64)
+    assert u.min() >= 0 and u.max() < 1
+    assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
+    # deciles equally filled (chi-square, 9 dof; 99.9% quantile is 27.9)
+    counts = np.histogram(u, bins=10, range=(0, 1))[0]
+    expected = u.size / 10
+    assert ((counts - expected) ** 2 / expected).sum() < 27.9
+    again = keyed_uniform(1, 0, 10, key_hashes(["k5"]), 64)
+    np.testing.assert_array_equal(again[0], u[5])
+    assert not np.allclose(keyed_uniform(1, 1, 10, key_hashes(["k5"]), 64), again)
+
+
+def test_selection_budget_and_80_10_10_split():
+    batch = make_batch(4000, 128)
+    out = corrupt(batch)
+    selected = out["labels"] != IGNORE_INDEX
+    candidates = (batch["attention_mask"] == 1) & ~np.isin(batch["input_ids"], SPECIAL)
+    # never a special token or padding, and labels hold the original ids
+    assert not (selected & ~candidates).any()
+    np.testing.assert_array_equal(out["labels"][selected], batch["input_ids"][selected])
+    # exactly round(15% of candidates) per sequence
+    per_row = selected.sum(1)
+    np.testing.assert_array_equal(per_row, np.maximum(np.rint(candidates.sum(1) * 0.15), 1))
+    n = selected.sum()
+    masked = (out["input_ids"] == MASK_ID) & selected
+    unchanged = (out["input_ids"] == batch["input_ids"]) & selected
+    replaced = selected & ~masked & ~unchanged
+    # binomial proportions within 4 standard deviations
+    for share, p in ((masked.sum(), 0.8), (replaced.sum(), 0.1 * (1 - 1 / VOCAB)), (unchanged.sum(), 0.1)):
+        assert abs(share / n - p) < 4 * np.sqrt(p * (1 - p) / n) + 1e-3, (share / n, p)
+    # unselected tokens are untouched
+    np.testing.assert_array_equal(out["input_ids"][~selected], batch["input_ids"][~selected])
+    # random replacements are spread over the vocabulary
+    random_ids = out["input_ids"][replaced]
+    assert random_ids.min() < VOCAB * 0.1 and random_ids.max() > VOCAB * 0.9
+
+
+@pytest.mark.parametrize("probs", [(0.3, 0.5, 0.25), (0.05, 1.0, 0.0)])
+def test_configurable_probabilities(probs):
+    p, p_mask, p_random = probs
+    batch = make_batch(2000, 64, seed=1)
+    out = corrupt(batch, mlm_probability=p, mask_token_probability=p_mask, random_token_probability=p_random)
+    selected = out["labels"] != IGNORE_INDEX
+    candidates = (batch["attention_mask"] == 1) & ~np.isin(batch["input_ids"], SPECIAL)
+    assert abs(selected.sum() / candidates.sum() - p) < 0.01
+    masked_share = ((out["input_ids"] == MASK_ID) & selected).sum() / selected.sum()
+    assert abs(masked_share - p_mask) < 0.02
+
+
+def test_masks_depend_only_on_seed_epoch_and_key():
+    batch = make_batch(64, 48, seed=2)
+    out = corrupt(batch, epoch=3)
+    # the same rows in another order and another batch composition: the same masks
+    order = np.random.default_rng(0).permutation(64)[:40]
+    sub = {"input_ids": batch["input_ids"][order], "attention_mask": batch["attention_mask"][order],
+           "keys": [batch["keys"][i] for i in order]}
+    out_sub = corrupt(sub, epoch=3)
+    np.testing.assert_array_equal(out_sub["labels"], out["labels"][order])
+    np.testing.assert_array_equal(out_sub["input_ids"], out["input_ids"][order])
+    # dynamic masking: another epoch, other masks
+    other = corrupt(batch, epoch=4)
+    assert (other["labels"] != out["labels"]).mean() > 0.1
+
+
+def test_static_masking_repeats_every_dupe_factor_epochs():
+    batch = make_batch(32, 48, seed=3)
+    epochs = [corrupt(batch, epoch=e, masking="static", dupe_factor=3)["labels"] for e in range(6)]
+    np.testing.assert_array_equal(epochs[0], epochs[3])
+    np.testing.assert_array_equal(epochs[2], epochs[5])
+    assert (epochs[0] != epochs[1]).any()
+
+
+def test_mask_tokens_handles_rows_without_candidates():
+    ids = np.array([[2, 3, 0, 0], [2, 10, 11, 3]])
+    candidates = np.array([[False] * 4, [False, True, True, False]])
+    out, labels = mask_tokens(ids, candidates, key_hashes(["a", "b"]), seed=0, epoch=0,
+                              vocab_size=VOCAB, mask_token_id=MASK_ID)
+    assert (labels[0] == IGNORE_INDEX).all()
+    assert (labels[1] != IGNORE_INDEX).sum() == 1

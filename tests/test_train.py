@@ -1,0 +1,87 @@
+"""End to end: tiny training runs, checkpoints, resume equal to an uninterrupted run."""
+
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pretrain.config import compose_config
+from pretrain.run import train
+
+
+def tiny_overrides(shards_dir: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        f"data.shards_dir={shards_dir}", f"run_dir={run_dir}", "logger=csv", "trainer=cpu",
+        "model=bert_tiny", "data.max_seq_length=64", "data.batch_size=8", "data.shuffle_buffer_documents=50",
+        "trainer.enable_progress_bar=false", "optim.warmup_steps=5", "optim.optimizer.lr=1e-3", *extra,
+    ]
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    """train/loss per step from every CSV version of a run."""
+    losses = {}
+    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row.get("train/loss"):
+                    losses[int(row["step"])] = float(row["train/loss"])
+    return losses
+
+
+@pytest.mark.slow
+def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=30",
+                                        "trainer.checkpoint_every_n_steps=10", "trainer.log_every_n_steps=1"))
+    train(cfg)
+    losses = step_losses(run_dir)
+    assert sorted(losses) == list(range(30))
+    first, last = sum(losses[s] for s in range(3)) / 3, sum(losses[s] for s in range(27, 30)) / 3
+    assert last < first - 0.5, (first, last)
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["last.ckpt", "step-0000020.ckpt", "step-0000030.ckpt"]  # keep_checkpoints=2
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 30
+    assert checkpoint["config"]["model"]["name"] == "bert_tiny"
+    assert type(checkpoint["config"]) is dict and type(checkpoint["config"]["data"]) is dict
+    assert checkpoint["config"]["model_runtime"]["vocab_size"] > 100
+    assert any(k.startswith("encoder.") for k in checkpoint["state_dict"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_gives_the_losses_of_an_uninterrupted_run(prepared_corpus, tmp_path, workers):
+    common = ("trainer.max_steps=16", "trainer.checkpoint_every_n_steps=7", "trainer.log_every_n_steps=1",
+              "trainer.keep_checkpoints=5", f"data.num_workers={workers}")
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    train(compose_config(tiny_overrides(prepared_corpus, full_dir, *common)))
+    full = step_losses(full_dir)
+    # The interrupted run: what the uninterrupted one had on disk after step 7, then resume=auto.
+    (resumed_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(full_dir / "checkpoints" / "step-0000007.ckpt", resumed_dir / "checkpoints" / "last.ckpt")
+    train(compose_config(tiny_overrides(prepared_corpus, resumed_dir, *common)))
+    resumed = step_losses(resumed_dir)
+    assert sorted(resumed) == list(range(7, 16))
+    for step in resumed:
+        assert resumed[step] == pytest.approx(full[step], abs=1e-6), step
+    a = torch.load(full_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(resumed_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_pretrain_console_script_saves_config_in_run_dir(prepared_corpus, tmp_path):
+    run_dir = tmp_path / "cli-run"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "pretrain"),
+         *tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=3", "trainer.log_every_n_steps=1")],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MLM loss:" in result.stdout
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
