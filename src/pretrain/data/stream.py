@@ -119,7 +119,7 @@ def batch_sequences(sequences: Iterable[dict], spec: StreamSpec, skip_batches: i
     worker's share of the first `skip_batches` global batches."""
     worker, workers = _reader()
     skip = max(0, math.ceil((skip_batches - worker) / workers))
-    for n, batch in enumerate(wds.filters.batched(sequences, spec.batch_size, collation_fn=None, partial=True)):
+    for n, batch in enumerate(wds.filters._batched(sequences, spec.batch_size, collation_fn=None, partial=True)):
         if n >= skip:
             yield batch
 

@@ -100,7 +100,7 @@ class PretrainingModule(L.LightningModule):
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=batch_size)
         every = self.trainer.log_every_n_steps
         if self.global_step % every == 0 and "mlm_loss" in metrics:  # host sync only on log steps
-            self.loss_history.append((self.global_step, float(metrics["mlm_loss"])))
+            self.loss_history.append((self.global_step, float(metrics["mlm_loss"].detach())))
         if (self.global_step + 1) % every == 0:
             now = time.perf_counter()
             self.log("train/tokens_per_s", self._tokens_since_log / max(now - self._last_log_time, 1e-9),

@@ -53,9 +53,10 @@ class MaskedLanguageModel(PretrainingModule):
         super().__init__(config, vocab)
         model = config["model"]
         self.encoder = build_encoder(model, vocab.size, vocab.pad)
+        init = model["initializer_range"]
         self.mlm_head = MaskedLMHead(model["hidden_size"], vocab.size, model["layer_norm_eps"],
-                                     self.encoder.word_embeddings)
-        self.nsp_head = NextSentenceHead(model["hidden_size"]) if config["objective"]["nsp"] else None
+                                     self.encoder.word_embeddings, initializer_range=init)
+        self.nsp_head = NextSentenceHead(model["hidden_size"], init) if config["objective"]["nsp"] else None
 
     @classmethod
     def build_corruption(cls, config: dict, vocab: Vocabulary) -> MaskedLMCorruption:

@@ -1,0 +1,67 @@
+"""Reading a training checkpoint for export, with errors that name the file and the key."""
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class ExportError(RuntimeError):
+    """An export cannot proceed; the message names the file or key and says what to do."""
+
+
+def _lookup(config: Mapping, dotted: str, ckpt_path: Path) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ExportError(
+                f"{ckpt_path}: the checkpoint's config lacks config.{dotted}; export needs a "
+                "checkpoint written by `pretrain` (its config holds model, model_runtime and data)"
+            )
+        node = node[part]
+    return node
+
+
+def read_checkpoint(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Load a `pretrain` checkpoint on the CPU; returns (state_dict, run config as plain dicts).
+
+    Checks that the file exists, loads with `weights_only=True`, and that it holds
+    `state_dict` (with `encoder.` keys), `config.model`, `config.model_runtime.vocab_size`,
+    `config.model_runtime.pad_token_id` and `config.data.tokenizer_dir`.
+    """
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise ExportError(
+            f"{path}: checkpoint file not found; pass the path of a .ckpt written by `pretrain`"
+        )
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # pickle, zip and torch errors all mean: not a loadable checkpoint
+        raise ExportError(
+            f"{path}: cannot read the checkpoint with torch.load(weights_only=True) ({type(error).__name__}: "
+            f"{error}); is it a complete .ckpt written by `pretrain`?"
+        ) from error
+    if not isinstance(checkpoint, Mapping):
+        raise ExportError(
+            f"{path}: expected a checkpoint dict, found a {type(checkpoint).__name__}"
+        )
+    for key in ("state_dict", "config"):
+        if not isinstance(checkpoint.get(key), Mapping):
+            raise ExportError(
+                f"{path}: the checkpoint has no '{key}' dict (found keys: {sorted(checkpoint)}); "
+                "export needs a checkpoint written by `pretrain`"
+            )
+    state_dict, config = dict(checkpoint["state_dict"]), checkpoint["config"]
+    if not any(key.startswith("encoder.") for key in state_dict):
+        raise ExportError(
+            f"{path}: state_dict has no 'encoder.' weights; is this a `pretrain` checkpoint?"
+        )
+    for dotted in (
+        "model",
+        "model_runtime.vocab_size",
+        "model_runtime.pad_token_id",
+        "data.tokenizer_dir",
+    ):
+        _lookup(config, dotted, path)
+    return state_dict, dict(config)

@@ -1,0 +1,55 @@
+"""Model families: ids -> hidden states (encoders) and hidden states -> predictions (heads).
+
+Nothing here knows about objectives; an objective composes an encoder and heads.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+RUNTIME_KEYS = ("vocab_size", "pad_token_id")
+
+
+def _plain(model_cfg: Any) -> dict:
+    if isinstance(model_cfg, DictConfig):
+        return OmegaConf.to_container(model_cfg, resolve=True)
+    if dataclasses.is_dataclass(model_cfg) and not isinstance(model_cfg, type):
+        return dataclasses.asdict(model_cfg)
+    if isinstance(model_cfg, Mapping):
+        return dict(model_cfg)
+    raise TypeError(
+        f"model config must be a mapping (the `model` group), got {type(model_cfg).__name__}"
+    )
+
+
+def build_encoder(model_cfg: Mapping, vocab_size: int, pad_token_id: int) -> nn.Module:
+    """Instantiate the encoder named by `model_cfg["_target_"]` (a `conf/model/*.yaml` group).
+
+    The key `name` is dropped; `vocab_size` and `pad_token_id` come from the tokenizer at run
+    time and must not be in the config. Accepts a DictConfig, a dict or the ModelConfig dataclass.
+    """
+    kwargs = _plain(model_cfg)
+    kwargs.pop("name", None)
+    if "_target_" not in kwargs:
+        raise KeyError(
+            "model._target_ is missing: the model config must name the encoder class, "
+            "e.g. `_target_: pretrain.models.bert.BertEncoder` in conf/model/<name>.yaml"
+        )
+    clashes = [key for key in RUNTIME_KEYS if key in kwargs]
+    if clashes:
+        raise KeyError(
+            f"model.{clashes[0]} must not be set in the model config: it comes from the tokenizer at run time"
+        )
+    return instantiate(kwargs, vocab_size=vocab_size, pad_token_id=pad_token_id, _convert_="all")
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of scalar parameters in `module`, each shared (tied) Parameter counted once."""
+    unique = {
+        id(parameter): parameter for _, parameter in module.named_parameters(remove_duplicate=False)
+    }
+    return sum(parameter.numel() for parameter in unique.values())

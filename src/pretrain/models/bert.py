@@ -1,0 +1,214 @@
+"""The BERT encoder (Devlin et al., 2019): token ids -> contextual hidden states.
+
+Learned absolute positions, token types, post-LayerNorm residual blocks, exact GELU.
+Attention runs through `torch.nn.functional.scaled_dot_product_attention`, which picks the
+fastest kernel for the device. The query, key and value projections are one fused Linear
+(`qkv`, output features ordered [query | key | value], each head-major); the Hugging Face
+export splits it into BERT's three matrices.
+"""
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+
+def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
+    """Initialise one module as BERT does (and Hugging Face's `_init_weights`).
+
+    Linear and Embedding weights ~ normal(0, initializer_range), biases zero, LayerNorm
+    weight one and bias zero, and the padding row of an Embedding with `padding_idx` zero.
+    Apply to a tree with `model.apply(lambda m: init_bert_weights(m, std))`.
+    """
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=initializer_range)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=initializer_range)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class BertEmbeddings(nn.Module):
+    """Sum of word, absolute position and token type embeddings, then LayerNorm and dropout."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        max_position_embeddings: int,
+        type_vocab_size: int,
+        hidden_dropout_prob: float,
+        layer_norm_eps: float,
+        pad_token_id: int,
+    ) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab_size, hidden_size, padding_idx=pad_token_id)
+        self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
+        self.token_type_embeddings = nn.Embedding(type_vocab_size, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """Embed (batch, seq) token ids; positions are 0..seq-1. Returns (batch, seq, hidden)."""
+        seq_len = input_ids.shape[1]
+        max_positions = self.position_embeddings.num_embeddings
+        if seq_len > max_positions:
+            raise ValueError(
+                f"input_ids has {seq_len} positions but the model has max_position_embeddings = "
+                f"{max_positions}; shorten data.max_seq_length or use a model with more positions"
+            )
+        hidden = self.word_embeddings(input_ids)  # (batch, seq, hidden)
+        if token_type_ids is None:
+            hidden = hidden + self.token_type_embeddings.weight[0]
+        else:
+            hidden = hidden + self.token_type_embeddings(token_type_ids)
+        hidden = hidden + self.position_embeddings.weight[:seq_len]  # (seq, hidden) broadcast
+        return self.dropout(self.norm(hidden))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection and an output projection."""
+
+    def __init__(
+        self, hidden_size: int, num_attention_heads: int, attention_probs_dropout_prob: float
+    ) -> None:
+        super().__init__()
+        if hidden_size % num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads})"
+            )
+        self.num_heads = num_attention_heads
+        self.head_size = hidden_size // num_attention_heads
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.output = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, hidden: Tensor, attend: Tensor | None) -> Tensor:
+        """hidden: (batch, seq, hidden); attend: boolean (batch, 1, 1, seq), True = key is visible."""
+        batch, seq_len, hidden_size = hidden.shape
+        qkv = self.qkv(hidden).view(batch, seq_len, 3, self.num_heads, self.head_size)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head)
+        dropout_p = self.attention_probs_dropout_prob if self.training else 0.0
+        context = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attend, dropout_p=dropout_p
+        )
+        context = context.transpose(1, 2).reshape(
+            batch, seq_len, hidden_size
+        )  # (batch, seq, hidden)
+        return self.output(context)
+
+
+class BertLayer(nn.Module):
+    """One post-LayerNorm transformer block: attention, add & norm, feed-forward, add & norm."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_attention_heads: int,
+        intermediate_size: int,
+        hidden_dropout_prob: float,
+        attention_probs_dropout_prob: float,
+        layer_norm_eps: float,
+    ) -> None:
+        super().__init__()
+        self.attention = BertSelfAttention(
+            hidden_size, num_attention_heads, attention_probs_dropout_prob
+        )
+        self.attention_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.intermediate = nn.Linear(hidden_size, intermediate_size)
+        self.output = nn.Linear(intermediate_size, hidden_size)
+        self.output_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(hidden_dropout_prob)
+
+    def forward(self, hidden: Tensor, attend: Tensor | None) -> Tensor:
+        """(batch, seq, hidden) -> (batch, seq, hidden)."""
+        hidden = self.attention_norm(hidden + self.dropout(self.attention(hidden, attend)))
+        feed_forward = self.output(F.gelu(self.intermediate(hidden)))
+        return self.output_norm(hidden + self.dropout(feed_forward))
+
+
+class BertEncoder(nn.Module):
+    """BERT: (batch, seq) token ids -> (batch, seq, hidden_size) sequence output.
+
+    Sizes are in features (hidden_size, intermediate_size), layers and heads; dropout values
+    are probabilities. `pad_token_id` is the row of the word embeddings kept at zero at
+    initialisation and receiving no gradient from the embedding lookup (as in BERT/HF).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 12,
+        intermediate_size: int = 3072,
+        max_position_embeddings: int = 512,
+        type_vocab_size: int = 2,
+        hidden_dropout_prob: float = 0.1,
+        attention_probs_dropout_prob: float = 0.1,
+        layer_norm_eps: float = 1e-12,
+        initializer_range: float = 0.02,
+        pad_token_id: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 0 <= pad_token_id < vocab_size:
+            raise ValueError(
+                f"pad_token_id ({pad_token_id}) must lie in [0, vocab_size = {vocab_size})"
+            )
+        self.hidden_size = hidden_size
+        self.initializer_range = initializer_range
+        self.embeddings = BertEmbeddings(
+            vocab_size,
+            hidden_size,
+            max_position_embeddings,
+            type_vocab_size,
+            hidden_dropout_prob,
+            layer_norm_eps,
+            pad_token_id,
+        )
+        self.layers = nn.ModuleList(
+            BertLayer(
+                hidden_size,
+                num_attention_heads,
+                intermediate_size,
+                hidden_dropout_prob,
+                attention_probs_dropout_prob,
+                layer_norm_eps,
+            )
+            for _ in range(num_hidden_layers)
+        )
+        self.apply(lambda module: init_bert_weights(module, initializer_range))
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        """The (vocab, hidden) token embedding table; MLM decoders tie their weight to it."""
+        return self.embeddings.word_embeddings
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Encode a batch.
+
+        input_ids, token_type_ids: (batch, seq) integer ids (token types default to 0).
+        attention_mask: (batch, seq), 1 = real token, 0 = padding (keys that are never attended
+        to); None attends to every position. Returns the (batch, seq, hidden) sequence output;
+        vectors at padding positions are defined but meaningless.
+        """
+        attend = None
+        if attention_mask is not None:
+            real = attention_mask.bool()
+            # A row that is all padding would give NaN from an all-False mask: let it attend everywhere.
+            real = real | ~real.any(dim=-1, keepdim=True)
+            attend = real[:, None, None, :]  # (batch, 1, 1, seq) broadcast over heads and queries
+        hidden = self.embeddings(input_ids, token_type_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, attend)
+        return hidden
