@@ -1,0 +1,104 @@
+"""`pretrain-data`: prepare corpora, inspect prepared shards, preview batches.
+
+pretrain-data prepare [overrides...]     e.g. inputs=[corpus/] out_dir=data/mine tokenizer.vocab_size=16000
+pretrain-data info <shards_dir>          the manifest summary, after checking every shard
+pretrain-data preview [overrides...]     batches as the training run would see them
+"""
+
+import sys
+
+USAGE = __doc__.split("\n", 1)[1]
+
+
+def _prepare(overrides: list[str]) -> int:
+    from data_pipelines.config import PrepareConfigError, compose_prepare_config
+    from data_pipelines.prepare import PrepareError, prepare
+    from data_pipelines.sources import SourceError
+    from data_pipelines.tokenizer import TokenizerError
+
+    try:
+        cfg = compose_prepare_config(overrides)
+        out_dir = prepare(cfg)
+    except (PrepareConfigError, PrepareError, SourceError, TokenizerError) as error:
+        print(f"pretrain-data prepare: {error}", file=sys.stderr)
+        return 2
+    return _info([str(out_dir)])
+
+
+COUNTS = ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines")
+
+
+def summarize(shards_dir: str) -> str:
+    """A human-readable summary of a prepared corpus (manifest checked, shards sizes checked)."""
+    from pretrain.data.shards import check_shards, load_manifest
+
+    manifest = load_manifest(shards_dir)
+    check_shards(manifest)
+    tokenizer, counts = manifest.raw["tokenizer"], manifest.counts
+    sources = manifest.raw.get("sources", [])
+    total_bytes = sum(shard["bytes"] for shard in manifest.shards)
+    rows = [
+        ("shards dir", str(manifest.root)),
+        ("format", str(manifest.format_version)),
+        (
+            "tokenizer",
+            f"{manifest.tokenizer_dir} (sha256 {manifest.tokenizer_sha256[:12]}, vocab "
+            f"{manifest.vocab_size}, {'uncased' if tokenizer.get('lowercase') else 'cased'})",
+        ),
+        ("ids dtype", manifest.dtype),
+        ("shards", f"{len(manifest.shards)} ({total_bytes / 2**20:.1f} MiB)"),
+        *((name, f"{counts.get(name, 0):,}") for name in COUNTS),
+        ("sources", str(len(sources))),
+    ]
+    lines = [f"{label:<18} {value}" for label, value in rows]
+    for source in sources[:20]:
+        lines.append(
+            f"  {source['path']}: {source['documents']:,} documents, "
+            f"{source['undecodable_lines']:,} undecodable lines"
+        )
+    if len(sources) > 20:
+        lines.append(f"  ... and {len(sources) - 20} more")
+    return "\n".join(lines)
+
+
+def _info(args: list[str]) -> int:
+    from pretrain.data.shards import ShardError
+
+    if len(args) != 1:
+        print("usage: pretrain-data info <shards_dir>", file=sys.stderr)
+        return 2
+    try:
+        print(summarize(args[0]))
+    except ShardError as error:
+        print(f"pretrain-data info: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _preview(overrides: list[str]) -> int:
+    from pretrain.data.preview import main as preview_main
+
+    return preview_main(overrides) or 0
+
+
+COMMANDS = {"prepare": _prepare, "info": _info, "preview": _preview}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `pretrain-data`; returns the exit status."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(f"usage:\n{USAGE}")
+        return 0 if args else 2
+    command = COMMANDS.get(args[0])
+    if command is None:
+        print(
+            f"pretrain-data: unknown command {args[0]!r}; one of {', '.join(COMMANDS)}\nusage:\n{USAGE}",
+            file=sys.stderr,
+        )
+        return 2
+    return command(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The typed schema of `conf/prepare.yaml` and its composition with Hydra's compose API.
+
+OmegaConf checks types while Hydra composes; building the dataclasses then runs the value
+checks in `__post_init__`. Either way a bad value fails before any work, with an error that
+names the key.
+"""
+
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from data_pipelines.tokenizer import SPECIAL_TOKENS
+from pretrain.paths import CONF_DIR
+
+CONFIG_NAME = "prepare"
+# Settings that change where and how fast a corpus is made, never what it holds.
+RUN_ONLY_KEYS = ("out_dir", "overwrite", "workers")
+
+
+class PrepareConfigError(ValueError):
+    """A prepare setting is wrong; the message names the key and says what would be right."""
+
+
+def _check(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise PrepareConfigError(f"{key} = {value!r}: {expected}")
+
+
+@dataclass
+class TokenizerSettings:
+    """Train a WordPiece tokenizer (`vocab_size` in tokens, special tokens included), or use
+    the one in `path`."""
+
+    path: str | None = None
+    vocab_size: int = 8000
+    lowercase: bool = True
+    min_frequency: int = 2
+
+    def __post_init__(self) -> None:
+        _check(
+            len(SPECIAL_TOKENS) < self.vocab_size <= 2**32,
+            "tokenizer.vocab_size",
+            self.vocab_size,
+            f"must be more than the {len(SPECIAL_TOKENS)} special tokens and at most 2**32",
+        )
+        _check(
+            self.min_frequency >= 1,
+            "tokenizer.min_frequency",
+            self.min_frequency,
+            "must be at least 1",
+        )
+
+
+@dataclass
+class PrepareConfig:
+    """Everything `pretrain-data prepare` needs; `docs_per_shard` in documents."""
+
+    inputs: list[str] = field(default_factory=lambda: ["builtin"])
+    text_field: str = "text"
+    out_dir: str = "data/builtin"
+    tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
+    docs_per_shard: int = 1000
+    workers: int = 2
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        _check(
+            len(self.inputs) > 0,
+            "inputs",
+            self.inputs,
+            "must name at least one file, directory, glob or 'builtin'",
+        )
+        _check(
+            all(isinstance(i, str) and i for i in self.inputs),
+            "inputs",
+            self.inputs,
+            "must be non-empty strings",
+        )
+        _check(
+            bool(self.text_field),
+            "text_field",
+            self.text_field,
+            "must name the JSONL field that holds the text",
+        )
+        _check(bool(self.out_dir), "out_dir", self.out_dir, "must be a directory path")
+        _check(
+            self.docs_per_shard >= 1, "docs_per_shard", self.docs_per_shard, "must be at least 1"
+        )
+        _check(
+            self.workers >= 1,
+            "workers",
+            self.workers,
+            "must be at least 1 (1: tokenize in this process)",
+        )
+
+    def content_dict(self) -> dict:
+        """The settings that determine the prepared data, as a plain dict (what the manifest
+        records): everything but RUN_ONLY_KEYS."""
+        settings = asdict(self)
+        for key in RUN_ONLY_KEYS:
+            settings.pop(key)
+        return settings
+
+
+def _check_known_keys(values: dict, schema: type, prefix: str = "") -> None:
+    """Reject keys the schema lacks (a `+key=value` override would otherwise be dropped)."""
+    known = {f.name: f.type for f in fields(schema)}
+    for key, value in values.items():
+        _check(key in known, f"{prefix}{key}", value, f"unknown key; known: {', '.join(known)}")
+        if is_dataclass(known[key]) and isinstance(value, dict):
+            _check_known_keys(value, known[key], f"{prefix}{key}.")
+
+
+def register_schema() -> None:
+    """Register PrepareConfig as `prepare_schema`, the first entry of prepare.yaml's defaults."""
+    ConfigStore.instance().store(name="prepare_schema", node=PrepareConfig)
+
+
+def compose_prepare_config(overrides: list[str] | None = None) -> PrepareConfig:
+    """Compose `conf/prepare.yaml` with Hydra-style `overrides` (e.g. `out_dir=data/x`,
+    `tokenizer.vocab_size=2000`, `inputs=[a.txt,b/]`) and validate it. Raises
+    PrepareConfigError naming the key for a bad value or an unknown key."""
+    register_schema()
+    try:
+        with initialize_config_dir(
+            config_dir=str(CONF_DIR), version_base="1.3", job_name="prepare"
+        ):
+            cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides or []))
+        _check_known_keys(OmegaConf.to_container(cfg), PrepareConfig)
+        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    except PrepareConfigError:
+        raise
+    except (HydraException, OmegaConfBaseException) as error:
+        cause = f" ({error.__cause__})" if error.__cause__ else ""
+        raise PrepareConfigError(f"{CONF_DIR / (CONFIG_NAME + '.yaml')}: {error}{cause}") from error

@@ -1,0 +1,177 @@
+"""`prepare`: inputs -> tokenizer -> shards -> manifest, written atomically.
+
+Everything is written into `.<out_dir name>.partial` beside `out_dir` and renamed into place
+only when complete, so an interrupted run leaves no half-written dataset (the partial
+directory of an interrupted run is removed by the next one). A non-empty `out_dir` is replaced
+only with `overwrite=true`, and only once its replacement is complete.
+"""
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from data_pipelines.config import PrepareConfig
+from data_pipelines.shards import ShardWriter, tokenize_documents
+from data_pipelines.sources import SourceStats, expand_inputs, read_raw_documents
+from data_pipelines.text import normalize
+from data_pipelines.tokenizer import (
+    copy_tokenizer,
+    is_lowercase,
+    save_tokenizer,
+    tokenizer_sha256,
+    train_tokenizer,
+)
+from pretrain.data.shards import FORMAT_VERSION, MANIFEST_FILE, ids_dtype
+
+TOKENIZER_DIR = "tokenizer"
+
+
+class PrepareError(ValueError):
+    """Preparing cannot go on; the message names the path or key and says what to do."""
+
+
+def _check_out_dir(out_dir: Path, overwrite: bool, names: list[str]) -> None:
+    """Refuse an out_dir whose replacement would lose data: a file, a non-empty directory
+    without overwrite, one that is not a prepared corpus, or one holding inputs."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PrepareError(f"out_dir={out_dir}: is a file; choose a directory path")
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    if not overwrite:
+        raise PrepareError(
+            f"out_dir={out_dir}: exists and is not empty; choose another out_dir, "
+            "or pass overwrite=true to replace it"
+        )
+    if not (out_dir / MANIFEST_FILE).is_file():
+        raise PrepareError(
+            f"out_dir={out_dir}: holds files but no {MANIFEST_FILE}, so it is not a "
+            "prepared corpus and overwrite=true will not delete it; choose another out_dir"
+        )
+    inside = [n for n in names if Path(n).resolve().is_relative_to(out_dir)]
+    if inside:
+        raise PrepareError(
+            f"out_dir={out_dir}: holds the inputs {inside[:3]}; choose another out_dir"
+        )
+
+
+def _training_texts(names: list[str], text_field: str) -> Iterator[str]:
+    """Normalized documents for tokenizer training (a silent pass over the sources)."""
+    stats = [SourceStats(name) for name in names]
+    for document in read_raw_documents(names, stats, text_field, warn=False):
+        text = normalize(document.text)
+        if text:
+            yield text
+
+
+def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Tokenizer:
+    """Train the tokenizer on the sources `names` (or copy `cfg.tokenizer.path`) and save it
+    in `out_dir`."""
+    if cfg.tokenizer.path:
+        return copy_tokenizer(cfg.tokenizer.path, out_dir)
+    settings = cfg.tokenizer
+    tokenizer = train_tokenizer(
+        lambda: _training_texts(names, cfg.text_field),
+        settings.vocab_size,
+        settings.lowercase,
+        settings.min_frequency,
+    )
+    save_tokenizer(tokenizer, out_dir)
+    return tokenizer
+
+
+def write_corpus(
+    cfg: PrepareConfig,
+    names: list[str],
+    tokenizer: Tokenizer,
+    out_dir: Path,
+    progress: bool | None = None,
+) -> dict:
+    """Tokenize the sources `names` into shards in `out_dir`; returns the counts, sources and
+    shards sections of the manifest. Raises PrepareError if no document has any token."""
+    stats = [SourceStats(name) for name in names]
+    per_source = {name: {"documents": 0, "empty_documents": 0} for name in names}
+    counts = dict.fromkeys(
+        ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines"), 0
+    )
+    dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
+    raw = read_raw_documents(names, stats, cfg.text_field)
+    with ShardWriter(out_dir, cfg.docs_per_shard) as writer:
+        for document in tokenize_documents(raw, tokenizer, dtype, cfg.workers, progress=progress):
+            if len(document.ids) == 0:
+                counts["empty_documents"] += 1
+                per_source[document.source]["empty_documents"] += 1
+                continue
+            writer.write(document)
+            counts["documents"] += 1
+            counts["sentences"] += len(document.sents)
+            counts["tokens"] += len(document.ids)
+            per_source[document.source]["documents"] += 1
+    counts["undecodable_lines"] = sum(s.undecodable_lines for s in stats)
+    if counts["documents"] == 0:
+        raise PrepareError(
+            f"inputs={cfg.inputs}: no document holds any text "
+            f"({counts['empty_documents']} empty, {counts['undecodable_lines']} undecodable lines)"
+        )
+    sources = [
+        {"path": s.path, **per_source[s.path], "undecodable_lines": s.undecodable_lines}
+        for s in stats
+    ]
+    return {"counts": counts, "sources": sources, "shards": writer.shards}
+
+
+def build_manifest(
+    cfg: PrepareConfig, tokenizer: Tokenizer, tokenizer_dir: Path, corpus: dict
+) -> dict:
+    """The manifest.json content (see `pretrain.data.shards`); no timestamps, so the same input
+    gives the same bytes."""
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    return {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": {
+            "dir": TOKENIZER_DIR,
+            "sha256": tokenizer_sha256(tokenizer_dir),
+            "vocab_size": vocab_size,
+            "lowercase": is_lowercase(tokenizer),
+        },
+        "dtype": ids_dtype(vocab_size),
+        **corpus,
+        "config": cfg.content_dict(),
+    }
+
+
+def _move_into_place(partial: Path, out_dir: Path) -> None:
+    """Rename the complete `partial` to `out_dir`; an existing `out_dir` is removed only after."""
+    if not out_dir.exists():
+        partial.rename(out_dir)
+        return
+    old = out_dir.with_name(f".{out_dir.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    out_dir.rename(old)
+    partial.rename(out_dir)
+    shutil.rmtree(old)
+
+
+def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
+    """Prepare a corpus as `cfg` says; returns the shards directory (`cfg.out_dir`, absolute).
+    Raises PrepareError / SourceError / TokenizerError naming the path or key at fault."""
+    out_dir = Path(cfg.out_dir).resolve()
+    names = expand_inputs(cfg.inputs)
+    _check_out_dir(out_dir, cfg.overwrite, names)
+    partial = out_dir.with_name(f".{out_dir.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted run
+    partial.mkdir(parents=True)
+    try:
+        tokenizer = make_tokenizer(cfg, names, partial / TOKENIZER_DIR)
+        corpus = write_corpus(cfg, names, tokenizer, partial, progress)
+        manifest = build_manifest(cfg, tokenizer, partial / TOKENIZER_DIR, corpus)
+        (partial / MANIFEST_FILE).write_text(
+            json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+        _move_into_place(partial, out_dir)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return out_dir
