@@ -11,6 +11,18 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from pretrain.checkpointing import AtomicCheckpointIO, checkpoint_dir
 
 
+class StepCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that also saves (top-k and last) when training ends between two
+    `every_n_train_steps` saves, so the final state is always on disk."""
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._last_global_step_saved != trainer.global_step:
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+        super().on_train_end(trainer, pl_module)
+
+
 def build_loggers(config: dict, run_dir: Path) -> list[Logger]:
     """CSV always (a new version folder per launch, nothing overwritten); wandb when
     logger.wandb, offline unless an API key is configured, with a run id derived from the
@@ -30,10 +42,10 @@ def build_loggers(config: dict, run_dir: Path) -> list[Logger]:
 def build_trainer(config: dict, run_dir: Path) -> L.Trainer:
     """A Trainer for `config` (plain dict) writing logs and checkpoints under `run_dir`."""
     t = config["trainer"]
-    checkpoints = ModelCheckpoint(
+    checkpoints = StepCheckpoint(
         dirpath=str(checkpoint_dir(run_dir)), filename="step-{step:07d}", auto_insert_metric_name=False,
         monitor="step", mode="max", save_top_k=t["keep_checkpoints"], save_last=True,
-        every_n_train_steps=t["checkpoint_every_n_steps"])
+        every_n_train_steps=t["checkpoint_every_n_steps"], enable_version_counter=False)
     loggers = build_loggers(config, run_dir)
     return L.Trainer(
         accelerator=t["accelerator"], devices=t["devices"], num_nodes=t["num_nodes"], strategy=t["strategy"],

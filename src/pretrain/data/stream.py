@@ -46,14 +46,17 @@ class StreamSpec:
     world_size: int = 1
 
 
-def _reader() -> tuple[int, int]:
+def worker_role(skip_batches: int = 0) -> tuple[int, int]:
+    """(role of this data-loader worker, number of workers); see the module docstring."""
     info = torch.utils.data.get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
+    if info is None:
+        return 0, 1
+    return (info.id + skip_batches) % info.num_workers, info.num_workers
 
 
-def read_split(spec: StreamSpec, epoch: int) -> Iterator[dict]:
+def read_split(spec: StreamSpec, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
     """Documents of this rank and worker, shards in the epoch's shuffled order."""
-    worker, workers = _reader()
+    worker, workers = worker_role(skip_batches)
     order = np.random.default_rng([spec.seed, epoch, STREAM_SHARD_ORDER]).permutation(len(spec.shard_paths))
     readers, reader = spec.world_size * workers, spec.rank * workers + worker
     if len(order) >= readers:
@@ -117,7 +120,7 @@ def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
 def batch_sequences(sequences: Iterable[dict], spec: StreamSpec, skip_batches: int) -> Iterator[list[dict]]:
     """Group sequences into lists of batch_size (the last one may be short), dropping this
     worker's share of the first `skip_batches` global batches."""
-    worker, workers = _reader()
+    worker, workers = worker_role(skip_batches)
     skip = max(0, math.ceil((skip_batches - worker) / workers))
     for n, batch in enumerate(wds.filters._batched(sequences, spec.batch_size, collation_fn=None, partial=True)):
         if n >= skip:
@@ -133,17 +136,16 @@ def to_model_batch(batches: Iterable[list[dict]], spec: StreamSpec, epoch: int) 
 
 def training_stream(spec: StreamSpec, epoch: int, skip_batches: int = 0) -> wds.DataPipeline:
     """The pipeline of one epoch, as an IterableDataset of whole batches."""
-    worker_seeded_shuffle = partial(_shuffle_stage, spec=spec, epoch=epoch)
     return wds.DataPipeline(
-        partial(read_split, spec, epoch),
-        worker_seeded_shuffle,
+        partial(read_split, spec, epoch, skip_batches),
+        partial(_shuffle_stage, spec=spec, epoch=epoch, skip_batches=skip_batches),
         partial(format_documents, spec=spec, epoch=epoch),
         partial(batch_sequences, spec=spec, skip_batches=skip_batches),
         partial(to_model_batch, spec=spec, epoch=epoch),
     )
 
 
-def _shuffle_stage(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Iterator[dict]:
-    worker, _ = _reader()
+def _shuffle_stage(documents: Iterable[dict], spec: StreamSpec, epoch: int, skip_batches: int) -> Iterator[dict]:
+    worker, _ = worker_role(skip_batches)
     rng = np.random.default_rng([spec.seed, epoch, STREAM_SHUFFLE, spec.rank, worker])
     return shuffle_documents(documents, spec.shuffle_buffer_documents, rng)
