@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 data/builtin/manifest.json: | $(STAMP)
-	$(VENV)/bin/pretrain-data prepare inputs=[builtin] out_dir=data/builtin
+	$(VENV)/bin/pretrain-data prepare inputs=[builtin] out_dir=data/builtin docs_per_shard=64
 
 demo: $(STAMP) data/builtin/manifest.json
 	rm -rf $(DEMO_RUN)

@@ -61,8 +61,12 @@ def test_cli_fails_before_training_and_keeps_the_data(corpus_copy, tmp_path):
     shard = first_shard(corpus_copy)
     shard.write_bytes(shard.read_bytes()[:1000])
     before = sorted(p.name for p in corpus_copy.iterdir())
-    result = subprocess.run([PRETRAIN, f"data.shards_dir={corpus_copy}", f"run_dir={tmp_path}/run", "logger=csv"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [PRETRAIN, f"data.shards_dir={corpus_copy}", f"run_dir={tmp_path}/run", "logger=csv"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert shard.name in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in corpus_copy.iterdir()) == before

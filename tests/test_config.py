@@ -42,7 +42,10 @@ def test_run_dir_is_named_from_the_config_not_a_timestamp():
     [
         ("objective.mlm_probability=1.5", "objective.mlm_probability"),
         ("objective.mlm_probability=0", "objective.mlm_probability"),
-        ("objective.mask_token_probability=0.95", "objective.mask_token_probability + objective.random_token_probability"),
+        (
+            "objective.mask_token_probability=0.95",
+            "objective.mask_token_probability + objective.random_token_probability",
+        ),
         ("objective.masking=sometimes", "objective.masking"),
         ("data.max_seq_length=1024", "data.max_seq_length"),
         ("data.format=paragraphs", "data.format"),
@@ -72,8 +75,15 @@ def test_unknown_model_lists_the_available_ones():
 
 def test_cli_reports_a_bad_value_before_training(tmp_path):
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "pretrain"), "objective.mlm_probability=1.5", f"run_dir={tmp_path}/r"],
-        capture_output=True, text=True, timeout=120)
+        [
+            str(Path(sys.executable).parent / "pretrain"),
+            "objective.mlm_probability=1.5",
+            f"run_dir={tmp_path}/r",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "objective.mlm_probability = 1.5: must lie in (0, 1)" in result.stderr
     assert not (tmp_path / "r" / "checkpoints").exists()

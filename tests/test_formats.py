@@ -10,7 +10,9 @@ from pretrain.data.vocab import Vocabulary
 VOCAB = Vocabulary(size=100_000, pad=0, unk=1, cls=2, sep=3, mask=4)
 
 
-def make_documents(n_docs: int, seed: int = 0, max_sentences: int = 12, max_len: int = 40) -> list[dict]:
+def make_documents(
+    n_docs: int, seed: int = 0, max_sentences: int = 12, max_len: int = 40
+) -> list[dict]:
     """Documents whose token ids are unique and increasing (doc d owns ids from 1000*(d+1)), so
     every token tells which document and position it came from."""
     rng = np.random.default_rng(seed)
@@ -19,8 +21,14 @@ def make_documents(n_docs: int, seed: int = 0, max_sentences: int = 12, max_len:
         lengths = rng.integers(1, max_len, size=rng.integers(1, max_sentences))
         n = int(lengths.sum())
         ids = np.arange(n, dtype=np.int64) + 1000 * (d + 1)
-        docs.append({"key": f"doc_{d:05d}", "ids": ids, "sents": np.cumsum(lengths).astype(np.int32),
-                     "words": rng.random(n) < 0.7})
+        docs.append(
+            {
+                "key": f"doc_{d:05d}",
+                "ids": ids,
+                "sents": np.cumsum(lengths).astype(np.int32),
+                "words": rng.random(n) < 0.7,
+            }
+        )
     return docs
 
 
@@ -38,7 +46,9 @@ def test_full_sentences_keeps_every_token_in_order_and_separates_documents(max_l
         assert s["input_ids"][0] == VOCAB.cls and s["input_ids"][-1] == VOCAB.sep
         assert (s["token_type_ids"] == 0).all() and s["next_sentence_label"] == IGNORE_INDEX
         assert len(s["word_starts"]) == len(s["input_ids"])
-    np.testing.assert_array_equal(np.concatenate([content(s) for s in seqs]), np.concatenate([d["ids"] for d in docs]))
+    np.testing.assert_array_equal(
+        np.concatenate([content(s) for s in seqs]), np.concatenate([d["ids"] for d in docs])
+    )
     # a document change inside a sequence is marked by an extra [SEP]
     crossings = 0
     for s in seqs:
@@ -63,14 +73,18 @@ def test_doc_sentences_never_crosses_documents():
         owners = content(s) // 1000
         assert (owners == owners[0]).all()
         assert s["key"].startswith(f"doc_{owners[0] - 1:05d}:")
-    np.testing.assert_array_equal(np.concatenate([content(s) for s in seqs]), np.concatenate([d["ids"] for d in docs]))
+    np.testing.assert_array_equal(
+        np.concatenate([content(s) for s in seqs]), np.concatenate([d["ids"] for d in docs])
+    )
     # shorter sequences at document ends: there are more sequences than with crossing
     assert len(seqs) > len(list(pack_sentences(docs, 48, VOCAB, cross_documents=True)))
 
 
 def test_sentences_split_at_sentence_ends():
     docs = make_documents(10, seed=2, max_len=10)
-    ends = {int(d["ids"][0] + e) for d in docs for e in d["sents"]}  # first token id after each sentence
+    ends = {
+        int(d["ids"][0] + e) for d in docs for e in d["sents"]
+    }  # first token id after each sentence
     for s in pack_sentences(docs, 64, VOCAB, cross_documents=False):
         body = content(s)
         assert int(body[-1]) + 1 in ends  # every sequence ends at a sentence end
@@ -104,7 +118,9 @@ def test_segment_pairs_labels_lengths_and_continuations():
         assert len(ids) <= 64
         seps = np.flatnonzero(ids == VOCAB.sep)
         assert ids[0] == VOCAB.cls and len(seps) == 2 and seps[1] == len(ids) - 1
-        np.testing.assert_array_equal(types, np.r_[np.zeros(seps[0] + 1), np.ones(len(ids) - seps[0] - 1)])
+        np.testing.assert_array_equal(
+            types, np.r_[np.zeros(seps[0] + 1), np.ones(len(ids) - seps[0] - 1)]
+        )
         a, b = ids[1 : seps[0]], ids[seps[0] + 1 : -1]
         assert len(a) >= 1 and len(b) >= 1
         doc_a = s["key"].split(":")[0]
@@ -119,7 +135,8 @@ def test_segment_pairs_labels_lengths_and_continuations():
     assert all((x["input_ids"] == y["input_ids"]).all() for x, y in zip(seqs, again, strict=True))
     other = list(make_segment_pairs(docs, 64, VOCAB, seed=5, epoch=1))
     assert [s["key"] for s in other] != [s["key"] for s in seqs] or any(
-        len(x["input_ids"]) != len(y["input_ids"]) for x, y in zip(seqs, other, strict=False))
+        len(x["input_ids"]) != len(y["input_ids"]) for x, y in zip(seqs, other, strict=False)
+    )
 
 
 def test_segment_pair_true_continuations_are_contiguous_when_not_truncated():

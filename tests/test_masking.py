@@ -18,12 +18,20 @@ def make_batch(n_rows: int, length: int, seed: int = 0) -> dict:
     ids[:, 0] = 2  # [CLS]
     ids[np.arange(n_rows), lengths - 1] = 3  # [SEP]
     ids[attention == 0] = 0
-    return {"input_ids": ids, "attention_mask": attention, "keys": [f"doc{seed}_{i}:0" for i in range(n_rows)]}
+    return {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "keys": [f"doc{seed}_{i}:0" for i in range(n_rows)],
+    }
 
 
 def corrupt(batch: dict, epoch: int = 0, **kw) -> dict:
-    corruption = MaskedLMCorruption(seed=7, vocab_size=VOCAB, mask_token_id=MASK_ID, special_ids=SPECIAL, **kw)
-    return corruption({k: (v.copy() if isinstance(v, np.ndarray) else list(v)) for k, v in batch.items()}, epoch)
+    corruption = MaskedLMCorruption(
+        seed=7, vocab_size=VOCAB, mask_token_id=MASK_ID, special_ids=SPECIAL, **kw
+    )
+    return corruption(
+        {k: (v.copy() if isinstance(v, np.ndarray) else list(v)) for k, v in batch.items()}, epoch
+    )
 
 
 def test_keyed_uniform_is_uniform_and_keyed():
@@ -55,7 +63,11 @@ def test_selection_budget_and_80_10_10_split():
     unchanged = (out["input_ids"] == batch["input_ids"]) & selected
     replaced = selected & ~masked & ~unchanged
     # binomial proportions within 4 standard deviations
-    for share, p in ((masked.sum(), 0.8), (replaced.sum(), 0.1 * (1 - 1 / VOCAB)), (unchanged.sum(), 0.1)):
+    for share, p in (
+        (masked.sum(), 0.8),
+        (replaced.sum(), 0.1 * (1 - 1 / VOCAB)),
+        (unchanged.sum(), 0.1),
+    ):
         assert abs(share / n - p) < 4 * np.sqrt(p * (1 - p) / n) + 1e-3, (share / n, p)
     # unselected tokens are untouched
     np.testing.assert_array_equal(out["input_ids"][~selected], batch["input_ids"][~selected])
@@ -68,7 +80,9 @@ def test_selection_budget_and_80_10_10_split():
 def test_configurable_probabilities(probs):
     p, p_mask, p_random = probs
     batch = make_batch(2000, 64, seed=1)
-    out = corrupt(batch, mlm_probability=p, mask_token_probability=p_mask, random_token_probability=p_random)
+    out = corrupt(
+        batch, mlm_probability=p, mask_token_probability=p_mask, random_token_probability=p_random
+    )
     selected = out["labels"] != IGNORE_INDEX
     candidates = (batch["attention_mask"] == 1) & ~np.isin(batch["input_ids"], SPECIAL)
     assert abs(selected.sum() / candidates.sum() - p) < 0.01
@@ -81,8 +95,11 @@ def test_masks_depend_only_on_seed_epoch_and_key():
     out = corrupt(batch, epoch=3)
     # the same rows in another order and another batch composition: the same masks
     order = np.random.default_rng(0).permutation(64)[:40]
-    sub = {"input_ids": batch["input_ids"][order], "attention_mask": batch["attention_mask"][order],
-           "keys": [batch["keys"][i] for i in order]}
+    sub = {
+        "input_ids": batch["input_ids"][order],
+        "attention_mask": batch["attention_mask"][order],
+        "keys": [batch["keys"][i] for i in order],
+    }
     out_sub = corrupt(sub, epoch=3)
     np.testing.assert_array_equal(out_sub["labels"], out["labels"][order])
     np.testing.assert_array_equal(out_sub["input_ids"], out["input_ids"][order])
@@ -102,7 +119,14 @@ def test_static_masking_repeats_every_dupe_factor_epochs():
 def test_mask_tokens_handles_rows_without_candidates():
     ids = np.array([[2, 3, 0, 0], [2, 10, 11, 3]])
     candidates = np.array([[False] * 4, [False, True, True, False]])
-    out, labels = mask_tokens(ids, candidates, key_hashes(["a", "b"]), seed=0, epoch=0,
-                              vocab_size=VOCAB, mask_token_id=MASK_ID)
+    out, labels = mask_tokens(
+        ids,
+        candidates,
+        key_hashes(["a", "b"]),
+        seed=0,
+        epoch=0,
+        vocab_size=VOCAB,
+        mask_token_id=MASK_ID,
+    )
     assert (labels[0] == IGNORE_INDEX).all()
     assert (labels[1] != IGNORE_INDEX).sum() == 1

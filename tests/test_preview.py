@@ -11,17 +11,24 @@ PRETRAIN_DATA = str(Path(sys.executable).parent / "pretrain-data")
 
 
 def run_preview(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PRETRAIN_DATA, "preview", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [PRETRAIN_DATA, "preview", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_preview_json_has_the_raw_arrays(prepared_corpus):
-    result = run_preview(f"data.shards_dir={prepared_corpus}", "data.max_seq_length=64", "n=5", "--format", "json")
+    result = run_preview(
+        f"data.shards_dir={prepared_corpus}", "data.max_seq_length=64", "n=5", "--format", "json"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = json.loads(result.stdout)
     assert len(records) == 5
     for r in records:
         n = len(r["input_ids"])
-        assert n <= 64 and len(r["labels"]) == len(r["token_type_ids"]) == len(r["attention_mask"]) == n
+        assert (
+            n <= 64
+            and len(r["labels"]) == len(r["token_type_ids"]) == len(r["attention_mask"]) == n
+        )
         assert r["next_sentence_label"] in (0, 1)
         assert r["key"] and set(r["token_type_ids"]) == {0, 1}
         predicted = [i for i, label in enumerate(r["labels"]) if label != IGNORE_INDEX]
@@ -30,7 +37,13 @@ def test_preview_json_has_the_raw_arrays(prepared_corpus):
 
 
 def test_preview_text_marks_predicted_positions(prepared_corpus):
-    result = run_preview(f"data.shards_dir={prepared_corpus}", "data=full_sentences", "objective=mlm", "n=3")
+    result = run_preview(
+        f"data.shards_dir={prepared_corpus}", "data=full_sentences", "objective=mlm", "n=3"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("[batch 0]") == 3
-    assert "<[MASK]|" in result.stdout and "[CLS]" in result.stdout and "single segment" in result.stdout
+    assert (
+        "<[MASK]|" in result.stdout
+        and "[CLS]" in result.stdout
+        and "single segment" in result.stdout
+    )

@@ -14,13 +14,23 @@ from pretrain.run import build_stream
 
 
 def stream_spec(shards_dir, *overrides):
-    _, spec, _ = build_stream(compose_config([f"data.shards_dir={shards_dir}", "data.max_seq_length=64",
-                                              "data.batch_size=8", *overrides]))
+    _, spec, _ = build_stream(
+        compose_config(
+            [
+                f"data.shards_dir={shards_dir}",
+                "data.max_seq_length=64",
+                "data.batch_size=8",
+                *overrides,
+            ]
+        )
+    )
     return spec
 
 
 def collect(spec, epoch, workers=0, skip=0) -> list[dict]:
-    loader = DataLoader(training_stream(spec, epoch, skip_batches=skip), batch_size=None, num_workers=workers)
+    loader = DataLoader(
+        training_stream(spec, epoch, skip_batches=skip), batch_size=None, num_workers=workers
+    )
     return list(loader)
 
 
@@ -44,7 +54,9 @@ def test_same_sequences_and_masks_whatever_the_worker_count(prepared_corpus, wor
 def test_ranks_read_disjoint_documents_covering_the_corpus(prepared_corpus):
     spec = stream_spec(prepared_corpus, "data=doc_sentences", "objective=mlm")
     whole = by_key(collect(spec, epoch=0))
-    parts = [by_key(collect(replace(spec, rank=r, world_size=3), epoch=0, workers=2)) for r in range(3)]
+    parts = [
+        by_key(collect(replace(spec, rank=r, world_size=3), epoch=0, workers=2)) for r in range(3)
+    ]
     keys = [set(p) for p in parts]
     assert all(k for k in keys)
     assert not (keys[0] & keys[1]) and not (keys[0] & keys[2]) and not (keys[1] & keys[2])

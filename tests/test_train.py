@@ -15,9 +15,18 @@ from pretrain.run import train
 
 def tiny_overrides(shards_dir: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        f"data.shards_dir={shards_dir}", f"run_dir={run_dir}", "logger=csv", "trainer=cpu",
-        "model=bert_tiny", "data.max_seq_length=64", "data.batch_size=8", "data.shuffle_buffer_documents=50",
-        "trainer.enable_progress_bar=false", "optim.warmup_steps=5", "optim.optimizer.lr=1e-3", *extra,
+        f"data.shards_dir={shards_dir}",
+        f"run_dir={run_dir}",
+        "logger=csv",
+        "trainer=cpu",
+        "model=bert_tiny",
+        "data.max_seq_length=64",
+        "data.batch_size=8",
+        "data.shuffle_buffer_documents=50",
+        "trainer.enable_progress_bar=false",
+        "optim.warmup_steps=5",
+        "optim.optimizer.lr=1e-3",
+        *extra,
     ]
 
 
@@ -35,8 +44,15 @@ def step_losses(run_dir: Path) -> dict[int, float]:
 @pytest.mark.slow
 def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp_path):
     run_dir = tmp_path / "run"
-    cfg = compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=30",
-                                        "trainer.checkpoint_every_n_steps=10", "trainer.log_every_n_steps=1"))
+    cfg = compose_config(
+        tiny_overrides(
+            prepared_corpus,
+            run_dir,
+            "trainer.max_steps=30",
+            "trainer.checkpoint_every_n_steps=10",
+            "trainer.log_every_n_steps=1",
+        )
+    )
     train(cfg)
     losses = step_losses(run_dir)
     assert sorted(losses) == list(range(30))
@@ -55,14 +71,21 @@ def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_gives_the_losses_of_an_uninterrupted_run(prepared_corpus, tmp_path, workers):
-    common = ("trainer.max_steps=16", "trainer.checkpoint_every_n_steps=7", "trainer.log_every_n_steps=1",
-              "trainer.keep_checkpoints=5", f"data.num_workers={workers}")
+    common = (
+        "trainer.max_steps=16",
+        "trainer.checkpoint_every_n_steps=7",
+        "trainer.log_every_n_steps=1",
+        "trainer.keep_checkpoints=5",
+        f"data.num_workers={workers}",
+    )
     full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
     train(compose_config(tiny_overrides(prepared_corpus, full_dir, *common)))
     full = step_losses(full_dir)
     # The interrupted run: what the uninterrupted one had on disk after step 7, then resume=auto.
     (resumed_dir / "checkpoints").mkdir(parents=True)
-    shutil.copy(full_dir / "checkpoints" / "step-0000007.ckpt", resumed_dir / "checkpoints" / "last.ckpt")
+    shutil.copy(
+        full_dir / "checkpoints" / "step-0000007.ckpt", resumed_dir / "checkpoints" / "last.ckpt"
+    )
     train(compose_config(tiny_overrides(prepared_corpus, resumed_dir, *common)))
     resumed = step_losses(resumed_dir)
     assert sorted(resumed) == list(range(7, 16))
@@ -78,10 +101,57 @@ def test_resume_gives_the_losses_of_an_uninterrupted_run(prepared_corpus, tmp_pa
 def test_pretrain_console_script_saves_config_in_run_dir(prepared_corpus, tmp_path):
     run_dir = tmp_path / "cli-run"
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "pretrain"),
-         *tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=3", "trainer.log_every_n_steps=1")],
-        capture_output=True, text=True, timeout=300)
+        [
+            str(Path(sys.executable).parent / "pretrain"),
+            *tiny_overrides(
+                prepared_corpus, run_dir, "trainer.max_steps=3", "trainer.log_every_n_steps=1"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MLM loss:" in result.stdout
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_bf16_accumulation_and_clipping(prepared_corpus, tmp_path):
+    run_dir = tmp_path / "bf16"
+    train(
+        compose_config(
+            tiny_overrides(
+                prepared_corpus,
+                run_dir,
+                "trainer.max_steps=4",
+                "trainer.precision=bf16-mixed",
+                "trainer.accumulate_grad_batches=3",
+                "trainer.gradient_clip_val=0.5",
+                "trainer.log_every_n_steps=1",
+            )
+        )
+    )
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 4  # optimizer steps
+    assert checkpoint["PretrainingDataModule"]["batches"] == 12  # micro-batches read
+    assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values())
+    assert (
+        checkpoint["state_dict"]["encoder.embeddings.word_embeddings.weight"].dtype == torch.float32
+    )
+
+
+@pytest.mark.slow
+def test_wandb_logs_offline_without_an_api_key(prepared_corpus, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run_dir = tmp_path / "wandb-run"
+    overrides = tiny_overrides(
+        prepared_corpus, run_dir, "trainer.max_steps=2", "experiment_name=cmp"
+    )
+    overrides[overrides.index("logger=csv")] = "logger=wandb"
+    train(compose_config(overrides))
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    assert (run_dir / "csv").is_dir()  # CSV always

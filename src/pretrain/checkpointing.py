@@ -19,7 +19,9 @@ PARTIAL_SUFFIX = ".partial"
 class AtomicCheckpointIO(TorchCheckpointIO):
     """TorchCheckpointIO that writes aside, fsyncs, then renames into place."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + PARTIAL_SUFFIX)

@@ -7,7 +7,7 @@ an error that names the key.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -25,7 +25,9 @@ def _check(ok: bool, key: str, value: Any, expected: str) -> None:
         raise ConfigError(f"{key} = {value!r}: {expected}")
 
 
-def _unit_interval(key: str, value: float, *, open_low: bool = True, open_high: bool = True) -> None:
+def _unit_interval(
+    key: str, value: float, *, open_low: bool = True, open_high: bool = True
+) -> None:
     low_ok = value > 0 if open_low else value >= 0
     high_ok = value < 1 if open_high else value <= 1
     lo, hi = "(" if open_low else "[", ")" if open_high else "]"
@@ -50,11 +52,21 @@ class ModelConfig:
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                    "max_position_embeddings", "type_vocab_size"):
+        for key in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
             _check(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
-        _check(self.hidden_size % self.num_attention_heads == 0, "model.hidden_size", self.hidden_size,
-               f"must be divisible by model.num_attention_heads ({self.num_attention_heads})")
+        _check(
+            self.hidden_size % self.num_attention_heads == 0,
+            "model.hidden_size",
+            self.hidden_size,
+            f"must be divisible by model.num_attention_heads ({self.num_attention_heads})",
+        )
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             _unit_interval(f"model.{key}", getattr(self, key), open_low=False)
 
@@ -74,13 +86,34 @@ class ObjectiveConfig:
 
     def __post_init__(self) -> None:
         _unit_interval("objective.mlm_probability", self.mlm_probability)
-        _unit_interval("objective.mask_token_probability", self.mask_token_probability, open_low=False, open_high=False)
-        _unit_interval("objective.random_token_probability", self.random_token_probability, open_low=False, open_high=False)
+        _unit_interval(
+            "objective.mask_token_probability",
+            self.mask_token_probability,
+            open_low=False,
+            open_high=False,
+        )
+        _unit_interval(
+            "objective.random_token_probability",
+            self.random_token_probability,
+            open_low=False,
+            open_high=False,
+        )
         total = self.mask_token_probability + self.random_token_probability
-        _check(total <= 1 + 1e-9, "objective.mask_token_probability + objective.random_token_probability",
-               total, "must be at most 1 (the rest of the selected tokens stay unchanged)")
-        _check(self.masking in ("dynamic", "static"), "objective.masking", self.masking, "must be 'dynamic' or 'static'")
-        _check(self.dupe_factor >= 1, "objective.dupe_factor", self.dupe_factor, "must be at least 1")
+        _check(
+            total <= 1 + 1e-9,
+            "objective.mask_token_probability + objective.random_token_probability",
+            total,
+            "must be at most 1 (the rest of the selected tokens stay unchanged)",
+        )
+        _check(
+            self.masking in ("dynamic", "static"),
+            "objective.masking",
+            self.masking,
+            "must be 'dynamic' or 'static'",
+        )
+        _check(
+            self.dupe_factor >= 1, "objective.dupe_factor", self.dupe_factor, "must be at least 1"
+        )
 
 
 @dataclass
@@ -89,7 +122,7 @@ class DataConfig:
 
     format: str = "segment_pair"
     shards_dir: str = "data/builtin"
-    tokenizer_dir: Optional[str] = None
+    tokenizer_dir: str | None = None
     max_seq_length: int = 128
     short_seq_probability: float = 0.1
     nsp_random_probability: float = 0.5
@@ -99,30 +132,62 @@ class DataConfig:
     random_document_pool: int = 100
 
     def __post_init__(self) -> None:
-        _check(self.format in FORMATS, "data.format", self.format, f"must be one of {', '.join(FORMATS)}")
-        _check(self.max_seq_length >= 8, "data.max_seq_length", self.max_seq_length, "must be at least 8")
+        _check(
+            self.format in FORMATS,
+            "data.format",
+            self.format,
+            f"must be one of {', '.join(FORMATS)}",
+        )
+        _check(
+            self.max_seq_length >= 8,
+            "data.max_seq_length",
+            self.max_seq_length,
+            "must be at least 8",
+        )
         _unit_interval("data.short_seq_probability", self.short_seq_probability, open_low=False)
         _unit_interval("data.nsp_random_probability", self.nsp_random_probability)
         _check(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be at least 1")
         _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be 0 or more")
-        _check(self.shuffle_buffer_documents >= 1, "data.shuffle_buffer_documents", self.shuffle_buffer_documents, "must be at least 1")
-        _check(self.random_document_pool >= 1, "data.random_document_pool", self.random_document_pool, "must be at least 1")
+        _check(
+            self.shuffle_buffer_documents >= 1,
+            "data.shuffle_buffer_documents",
+            self.shuffle_buffer_documents,
+            "must be at least 1",
+        )
+        _check(
+            self.random_document_pool >= 1,
+            "data.random_document_pool",
+            self.random_document_pool,
+            "must be at least 1",
+        )
 
 
 @dataclass
 class OptimConfig:
     """Optimizer (a `_partial_` receiving the parameter groups) and learning-rate schedule."""
 
-    optimizer: dict = field(default_factory=lambda: {
-        "_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-4,
-        "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01})
+    optimizer: dict = field(
+        default_factory=lambda: {
+            "_target_": "torch.optim.AdamW",
+            "_partial_": True,
+            "lr": 1e-4,
+            "betas": [0.9, 0.999],
+            "eps": 1e-6,
+            "weight_decay": 0.01,
+        }
+    )
     schedule: str = "linear"
     warmup_steps: int = 10000
 
     def __post_init__(self) -> None:
         lr = self.optimizer.get("lr", 0)
         _check(lr > 0, "optim.optimizer.lr", lr, "must be positive")
-        _check(self.schedule in ("linear", "constant"), "optim.schedule", self.schedule, "must be 'linear' or 'constant'")
+        _check(
+            self.schedule in ("linear", "constant"),
+            "optim.schedule",
+            self.schedule,
+            "must be 'linear' or 'constant'",
+        )
         _check(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be 0 or more")
 
 
@@ -137,21 +202,50 @@ class TrainerConfig:
     precision: str = "32-true"
     max_steps: int = 1000
     accumulate_grad_batches: int = 1
-    gradient_clip_val: Optional[float] = 1.0
+    gradient_clip_val: float | None = 1.0
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 500
     keep_checkpoints: int = 2
     enable_progress_bar: bool = True
 
     def __post_init__(self) -> None:
-        _check(self.precision in PRECISIONS, "trainer.precision", self.precision, f"must be one of {', '.join(PRECISIONS)}")
+        _check(
+            self.precision in PRECISIONS,
+            "trainer.precision",
+            self.precision,
+            f"must be one of {', '.join(PRECISIONS)}",
+        )
         _check(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
-        _check(self.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches", self.accumulate_grad_batches, "must be at least 1")
-        _check(self.gradient_clip_val is None or self.gradient_clip_val > 0, "trainer.gradient_clip_val",
-               self.gradient_clip_val, "must be positive or null (no clipping)")
-        _check(self.log_every_n_steps >= 1, "trainer.log_every_n_steps", self.log_every_n_steps, "must be at least 1")
-        _check(self.checkpoint_every_n_steps >= 1, "trainer.checkpoint_every_n_steps", self.checkpoint_every_n_steps, "must be at least 1")
-        _check(self.keep_checkpoints >= 1, "trainer.keep_checkpoints", self.keep_checkpoints, "must be at least 1")
+        _check(
+            self.accumulate_grad_batches >= 1,
+            "trainer.accumulate_grad_batches",
+            self.accumulate_grad_batches,
+            "must be at least 1",
+        )
+        _check(
+            self.gradient_clip_val is None or self.gradient_clip_val > 0,
+            "trainer.gradient_clip_val",
+            self.gradient_clip_val,
+            "must be positive or null (no clipping)",
+        )
+        _check(
+            self.log_every_n_steps >= 1,
+            "trainer.log_every_n_steps",
+            self.log_every_n_steps,
+            "must be at least 1",
+        )
+        _check(
+            self.checkpoint_every_n_steps >= 1,
+            "trainer.checkpoint_every_n_steps",
+            self.checkpoint_every_n_steps,
+            "must be at least 1",
+        )
+        _check(
+            self.keep_checkpoints >= 1,
+            "trainer.keep_checkpoints",
+            self.keep_checkpoints,
+            "must be at least 1",
+        )
 
 
 @dataclass
@@ -160,11 +254,16 @@ class LoggerConfig:
 
     wandb: bool = True
     project: str = "pretrain"
-    group: Optional[str] = None
+    group: str | None = None
     mode: str = "auto"
 
     def __post_init__(self) -> None:
-        _check(self.mode in ("auto", "online", "offline"), "logger.mode", self.mode, "must be auto, online or offline")
+        _check(
+            self.mode in ("auto", "online", "offline"),
+            "logger.mode",
+            self.mode,
+            "must be auto, online or offline",
+        )
 
 
 @dataclass
@@ -184,14 +283,25 @@ class TrainConfig:
     resume: str = "auto"
 
     def __post_init__(self) -> None:
-        _check(self.data.max_seq_length <= self.model.max_position_embeddings, "data.max_seq_length",
-               self.data.max_seq_length,
-               f"must not exceed model.max_position_embeddings ({self.model.max_position_embeddings}) of model {self.model.name}")
-        _check(not self.objective.nsp or self.data.format == "segment_pair", "objective.nsp", self.objective.nsp,
-               f"next-sentence prediction needs data=segment_pair (data.format is {self.data.format!r}); "
-               "use objective=mlm for single-segment formats")
-        _check(self.resume in ("auto", "never") or self.resume.endswith(".ckpt"), "resume", self.resume,
-               "must be 'auto', 'never' or the path of a .ckpt file")
+        _check(
+            self.data.max_seq_length <= self.model.max_position_embeddings,
+            "data.max_seq_length",
+            self.data.max_seq_length,
+            f"must not exceed model.max_position_embeddings ({self.model.max_position_embeddings}) of model {self.model.name}",
+        )
+        _check(
+            not self.objective.nsp or self.data.format == "segment_pair",
+            "objective.nsp",
+            self.objective.nsp,
+            f"next-sentence prediction needs data=segment_pair (data.format is {self.data.format!r}); "
+            "use objective=mlm for single-segment formats",
+        )
+        _check(
+            self.resume in ("auto", "never") or self.resume.endswith(".ckpt"),
+            "resume",
+            self.resume,
+            "must be 'auto', 'never' or the path of a .ckpt file",
+        )
 
 
 def register_schemas() -> None:

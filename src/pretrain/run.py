@@ -29,11 +29,18 @@ def build_stream(cfg: DictConfig) -> tuple[dict, StreamSpec, type[PretrainingMod
     config["model_runtime"] = {"vocab_size": corpus.vocab.size, "pad_token_id": corpus.vocab.pad}
     module_class = get_class(cfg.objective._target_)
     spec = StreamSpec(
-        shard_paths=tuple(str(p) for p in corpus.manifest.shard_paths), vocab=corpus.vocab,
-        corruption=module_class.build_corruption(config, corpus.vocab), format=data.format,
-        max_seq_length=data.max_seq_length, batch_size=data.batch_size, seed=cfg.seed,
-        short_seq_probability=data.short_seq_probability, nsp_random_probability=data.nsp_random_probability,
-        shuffle_buffer_documents=data.shuffle_buffer_documents, random_document_pool=data.random_document_pool)
+        shard_paths=tuple(str(p) for p in corpus.manifest.shard_paths),
+        vocab=corpus.vocab,
+        corruption=module_class.build_corruption(config, corpus.vocab),
+        format=data.format,
+        max_seq_length=data.max_seq_length,
+        batch_size=data.batch_size,
+        seed=cfg.seed,
+        short_seq_probability=data.short_seq_probability,
+        nsp_random_probability=data.nsp_random_probability,
+        shuffle_buffer_documents=data.shuffle_buffer_documents,
+        random_document_pool=data.random_document_pool,
+    )
     return config, spec, module_class
 
 
@@ -67,7 +74,9 @@ def summary(module: PretrainingModule, run_dir: Path) -> str:
     lines = [f"Run directory: {run_dir}", f"Checkpoints: {run_dir / 'checkpoints'}"]
     if history:
         (first_step, first), (last_step, last) = history[0], history[-1]
-        lines.insert(0, f"MLM loss: {first:.3f} at step {first_step} -> {last:.3f} at step {last_step}")
+        lines.insert(
+            0, f"MLM loss: {first:.3f} at step {first_step} -> {last:.3f} at step {last_step}"
+        )
     return "\n".join(lines)
 
 

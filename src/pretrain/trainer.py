@@ -5,7 +5,8 @@ import os
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
 from pretrain.checkpointing import AtomicCheckpointIO, checkpoint_dir
@@ -23,6 +24,30 @@ class StepCheckpoint(ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
 
 
+class StepProgressBar(TQDMProgressBar):
+    """One bar over optimizer steps up to max_steps (epochs of a stream have no known length)."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *_: object) -> None:
+        bar = self.train_progress_bar
+        if bar.total != trainer.max_steps:
+            bar.reset(total=trainer.max_steps)
+            _update_n(bar, trainer.global_step)
+        bar.set_description(f"epoch {trainer.current_epoch}, step")
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *_: object
+    ) -> None:
+        if self._should_update(trainer.global_step, trainer.max_steps):
+            _update_n(self.train_progress_bar, trainer.global_step)
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    def on_train_end(self, *_: object) -> None:
+        self.train_progress_bar.close()
+
+
 def build_loggers(config: dict, run_dir: Path) -> list[Logger]:
     """CSV always (a new version folder per launch, nothing overwritten); wandb when
     logger.wandb, offline unless an API key is configured, with a run id derived from the
@@ -33,9 +58,17 @@ def build_loggers(config: dict, run_dir: Path) -> list[Logger]:
         mode = options["mode"]
         offline = mode == "offline" or (mode == "auto" and not os.environ.get("WANDB_API_KEY"))
         run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
-        loggers.append(WandbLogger(
-            project=options["project"], group=options["group"] or config["experiment_name"],
-            name=config["run_name"], id=run_id, save_dir=str(run_dir), offline=offline, resume="allow"))
+        loggers.append(
+            WandbLogger(
+                project=options["project"],
+                group=options["group"] or config["experiment_name"],
+                name=config["run_name"],
+                id=run_id,
+                save_dir=str(run_dir),
+                offline=offline,
+                resume="allow",
+            )
+        )
     return loggers
 
 
@@ -43,15 +76,34 @@ def build_trainer(config: dict, run_dir: Path) -> L.Trainer:
     """A Trainer for `config` (plain dict) writing logs and checkpoints under `run_dir`."""
     t = config["trainer"]
     checkpoints = StepCheckpoint(
-        dirpath=str(checkpoint_dir(run_dir)), filename="step-{step:07d}", auto_insert_metric_name=False,
-        monitor="step", mode="max", save_top_k=t["keep_checkpoints"], save_last=True,
-        every_n_train_steps=t["checkpoint_every_n_steps"], enable_version_counter=False)
+        dirpath=str(checkpoint_dir(run_dir)),
+        filename="step-{step:07d}",
+        auto_insert_metric_name=False,
+        monitor="step",
+        mode="max",
+        save_top_k=t["keep_checkpoints"],
+        save_last=True,
+        every_n_train_steps=t["checkpoint_every_n_steps"],
+        enable_version_counter=False,
+    )
     loggers = build_loggers(config, run_dir)
     return L.Trainer(
-        accelerator=t["accelerator"], devices=t["devices"], num_nodes=t["num_nodes"], strategy=t["strategy"],
-        precision=t["precision"], max_steps=t["max_steps"], max_epochs=-1,
-        accumulate_grad_batches=t["accumulate_grad_batches"], gradient_clip_val=t["gradient_clip_val"],
-        log_every_n_steps=t["log_every_n_steps"], enable_progress_bar=t["enable_progress_bar"],
-        callbacks=[checkpoints],
-        logger=loggers, plugins=[AtomicCheckpointIO()], reload_dataloaders_every_n_epochs=1,
-        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(run_dir))
+        accelerator=t["accelerator"],
+        devices=t["devices"],
+        num_nodes=t["num_nodes"],
+        strategy=t["strategy"],
+        precision=t["precision"],
+        max_steps=t["max_steps"],
+        max_epochs=-1,
+        accumulate_grad_batches=t["accumulate_grad_batches"],
+        gradient_clip_val=t["gradient_clip_val"],
+        log_every_n_steps=t["log_every_n_steps"],
+        enable_progress_bar=t["enable_progress_bar"],
+        callbacks=[checkpoints, StepProgressBar(refresh_rate=5)],
+        logger=loggers,
+        plugins=[AtomicCheckpointIO()],
+        reload_dataloaders_every_n_epochs=1,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=str(run_dir),
+    )

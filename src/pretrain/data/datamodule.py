@@ -33,7 +33,9 @@ def open_corpus(shards_dir: str | Path, tokenizer_dir: str | Path | None = None)
         check_tokenizer(manifest, tokenizer)
         vocab = load_vocabulary(tokenizer)
     except (ShardError, ValueError) as error:
-        raise ShardError(f"data.shards_dir={shards_dir} data.tokenizer_dir={tokenizer_dir}: {error}") from error
+        raise ShardError(
+            f"data.shards_dir={shards_dir} data.tokenizer_dir={tokenizer_dir}: {error}"
+        ) from error
     return Corpus(manifest, tokenizer, vocab)
 
 
@@ -68,8 +70,10 @@ class PretrainingDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict:
         """Position in the stream: the epoch and the batches already processed in it."""
-        return {"epoch": self.trainer.current_epoch,
-                "batches": self.trainer.fit_loop.epoch_loop.batch_progress.current.processed}
+        return {
+            "epoch": self.trainer.current_epoch,
+            "batches": self.trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._resume = dict(state_dict)

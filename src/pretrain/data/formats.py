@@ -15,7 +15,9 @@ from pretrain.data.keyed_rng import STREAM_FORMAT, keyed_generator
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 
-Piece = tuple[np.ndarray, np.ndarray]  # (token ids, word-start flags) of one sentence or part of one
+Piece = tuple[
+    np.ndarray, np.ndarray
+]  # (token ids, word-start flags) of one sentence or part of one
 
 
 def sentence_pieces(document: dict, max_tokens: int) -> list[Piece]:
@@ -36,7 +38,9 @@ def _concat(pieces: list[Piece]) -> Piece:
     return np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces])
 
 
-def _sequence(key: str, segments: list[Piece], vocab: Vocabulary, nsp_label: int = IGNORE_INDEX) -> dict:
+def _sequence(
+    key: str, segments: list[Piece], vocab: Vocabulary, nsp_label: int = IGNORE_INDEX
+) -> dict:
     """[CLS] seg0 [SEP] (seg1 [SEP]); token type i for segment i."""
     ids, types, words = [np.array([vocab.cls])], [np.zeros(1, np.int64)], [np.ones(1, bool)]
     for segment_id, (seg_ids, seg_words) in enumerate(segments):
@@ -133,7 +137,11 @@ def make_segment_pairs(
     for document in documents:
         rng = keyed_generator(seed, epoch, STREAM_FORMAT, document["key"])
         sentences = sentence_pieces(document, max_tokens)
-        target = max_tokens if rng.random() >= short_seq_probability else int(rng.integers(2, max_tokens + 1))
+        target = (
+            max_tokens
+            if rng.random() >= short_seq_probability
+            else int(rng.integers(2, max_tokens + 1))
+        )
         chunk_start, used, i = 0, 0, 0
         while i < len(sentences):
             used += len(sentences[i][0])
@@ -152,7 +160,11 @@ def make_segment_pairs(
 
 
 def _pair_from_chunk(
-    chunk: list[Piece], target: int, pool: deque, rng: np.random.Generator, random_probability: float
+    chunk: list[Piece],
+    target: int,
+    pool: deque,
+    rng: np.random.Generator,
+    random_probability: float,
 ) -> tuple[tuple[Piece, Piece, int] | None, int]:
     """Returns ((A, B, nsp_label) or None, number of chunk sentences left unused)."""
     if len(chunk) >= 2:

@@ -40,7 +40,9 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def keyed_uniform(seed: int, epoch: int, stream: int, hashes: np.ndarray, length: int) -> np.ndarray:
+def keyed_uniform(
+    seed: int, epoch: int, stream: int, hashes: np.ndarray, length: int
+) -> np.ndarray:
     """Uniform [0, 1) floats of shape (len(hashes), length); entry (i, t) depends only on
     (seed, epoch, stream, hashes[i], t)."""
     with np.errstate(over="ignore"):

@@ -17,13 +17,17 @@ from pretrain.data.keyed_rng import (
 IGNORE_INDEX = -100
 
 
-def select_exact_fraction(uniform: np.ndarray, candidates: np.ndarray, probability: float) -> np.ndarray:
+def select_exact_fraction(
+    uniform: np.ndarray, candidates: np.ndarray, probability: float
+) -> np.ndarray:
     """Select round(probability * n) candidates per row (at least 1 when a row has any), the
     ones with the smallest uniforms. Shapes (batch, seq); returns a bool mask (batch, seq)."""
     n = candidates.sum(axis=1)  # (batch,)
     k = np.where(n > 0, np.maximum(np.rint(n * probability), 1), 0).astype(np.int64)
     scores = np.where(candidates, uniform, 2.0)
-    kth = np.take_along_axis(np.sort(scores, axis=1), np.maximum(k - 1, 0)[:, None], axis=1)  # (batch, 1)
+    kth = np.take_along_axis(
+        np.sort(scores, axis=1), np.maximum(k - 1, 0)[:, None], axis=1
+    )  # (batch, 1)
     return candidates & (scores <= kth) & (k > 0)[:, None]
 
 
@@ -70,7 +74,16 @@ def mask_tokens(
     length = input_ids.shape[1]
     select = keyed_uniform(seed, epoch, STREAM_MASK_SELECT, hashes, length)
     action = keyed_uniform(seed, epoch, STREAM_MASK_ACTION, hashes, length)
-    random_ids = (keyed_uniform(seed, epoch, STREAM_MASK_RANDOM_TOKEN, hashes, length) * vocab_size).astype(np.int64)
+    random_ids = (
+        keyed_uniform(seed, epoch, STREAM_MASK_RANDOM_TOKEN, hashes, length) * vocab_size
+    ).astype(np.int64)
     selected = select_exact_fraction(select, candidates, mlm_probability)
-    return replace_selected(input_ids, selected, action, random_ids, mask_token_id,
-                            mask_token_probability, random_token_probability)
+    return replace_selected(
+        input_ids,
+        selected,
+        action,
+        random_ids,
+        mask_token_id,
+        mask_token_probability,
+        random_token_probability,
+    )

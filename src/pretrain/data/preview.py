@@ -60,10 +60,17 @@ def render(record: dict, tokenizer: Tokenizer) -> str:
     words = []
     for shown, label in zip(record["input_ids"], record["labels"], strict=True):
         token = tokenizer.id_to_token(shown)
-        words.append(token if label == IGNORE_INDEX else f"<{token}|{tokenizer.id_to_token(label)}>")
-    nsp = {0: "B continues A", 1: "B is random"}.get(record["next_sentence_label"], "single segment")
+        words.append(
+            token if label == IGNORE_INDEX else f"<{token}|{tokenizer.id_to_token(label)}>"
+        )
+    nsp = {0: "B continues A", 1: "B is random"}.get(
+        record["next_sentence_label"], "single segment"
+    )
     masked = int(np.sum(np.array(record["labels"]) != IGNORE_INDEX))
-    return f"[batch {record['batch']}] {record['key']}  ({len(words)} tokens, {masked} predicted, {nsp})\n  " + " ".join(words)
+    return (
+        f"[batch {record['batch']}] {record['key']}  ({len(words)} tokens, {masked} predicted, {nsp})\n  "
+        + " ".join(words)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(records))
         return
     tokenizer = Tokenizer.from_file(f"{tokenizer_dir}/tokenizer.json")
-    print("Predicted positions are written <shown|label>: [MASK], a random token, or the token unchanged.\n")
+    print(
+        "Predicted positions are written <shown|label>: [MASK], a random token, or the token unchanged.\n"
+    )
     for record in records:
         print(render(record, tokenizer) + "\n")

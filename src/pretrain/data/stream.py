@@ -57,7 +57,9 @@ def worker_role(skip_batches: int = 0) -> tuple[int, int]:
 def read_split(spec: StreamSpec, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
     """Documents of this rank and worker, shards in the epoch's shuffled order."""
     worker, workers = worker_role(skip_batches)
-    order = np.random.default_rng([spec.seed, epoch, STREAM_SHARD_ORDER]).permutation(len(spec.shard_paths))
+    order = np.random.default_rng([spec.seed, epoch, STREAM_SHARD_ORDER]).permutation(
+        len(spec.shard_paths)
+    )
     readers, reader = spec.world_size * workers, spec.rank * workers + worker
     if len(order) >= readers:
         for index in order[spec.rank :: spec.world_size][worker::workers]:
@@ -69,7 +71,9 @@ def read_split(spec: StreamSpec, epoch: int, skip_batches: int = 0) -> Iterator[
                 yield document
 
 
-def shuffle_documents(documents: Iterable[dict], buffer_size: int, rng: np.random.Generator) -> Iterator[dict]:
+def shuffle_documents(
+    documents: Iterable[dict], buffer_size: int, rng: np.random.Generator
+) -> Iterator[dict]:
     """A shuffle buffer: hold `buffer_size` documents, emit a random one as each new one arrives."""
     buffer: list[dict] = []
     for document in documents:
@@ -87,9 +91,15 @@ def format_documents(documents: Iterable[dict], spec: StreamSpec, epoch: int) ->
     """Apply the input format named by `spec.format`."""
     if spec.format == "segment_pair":
         return make_segment_pairs(
-            documents, spec.max_seq_length, spec.vocab, seed=spec.seed, epoch=epoch,
+            documents,
+            spec.max_seq_length,
+            spec.vocab,
+            seed=spec.seed,
+            epoch=epoch,
             short_seq_probability=spec.short_seq_probability,
-            random_probability=spec.nsp_random_probability, pool_size=spec.random_document_pool)
+            random_probability=spec.nsp_random_probability,
+            pool_size=spec.random_document_pool,
+        )
     cross = spec.format == "full_sentences"
     return pack_sentences(documents, spec.max_seq_length, spec.vocab, cross_documents=cross)
 
@@ -117,12 +127,16 @@ def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
     return batch
 
 
-def batch_sequences(sequences: Iterable[dict], spec: StreamSpec, skip_batches: int) -> Iterator[list[dict]]:
+def batch_sequences(
+    sequences: Iterable[dict], spec: StreamSpec, skip_batches: int
+) -> Iterator[list[dict]]:
     """Group sequences into lists of batch_size (the last one may be short), dropping this
     worker's share of the first `skip_batches` global batches."""
     worker, workers = worker_role(skip_batches)
     skip = max(0, math.ceil((skip_batches - worker) / workers))
-    for n, batch in enumerate(wds.filters._batched(sequences, spec.batch_size, collation_fn=None, partial=True)):
+    for n, batch in enumerate(
+        wds.filters._batched(sequences, spec.batch_size, collation_fn=None, partial=True)
+    ):
         if n >= skip:
             yield batch
 
@@ -145,7 +159,9 @@ def training_stream(spec: StreamSpec, epoch: int, skip_batches: int = 0) -> wds.
     )
 
 
-def _shuffle_stage(documents: Iterable[dict], spec: StreamSpec, epoch: int, skip_batches: int) -> Iterator[dict]:
+def _shuffle_stage(
+    documents: Iterable[dict], spec: StreamSpec, epoch: int, skip_batches: int
+) -> Iterator[dict]:
     worker, _ = worker_role(skip_batches)
     rng = np.random.default_rng([spec.seed, epoch, STREAM_SHUFFLE, spec.rank, worker])
     return shuffle_documents(documents, spec.shuffle_buffer_documents, rng)

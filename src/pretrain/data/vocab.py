@@ -29,7 +29,9 @@ def load_vocabulary(tokenizer_dir: str | Path) -> Vocabulary:
     missing or lacks one of BERT's special tokens."""
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not path.is_file():
-        raise ValueError(f"{path}: no tokenizer.json; point data.tokenizer_dir at a directory made by `pretrain-data prepare`")
+        raise ValueError(
+            f"{path}: no tokenizer.json; point data.tokenizer_dir at a directory made by `pretrain-data prepare`"
+        )
     tokenizer = Tokenizer.from_file(str(path))
     ids = {name: tokenizer.token_to_id(token) for name, token in SPECIAL_TOKENS.items()}
     missing = [SPECIAL_TOKENS[n] for n, i in ids.items() if i is None]

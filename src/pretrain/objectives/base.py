@@ -32,8 +32,12 @@ def rng_state() -> dict:
     """Torch, numpy and Python random states as checkpoint-safe containers."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state["numpy"] = {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
-                      "has_gauss": has_gauss, "gauss": gauss}
+    state["numpy"] = {
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": pos,
+        "has_gauss": has_gauss,
+        "gauss": gauss,
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -44,7 +48,9 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -70,11 +76,19 @@ class PretrainingModule(L.LightningModule):
     def configure_optimizers(self) -> dict:
         optim = self.config["optim"]
         decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]  # biases, LayerNorm
-        optimizer = instantiate(optim["optimizer"])([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
-        factor = warmup_then_decay(optim["warmup_steps"], self.config["trainer"]["max_steps"], optim["schedule"])
-        return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
+        no_decay = [
+            p for p in self.parameters() if p.requires_grad and p.ndim < 2
+        ]  # biases, LayerNorm
+        optimizer = instantiate(optim["optimizer"])(
+            [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        )
+        factor = warmup_then_decay(
+            optim["warmup_steps"], self.config["trainer"]["max_steps"], optim["schedule"]
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"},
+        }
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["config"] = self.config
@@ -93,16 +107,23 @@ class PretrainingModule(L.LightningModule):
     def log_step(self, metrics: dict[str, torch.Tensor], batch: dict) -> None:
         """Log metrics under train/, the learning rate and tokens/s (non-padding input tokens)."""
         batch_size = batch["input_ids"].shape[0]
-        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, prog_bar=False, batch_size=batch_size)
+        self.log_dict(
+            {f"train/{k}": v for k, v in metrics.items()}, prog_bar=False, batch_size=batch_size
+        )
         self.log("loss", metrics["loss"], prog_bar=True, logger=False, batch_size=batch_size)
         self._tokens_since_log += int(batch["attention_mask"].sum())
         if self.trainer.optimizers:
-            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=batch_size)
+            self.log(
+                "train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=batch_size
+            )
         every = self.trainer.log_every_n_steps
         if self.global_step % every == 0 and "mlm_loss" in metrics:  # host sync only on log steps
             self.loss_history.append((self.global_step, float(metrics["mlm_loss"].detach())))
         if (self.global_step + 1) % every == 0:
             now = time.perf_counter()
-            self.log("train/tokens_per_s", self._tokens_since_log / max(now - self._last_log_time, 1e-9),
-                     batch_size=batch_size)
+            self.log(
+                "train/tokens_per_s",
+                self._tokens_since_log / max(now - self._last_log_time, 1e-9),
+                batch_size=batch_size,
+            )
             self._tokens_since_log, self._last_log_time = 0, now

@@ -39,10 +39,17 @@ class MaskedLMCorruption:
         ids = batch["input_ids"]
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(ids, self.special_ids)
         batch["input_ids"], batch["labels"] = mask_tokens(
-            ids, candidates, key_hashes(batch["keys"]), seed=self.seed, epoch=mask_epoch,
-            vocab_size=self.vocab_size, mask_token_id=self.mask_token_id,
-            mlm_probability=self.mlm_probability, mask_token_probability=self.mask_token_probability,
-            random_token_probability=self.random_token_probability)
+            ids,
+            candidates,
+            key_hashes(batch["keys"]),
+            seed=self.seed,
+            epoch=mask_epoch,
+            vocab_size=self.vocab_size,
+            mask_token_id=self.mask_token_id,
+            mlm_probability=self.mlm_probability,
+            mask_token_probability=self.mask_token_probability,
+            random_token_probability=self.random_token_probability,
+        )
         return batch
 
 
@@ -54,23 +61,37 @@ class MaskedLanguageModel(PretrainingModule):
         model = config["model"]
         self.encoder = build_encoder(model, vocab.size, vocab.pad)
         init = model["initializer_range"]
-        self.mlm_head = MaskedLMHead(model["hidden_size"], vocab.size, model["layer_norm_eps"],
-                                     self.encoder.word_embeddings, initializer_range=init)
-        self.nsp_head = NextSentenceHead(model["hidden_size"], init) if config["objective"]["nsp"] else None
+        self.mlm_head = MaskedLMHead(
+            model["hidden_size"],
+            vocab.size,
+            model["layer_norm_eps"],
+            self.encoder.word_embeddings,
+            initializer_range=init,
+        )
+        self.nsp_head = (
+            NextSentenceHead(model["hidden_size"], init) if config["objective"]["nsp"] else None
+        )
 
     @classmethod
     def build_corruption(cls, config: dict, vocab: Vocabulary) -> MaskedLMCorruption:
         o = config["objective"]
         return MaskedLMCorruption(
-            seed=config["seed"], vocab_size=vocab.size, mask_token_id=vocab.mask,
-            special_ids=vocab.special_ids, mlm_probability=o["mlm_probability"],
+            seed=config["seed"],
+            vocab_size=vocab.size,
+            mask_token_id=vocab.mask,
+            special_ids=vocab.special_ids,
+            mlm_probability=o["mlm_probability"],
             mask_token_probability=o["mask_token_probability"],
             random_token_probability=o["random_token_probability"],
-            masking=o["masking"], dupe_factor=o["dupe_factor"])
+            masking=o["masking"],
+            dupe_factor=o["dupe_factor"],
+        )
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses and accuracies of one batch."""
-        hidden = self.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])  # (batch, seq, hidden)
+        hidden = self.encoder(
+            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+        )  # (batch, seq, hidden)
         selected = batch["labels"] != IGNORE_INDEX
         targets = batch["labels"][selected]  # (n_masked,)
         logits = self.mlm_head(hidden[selected])  # (n_masked, vocab)
