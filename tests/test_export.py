@@ -128,6 +128,18 @@ def random_batch(seed: int = 3):
     return input_ids, token_type_ids, attention_mask
 
 
+def assert_masked_lm_logits_match(module, hf_model, seed: int) -> None:
+    """Our MLM logits equal the Hugging Face model's at every non-padding position."""
+    input_ids, token_type_ids, attention_mask = random_batch(seed=seed)
+    with torch.no_grad():
+        mlm, _ = module.outputs(input_ids, token_type_ids, attention_mask)
+        logits = hf_model(
+            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
+        ).logits
+    real = attention_mask.bool()
+    torch.testing.assert_close(logits[real], mlm[real], rtol=0, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tokenizer_dir):
     root = tmp_path_factory.mktemp("export")
@@ -157,15 +169,7 @@ def test_masked_lm_loads_and_matches(exported):
     module, out, _ = exported
     hf, info = transformers.BertForMaskedLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"], info
-    hf.eval()
-    input_ids, token_type_ids, attention_mask = random_batch(seed=5)
-    with torch.no_grad():
-        mlm, _ = module.outputs(input_ids, token_type_ids, attention_mask)
-        logits = hf(
-            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
-        ).logits
-    real = attention_mask.bool()
-    torch.testing.assert_close(logits[real], mlm[real], rtol=0, atol=1e-5)
+    assert_masked_lm_logits_match(module, hf.eval(), seed=5)
 
 
 def test_config_and_tokenizer(exported, tokenizer_dir):
@@ -250,15 +254,9 @@ def test_mlm_only_checkpoint_exports_masked_lm(tmp_path, tokenizer_dir):
     module = make_checkpoint(tmp_path / "mlm.ckpt", tokenizer_dir, nsp=False, seed=2)
     out = export_checkpoint(tmp_path / "mlm.ckpt", tmp_path / "hf")
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
-    model = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
-    input_ids, token_type_ids, attention_mask = random_batch(seed=9)
-    with torch.no_grad():
-        mlm, _ = module.outputs(input_ids, token_type_ids, attention_mask)
-        logits = model(
-            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
-        ).logits
-    real = attention_mask.bool()
-    torch.testing.assert_close(logits[real], mlm[real], rtol=0, atol=1e-5)
+    assert_masked_lm_logits_match(
+        module, transformers.AutoModelForMaskedLM.from_pretrained(out).eval(), seed=9
+    )
 
 
 def test_bad_checkpoints_name_the_file_and_key(tmp_path, tokenizer_dir):
