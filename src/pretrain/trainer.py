@@ -99,7 +99,9 @@ def build_trainer(config: dict, run_dir: Path) -> L.Trainer:
         gradient_clip_val=t["gradient_clip_val"],
         log_every_n_steps=t["log_every_n_steps"],
         enable_progress_bar=t["enable_progress_bar"],
-        callbacks=[checkpoints, StepProgressBar(refresh_rate=5)],
+        callbacks=[checkpoints, StepProgressBar(refresh_rate=5)]
+        if t["enable_progress_bar"]
+        else [checkpoints],
         logger=loggers,
         plugins=[AtomicCheckpointIO()],
         reload_dataloaders_every_n_epochs=1,
