@@ -58,6 +58,19 @@ def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp
     assert sorted(losses) == list(range(30))
     first, last = sum(losses[s] for s in range(3)) / 3, sum(losses[s] for s in range(27, 30)) / 3
     assert last < first - 0.5, (first, last)
+    with open(next(run_dir.glob("csv/version_*/metrics.csv"))) as f:
+        rows = list(csv.DictReader(f))
+    for column in (
+        "train/mlm_loss",
+        "train/mlm_accuracy",
+        "train/nsp_loss",
+        "train/nsp_accuracy",
+        "train/lr",
+        "train/tokens_per_s",
+    ):
+        assert any(row.get(column) for row in rows), column
+    lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
+    assert lrs[0] < lrs[4] and lrs[-1] < lrs[5]  # warm-up over 5 steps, then linear decay
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert names == ["last.ckpt", "step-0000020.ckpt", "step-0000030.ckpt"]  # keep_checkpoints=2
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
