@@ -52,7 +52,7 @@ def test_run_dir_is_named_from_the_config_not_a_timestamp():
         ("model.num_attention_heads=3", "model.hidden_size"),
         ("trainer.precision=8-bit", "trainer.precision"),
         ("optim.optimizer.lr=-1", "optim.optimizer.lr"),
-        ("data=full_sentences", "objective.nsp"),
+        ("data=full_sentences", "objective.pair_task"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

@@ -27,7 +27,7 @@ def make_module(nsp: bool = True) -> MaskedLanguageModel:
             "layer_norm_eps": 1e-12,
             "initializer_range": 0.02,
         },
-        "objective": {"nsp": nsp},
+        "objective": {"pair_task": "nsp" if nsp else "none"},
         "optim": {
             "optimizer": {
                 "_target_": "torch.optim.AdamW",

@@ -6,13 +6,15 @@ checks values and cross-group constraints, so a bad value fails before training 
 an error that names the key.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-FORMATS = ("full_sentences", "doc_sentences", "segment_pair")
+FORMATS = ("full_sentences", "doc_sentences", "segment_pair", "sentence_pair")
+PAIR_FORMATS = ("segment_pair", "sentence_pair")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
 
 
@@ -73,38 +75,15 @@ class ModelConfig:
 
 @dataclass
 class ObjectiveConfig:
-    """What is corrupted and predicted. Probabilities are per selected token."""
+    """What every objective's config has; each objective module subclasses it with its own
+    settings (`<module>.config_class`), checked when the run config is validated."""
 
     name: str = "mlm_nsp"
     _target_: str = "pretrain.objectives.mlm.MaskedLanguageModel"
-    nsp: bool = True
-    mlm_probability: float = 0.15
-    mask_token_probability: float = 0.8
-    random_token_probability: float = 0.1
     masking: str = "dynamic"
     dupe_factor: int = 10
 
     def __post_init__(self) -> None:
-        _unit_interval("objective.mlm_probability", self.mlm_probability)
-        _unit_interval(
-            "objective.mask_token_probability",
-            self.mask_token_probability,
-            open_low=False,
-            open_high=False,
-        )
-        _unit_interval(
-            "objective.random_token_probability",
-            self.random_token_probability,
-            open_low=False,
-            open_high=False,
-        )
-        total = self.mask_token_probability + self.random_token_probability
-        _check(
-            total <= 1 + 1e-9,
-            "objective.mask_token_probability + objective.random_token_probability",
-            total,
-            "must be at most 1 (the rest of the selected tokens stay unchanged)",
-        )
         _check(
             self.masking in ("dynamic", "static"),
             "objective.masking",
@@ -114,6 +93,36 @@ class ObjectiveConfig:
         _check(
             self.dupe_factor >= 1, "objective.dupe_factor", self.dupe_factor, "must be at least 1"
         )
+
+    def check_data(self, data: "DataConfig") -> None:
+        """Cross-check with the data config (e.g. a sentence task needs a pair format)."""
+
+
+def objective_config(values: Any) -> ObjectiveConfig:
+    """Build and check the config dataclass of the objective named by `values["_target_"]`:
+    types are converted and checked by OmegaConf, values by the dataclass; errors name the key."""
+    from hydra.utils import get_class
+
+    values = OmegaConf.create(values) if not isinstance(values, DictConfig) else values
+    target = values.get("_target_")
+    try:
+        schema = get_class(target).config_class
+    except Exception as error:
+        raise ConfigError(
+            f"objective._target_ = {target!r}: not an objective module class ({error})"
+        ) from error
+    known = {f.name for f in fields(schema)}
+    unknown = sorted(set(values) - known)
+    _check(
+        not unknown,
+        f"objective.{unknown[0] if unknown else ''}",
+        values.get(unknown[0]) if unknown else None,
+        f"not a setting of {target} (its settings: {', '.join(sorted(known))})",
+    )
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"objective.{error.full_key}: {error.msg}") from error
 
 
 @dataclass
@@ -271,7 +280,9 @@ class TrainConfig:
     """The whole run. `run_dir` is derived from names, never a timestamp, so requeued jobs find it."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    objective: Any = field(
+        default_factory=lambda: {"_target_": "pretrain.objectives.mlm.MaskedLanguageModel"}
+    )
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -283,18 +294,13 @@ class TrainConfig:
     resume: str = "auto"
 
     def __post_init__(self) -> None:
+        self.objective = objective_config(self.objective)
+        self.objective.check_data(self.data)
         _check(
             self.data.max_seq_length <= self.model.max_position_embeddings,
             "data.max_seq_length",
             self.data.max_seq_length,
             f"must not exceed model.max_position_embeddings ({self.model.max_position_embeddings}) of model {self.model.name}",
-        )
-        _check(
-            not self.objective.nsp or self.data.format == "segment_pair",
-            "objective.nsp",
-            self.objective.nsp,
-            f"next-sentence prediction needs data=segment_pair (data.format is {self.data.format!r}); "
-            "use objective=mlm for single-segment formats",
         )
         _check(
             self.resume in ("auto", "never") or self.resume.endswith(".ckpt"),

@@ -38,6 +38,7 @@ def build_stream(cfg: DictConfig) -> tuple[dict, StreamSpec, type[PretrainingMod
         seed=cfg.seed,
         short_seq_probability=data.short_seq_probability,
         nsp_random_probability=data.nsp_random_probability,
+        pair_task=config["objective"].get("pair_task", "none"),
         shuffle_buffer_documents=data.shuffle_buffer_documents,
         random_document_pool=data.random_document_pool,
     )

@@ -1,9 +1,15 @@
 """Input formats: how a stream of tokenized documents becomes model sequences (RoBERTa §4.2).
 
-A document is {"key", "ids" (n,), "sents" (sentence end offsets), "words" (n,) word starts}.
-A sequence is {"key", "input_ids" (L,), "token_type_ids" (L,), "word_starts" (L,),
-"next_sentence_label"} with [CLS]/[SEP] added; its key names the document and the first
-sentence it starts at, and seeds its masks. Loops run per sentence, never per token.
+A document is {"key", "ids" (n,), "sents" (sentence end offsets), "words" (n,) word starts,
+optionally "phrases" (n,) phrase/entity span flags}. A sequence is {"key", "input_ids" (L,),
+"token_type_ids" (L,), "word_starts" (L,), "phrases" (L,), "next_sentence_label"} with
+[CLS]/[SEP] added; its key names the document and the first sentence it starts at, and seeds
+its masks. Loops run per sentence, never per token.
+
+Pair formats (SEGMENT-PAIR, SENTENCE-PAIR) label the relation of their two segments with a
+`pair_task` in "next_sentence_label": "nsp" (BERT: 0 = B continues A, 1 = B from another document), "sop" (ALBERT:
+0 = in order, 1 = swapped), "three_way" (StructBERT: 0 = next, 1 = previous, 2 = other
+document, a third each), or "none".
 """
 
 from collections import deque
@@ -15,9 +21,19 @@ from pretrain.data.keyed_rng import STREAM_FORMAT, keyed_generator
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 
-Piece = tuple[
-    np.ndarray, np.ndarray
-]  # (token ids, word-start flags) of one sentence or part of one
+PAIR_TASKS = ("nsp", "sop", "three_way", "none")
+
+# (token ids, word-start flags, phrase flags) of one sentence or part of one
+Piece = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _piece_slice(document: dict, start: int, stop: int) -> Piece:
+    phrases = document.get("phrases")
+    return (
+        document["ids"][start:stop],
+        document["words"][start:stop],
+        np.zeros(stop - start, np.uint8) if phrases is None else phrases[start:stop],
+    )
 
 
 def sentence_pieces(document: dict, max_tokens: int) -> list[Piece]:
@@ -27,32 +43,36 @@ def sentence_pieces(document: dict, max_tokens: int) -> list[Piece]:
     starts = np.concatenate(([0], document["sents"][:-1]))
     for start, end in zip(starts.tolist(), document["sents"].tolist(), strict=True):
         for cut in range(start, end, max_tokens):
-            stop = min(cut + max_tokens, end)
-            pieces.append((document["ids"][cut:stop], document["words"][cut:stop]))
+            pieces.append(_piece_slice(document, cut, min(cut + max_tokens, end)))
     return pieces
 
 
 def _concat(pieces: list[Piece]) -> Piece:
-    if not pieces:
-        return np.zeros(0, np.int64), np.zeros(0, bool)
-    return np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces])
+    return tuple(np.concatenate([p[i] for p in pieces]) for i in range(3))
+
+
+def _cut(piece: Piece, start: int, stop: int) -> Piece:
+    return tuple(a[start:stop] for a in piece)
 
 
 def _sequence(
-    key: str, segments: list[Piece], vocab: Vocabulary, nsp_label: int = IGNORE_INDEX
+    key: str, segments: list[Piece], vocab: Vocabulary, label: int = IGNORE_INDEX
 ) -> dict:
     """[CLS] seg0 [SEP] (seg1 [SEP]); token type i for segment i."""
-    ids, types, words = [np.array([vocab.cls])], [np.zeros(1, np.int64)], [np.ones(1, bool)]
-    for segment_id, (seg_ids, seg_words) in enumerate(segments):
+    ids, types = [np.array([vocab.cls])], [np.zeros(1, np.int64)]
+    words, phrases = [np.ones(1, bool)], [np.zeros(1, np.uint8)]
+    for segment_id, (seg_ids, seg_words, seg_phrases) in enumerate(segments):
         ids += [seg_ids.astype(np.int64), np.array([vocab.sep])]
         types.append(np.full(len(seg_ids) + 1, segment_id, np.int64))
         words += [seg_words.astype(bool), np.ones(1, bool)]
+        phrases += [seg_phrases.astype(np.uint8), np.zeros(1, np.uint8)]
     return {
         "key": key,
         "input_ids": np.concatenate(ids),
         "token_type_ids": np.concatenate(types),
         "word_starts": np.concatenate(words),
-        "next_sentence_label": nsp_label,
+        "phrases": np.concatenate(phrases),
+        "next_sentence_label": label,
     }
 
 
@@ -63,7 +83,7 @@ def pack_sentences(
     DOC-SENTENCES (False: a sequence never spans two documents, so the last one of a document
     may be short). Whole sentences are packed until the next would exceed max_seq_length."""
     budget = max_seq_length - 2  # [CLS] ... [SEP]
-    separator = (np.array([vocab.sep]), np.ones(1, bool))
+    separator = (np.array([vocab.sep]), np.ones(1, bool), np.zeros(1, np.uint8))
     pieces: list[Piece] = []
     used, key = 0, ""
     for document in documents:
@@ -113,7 +133,7 @@ def _truncate(piece: Piece, keep: int, rng: np.random.Generator) -> Piece:
     if surplus <= 0:
         return piece
     front = int(rng.binomial(surplus, 0.5))
-    return piece[0][front : front + keep], piece[1][front : front + keep]
+    return _cut(piece, front, front + keep)
 
 
 def make_segment_pairs(
@@ -123,63 +143,86 @@ def make_segment_pairs(
     *,
     seed: int,
     epoch: int,
+    pair_task: str = "nsp",
+    single_sentences: bool = False,
     short_seq_probability: float = 0.1,
     random_probability: float = 0.5,
     pool_size: int = 100,
 ) -> Iterator[dict]:
-    """SEGMENT-PAIR with NSP (BERT's `create_instances_from_document`): runs of sentences are
-    cut into A and B; with `random_probability` B is replaced by sentences from another recent
-    document (label 1), else B is A's true continuation (label 0). A one-sentence chunk is split
-    inside the sentence so that both labels stay possible. Draws are keyed by (seed, epoch,
-    document key); the other document comes from a pool of the last `pool_size` documents."""
+    """SEGMENT-PAIR (BERT's `create_instances_from_document`: runs of sentences cut into A and
+    B) or, with `single_sentences`, SENTENCE-PAIR (A and B are single sentences), labelled by
+    `pair_task` (see the module docstring). NSP replaces B by sentences of another recent
+    document with `random_probability`. A one-sentence chunk is split inside the sentence so
+    that every label stays possible. Draws are keyed by (seed, epoch, document key); the other
+    document comes from a pool of the last `pool_size` documents."""
     max_tokens = max_seq_length - 3  # [CLS] A [SEP] B [SEP]
-    pool: deque[tuple[str, list[Piece]]] = deque(maxlen=pool_size)
+    pool: deque[list[Piece]] = deque(maxlen=pool_size)
     for document in documents:
         rng = keyed_generator(seed, epoch, STREAM_FORMAT, document["key"])
         sentences = sentence_pieces(document, max_tokens)
-        target = (
-            max_tokens
-            if rng.random() >= short_seq_probability
-            else int(rng.integers(2, max_tokens + 1))
-        )
+        short = rng.random() < short_seq_probability
+        target = int(rng.integers(2, max_tokens + 1)) if short else max_tokens
         chunk_start, used, i = 0, 0, 0
         while i < len(sentences):
             used += len(sentences[i][0])
-            if i == len(sentences) - 1 or used >= target:
+            if i == len(sentences) - 1 or used >= target or (single_sentences and i > chunk_start):
                 chunk = sentences[chunk_start : i + 1]
-                pair, unused = _pair_from_chunk(chunk, target, pool, rng, random_probability)
+                b_target = None if single_sentences else target
+                pair, unused = _labelled_pair(
+                    chunk, b_target, pool, rng, pair_task, random_probability
+                )
                 if pair is not None:
-                    a, b, label = pair
-                    keep_a, keep_b = truncated_lengths(len(a[0]), len(b[0]), max_tokens)
-                    segments = [_truncate(a, keep_a, rng), _truncate(b, keep_b, rng)]
+                    first, second, label = pair
+                    keep_a, keep_b = truncated_lengths(len(first[0]), len(second[0]), max_tokens)
+                    segments = [_truncate(first, keep_a, rng), _truncate(second, keep_b, rng)]
                     yield _sequence(f"{document['key']}:{chunk_start}", segments, vocab, label)
                 i -= unused  # sentences not used by a random B start the next chunk
                 chunk_start, used = i + 1, 0
             i += 1
-        pool.append((document["key"], sentences))
+        pool.append(sentences)
 
 
-def _pair_from_chunk(
+def _labelled_pair(
     chunk: list[Piece],
-    target: int,
+    target: int | None,
     pool: deque,
     rng: np.random.Generator,
+    pair_task: str,
     random_probability: float,
 ) -> tuple[tuple[Piece, Piece, int] | None, int]:
-    """Returns ((A, B, nsp_label) or None, number of chunk sentences left unused)."""
+    """((first, second, label) or None, number of chunk sentences left unused). A random
+    second segment fills A up to `target` tokens (None: a single sentence)."""
     if len(chunk) >= 2:
         a_end = int(rng.integers(1, len(chunk)))
         a, b = _concat(chunk[:a_end]), _concat(chunk[a_end:])
     elif len(chunk[0][0]) >= 2:
-        cut = int(rng.integers(1, len(chunk[0][0])))
         a_end = 1
-        a, b = (chunk[0][0][:cut], chunk[0][1][:cut]), (chunk[0][0][cut:], chunk[0][1][cut:])
+        cut = int(rng.integers(1, len(chunk[0][0])))
+        a, b = _cut(chunk[0], 0, cut), _cut(chunk[0], cut, len(chunk[0][0]))
     else:
         return None, 0
-    if pool and rng.random() < random_probability:
-        _, other = pool[int(rng.integers(len(pool)))]
-        start = int(rng.integers(len(other)))
-        lengths = np.cumsum([len(p[0]) for p in other[start:]])
-        stop = start + int(np.searchsorted(lengths, max(target - len(a[0]), 1))) + 1
-        return (a, _concat(other[start:stop]), 1), len(chunk) - a_end
-    return (a, b, 0), 0
+    b_tokens = 1 if target is None else target - len(a[0])
+    draw = rng.random()
+    if pair_task == "sop":
+        return ((b, a, 1) if draw < 0.5 else (a, b, 0)), 0
+    if pair_task == "three_way":
+        if draw < 1 / 3:
+            return (a, b, 0), 0
+        if draw < 2 / 3:
+            return (b, a, 1), 0
+        if pool:
+            return (a, _random_segment(pool, rng, b_tokens), 2), len(chunk) - a_end
+        return (a, b, 0), 0
+    if pair_task == "nsp" and pool and draw < random_probability:
+        return (a, _random_segment(pool, rng, b_tokens), 1), len(chunk) - a_end
+    return (a, b, 0 if pair_task == "nsp" else IGNORE_INDEX), 0
+
+
+def _random_segment(pool: deque, rng: np.random.Generator, min_tokens: int) -> Piece:
+    """Contiguous sentences of a random pooled document, from a random sentence, until at
+    least `min_tokens` tokens (or the document's end)."""
+    other = pool[int(rng.integers(len(pool)))]
+    start = int(rng.integers(len(other)))
+    lengths = np.cumsum([len(p[0]) for p in other[start:]])
+    stop = start + int(np.searchsorted(lengths, max(min_tokens, 1))) + 1
+    return _concat(other[start:stop])

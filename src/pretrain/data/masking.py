@@ -52,6 +52,45 @@ def replace_selected(
     return corrupted, labels
 
 
+def corrupt_selected(
+    input_ids: np.ndarray,
+    selected: np.ndarray,
+    unit_start: np.ndarray,
+    hashes: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    vocab_size: int,
+    mask_token_id: int,
+    mask_token_probability: float = 0.8,
+    random_token_probability: float = 0.1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Apply the 80/10/10 rule to `selected` tokens, deciding once per masking unit: every
+    token takes the decision drawn at `unit_start` (batch, seq), the index of the first token
+    of its unit (its own index for token-level masking). Random replacement ids are drawn per
+    token. Returns (corrupted input_ids, labels), both (batch, seq) int64."""
+    length = input_ids.shape[1]
+    action = keyed_uniform(seed, epoch, STREAM_MASK_ACTION, hashes, length)
+    action = np.take_along_axis(action, unit_start, axis=1)
+    random_ids = (
+        keyed_uniform(seed, epoch, STREAM_MASK_RANDOM_TOKEN, hashes, length) * vocab_size
+    ).astype(np.int64)
+    return replace_selected(
+        input_ids,
+        selected,
+        action,
+        random_ids,
+        mask_token_id,
+        mask_token_probability,
+        random_token_probability,
+    )
+
+
+def token_units(shape: tuple[int, int]) -> np.ndarray:
+    """`unit_start` of token-level masking: every token is its own unit. (batch, seq) int64."""
+    return np.broadcast_to(np.arange(shape[1], dtype=np.int64), shape).copy()
+
+
 def mask_tokens(
     input_ids: np.ndarray,
     candidates: np.ndarray,
@@ -71,19 +110,17 @@ def mask_tokens(
     (not special, not padding); hashes (batch,) uint64 keys of the rows.
     Returns (corrupted input_ids, labels), both (batch, seq) int64.
     """
-    length = input_ids.shape[1]
-    select = keyed_uniform(seed, epoch, STREAM_MASK_SELECT, hashes, length)
-    action = keyed_uniform(seed, epoch, STREAM_MASK_ACTION, hashes, length)
-    random_ids = (
-        keyed_uniform(seed, epoch, STREAM_MASK_RANDOM_TOKEN, hashes, length) * vocab_size
-    ).astype(np.int64)
+    select = keyed_uniform(seed, epoch, STREAM_MASK_SELECT, hashes, input_ids.shape[1])
     selected = select_exact_fraction(select, candidates, mlm_probability)
-    return replace_selected(
+    return corrupt_selected(
         input_ids,
         selected,
-        action,
-        random_ids,
-        mask_token_id,
-        mask_token_probability,
-        random_token_probability,
+        token_units(input_ids.shape),
+        hashes,
+        seed=seed,
+        epoch=epoch,
+        vocab_size=vocab_size,
+        mask_token_id=mask_token_id,
+        mask_token_probability=mask_token_probability,
+        random_token_probability=random_token_probability,
     )

@@ -40,6 +40,7 @@ class StreamSpec:
     seed: int = 1234
     short_seq_probability: float = 0.1
     nsp_random_probability: float = 0.5
+    pair_task: str = "nsp"
     shuffle_buffer_documents: int = 1000
     random_document_pool: int = 100
     rank: int = 0
@@ -89,13 +90,15 @@ def shuffle_documents(
 
 def format_documents(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Iterator[dict]:
     """Apply the input format named by `spec.format`."""
-    if spec.format == "segment_pair":
+    if spec.format in ("segment_pair", "sentence_pair"):
         return make_segment_pairs(
             documents,
             spec.max_seq_length,
             spec.vocab,
             seed=spec.seed,
             epoch=epoch,
+            pair_task=spec.pair_task,
+            single_sentences=spec.format == "sentence_pair",
             short_seq_probability=spec.short_seq_probability,
             random_probability=spec.nsp_random_probability,
             pool_size=spec.random_document_pool,
@@ -106,7 +109,7 @@ def format_documents(documents: Iterable[dict], spec: StreamSpec, epoch: int) ->
 
 def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
     """Pad a list of sequences to the longest (rounded up to `multiple_of`) as numpy arrays:
-    input_ids, token_type_ids, attention_mask, word_starts (batch, seq); next_sentence_label
+    input_ids, token_type_ids, attention_mask, word_starts, phrases (batch, seq); next_sentence_label
     (batch,); keys (list of str)."""
     length = max(len(s["input_ids"]) for s in sequences)
     length = math.ceil(length / multiple_of) * multiple_of
@@ -115,6 +118,7 @@ def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
         "token_type_ids": np.zeros((len(sequences), length), np.int64),
         "attention_mask": np.zeros((len(sequences), length), np.int64),
         "word_starts": np.zeros((len(sequences), length), bool),
+        "phrases": np.zeros((len(sequences), length), np.uint8),
     }
     for row, s in enumerate(sequences):
         n = len(s["input_ids"])
@@ -122,6 +126,7 @@ def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
         batch["token_type_ids"][row, :n] = s["token_type_ids"]
         batch["attention_mask"][row, :n] = 1
         batch["word_starts"][row, :n] = s["word_starts"]
+        batch["phrases"][row, :n] = s["phrases"]
     batch["next_sentence_label"] = np.array([s["next_sentence_label"] for s in sequences], np.int64)
     batch["keys"] = [s["key"] for s in sequences]
     return batch

@@ -47,18 +47,21 @@ class MaskedLMHead(nn.Module):
 
 
 class NextSentenceHead(nn.Module):
-    """BERT's pooler (dense + tanh on the [CLS] vector at position 0), then a 2-way classifier.
+    """BERT's pooler (dense + tanh on the [CLS] vector at position 0), then a classifier over
+    `num_labels` sentence relations (NSP and SOP: 2, StructBERT: 3).
 
-    Class 0 = segment B follows segment A, class 1 = segment B is random (HF's convention).
+    NSP: class 0 = segment B follows segment A, class 1 = segment B is random (HF's convention).
     """
 
-    def __init__(self, hidden_size: int, initializer_range: float = 0.02) -> None:
+    def __init__(
+        self, hidden_size: int, initializer_range: float = 0.02, num_labels: int = 2
+    ) -> None:
         super().__init__()
         self.pooler = nn.Linear(hidden_size, hidden_size)
-        self.classifier = nn.Linear(hidden_size, 2)
+        self.classifier = nn.Linear(hidden_size, num_labels)
         self.apply(lambda module: init_bert_weights(module, initializer_range))
 
     def forward(self, sequence_output: Tensor) -> Tensor:
-        """(batch, seq, hidden) sequence output -> (batch, 2) logits."""
+        """(batch, seq, hidden) sequence output -> (batch, num_labels) logits."""
         pooled = torch.tanh(self.pooler(sequence_output[:, 0]))  # (batch, hidden)
         return self.classifier(pooled)

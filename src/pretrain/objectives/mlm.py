@@ -1,23 +1,71 @@
-"""BERT's objective: masked language modelling (+ next-sentence prediction).
+"""BERT's objective: masked language modelling (+ a sentence-relation task), and the base of
+every MLM-family objective.
 
 Corruption: `MaskedLMCorruption` selects 15% of the non-special tokens of each sequence and
 applies the 80/10/10 rule, keyed by (seed, epoch, sequence key); static masking uses
-epoch % dupe_factor. Loss: cross-entropy over the selected positions only (the head projects
-to the vocabulary only there) + NSP cross-entropy on [CLS].
+epoch % dupe_factor. Subclasses change only `select` (which tokens, grouped in which units).
+Loss: cross-entropy over the selected positions only (the head projects to the vocabulary
+only there) + the sentence task on [CLS] (NSP or SOP: 2 classes) + `extra_losses` of
+subclasses.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pretrain.data.keyed_rng import key_hashes
-from pretrain.data.masking import IGNORE_INDEX, mask_tokens
+from pretrain.config import PAIR_FORMATS, ConfigError, DataConfig, ObjectiveConfig
+from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
+from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_fraction, token_units
 from pretrain.data.vocab import Vocabulary
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.objectives.base import PretrainingModule
+
+SENTENCE_TASK_LABELS = {"nsp": 2, "sop": 2, "three_way": 3}
+
+
+@dataclass
+class MaskedLMConfig(ObjectiveConfig):
+    """MLM settings; probabilities of selection per token, of replacement per selected unit."""
+
+    pair_task: str = "nsp"
+    mlm_probability: float = 0.15
+    mask_token_probability: float = 0.8
+    random_token_probability: float = 0.1
+
+    pair_tasks = ("nsp", "sop", "none")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _in_unit_interval("objective.mlm_probability", self.mlm_probability, open_ends=True)
+        _in_unit_interval("objective.mask_token_probability", self.mask_token_probability)
+        _in_unit_interval("objective.random_token_probability", self.random_token_probability)
+        total = self.mask_token_probability + self.random_token_probability
+        if total > 1 + 1e-9:
+            raise ConfigError(
+                f"objective.mask_token_probability + objective.random_token_probability = {total!r}: must be at "
+                "most 1 (the rest of the selected tokens stay unchanged)"
+            )
+        if self.pair_task not in self.pair_tasks:
+            raise ConfigError(
+                f"objective.pair_task = {self.pair_task!r}: must be one of {', '.join(self.pair_tasks)}"
+            )
+
+    def check_data(self, data: DataConfig) -> None:
+        if self.pair_task != "none" and data.format not in PAIR_FORMATS:
+            raise ConfigError(
+                f"objective.pair_task = {self.pair_task!r}: a sentence task needs a pair format "
+                f"(data=segment_pair or data=sentence_pair; data.format is {data.format!r}); "
+                "use objective=mlm for single-segment formats"
+            )
+
+
+def _in_unit_interval(key: str, value: float, open_ends: bool = False) -> None:
+    ok = 0 < value < 1 if open_ends else 0 <= value <= 1
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: must lie in {'(0, 1)' if open_ends else '[0, 1]'}")
 
 
 @dataclass(frozen=True)
@@ -34,19 +82,31 @@ class MaskedLMCorruption:
     masking: str = "dynamic"
     dupe_factor: int = 10
 
+    def select(
+        self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Which tokens to predict, (batch, seq) bool, and the first token of each one's masking
+        unit, (batch, seq) int64. Token level: exactly round(p * candidates) tokens per row."""
+        uniform = keyed_uniform(self.seed, epoch, STREAM_MASK_SELECT, hashes, candidates.shape[1])
+        return select_exact_fraction(uniform, candidates, self.mlm_probability), token_units(
+            candidates.shape
+        )
+
     def __call__(self, batch: dict, epoch: int) -> dict:
         mask_epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
         ids = batch["input_ids"]
+        hashes = key_hashes(batch["keys"])
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(ids, self.special_ids)
-        batch["input_ids"], batch["labels"] = mask_tokens(
+        selected, unit_start = self.select(batch, candidates, hashes, mask_epoch)
+        batch["input_ids"], batch["labels"] = corrupt_selected(
             ids,
-            candidates,
-            key_hashes(batch["keys"]),
+            selected,
+            unit_start,
+            hashes,
             seed=self.seed,
             epoch=mask_epoch,
             vocab_size=self.vocab_size,
             mask_token_id=self.mask_token_id,
-            mlm_probability=self.mlm_probability,
             mask_token_probability=self.mask_token_probability,
             random_token_probability=self.random_token_probability,
         )
@@ -54,13 +114,16 @@ class MaskedLMCorruption:
 
 
 class MaskedLanguageModel(PretrainingModule):
-    """Encoder + tied MLM head (+ NSP head when objective.nsp)."""
+    """Encoder + tied MLM head (+ a sentence-relation head when objective.pair_task is set)."""
+
+    config_class = MaskedLMConfig
+    corruption_class = MaskedLMCorruption
 
     def __init__(self, config: dict, vocab: Vocabulary):
         super().__init__(config, vocab)
         model = config["model"]
-        self.encoder = build_encoder(model, vocab.size, vocab.pad)
         init = model["initializer_range"]
+        self.encoder = build_encoder(model, vocab.size, vocab.pad)
         self.mlm_head = MaskedLMHead(
             model["hidden_size"],
             vocab.size,
@@ -68,24 +131,31 @@ class MaskedLanguageModel(PretrainingModule):
             self.encoder.word_embeddings,
             initializer_range=init,
         )
-        self.nsp_head = (
-            NextSentenceHead(model["hidden_size"], init) if config["objective"]["nsp"] else None
-        )
+        self.pair_task = config["objective"].get("pair_task", "none")
+        head = None
+        if self.pair_task != "none":
+            head = NextSentenceHead(
+                model["hidden_size"], init, SENTENCE_TASK_LABELS[self.pair_task]
+            )
+        # 2-way heads export as BERT's NSP head; StructBERT's 3-way one is not BERT's.
+        self.nsp_head = head if self.pair_task in ("nsp", "sop") else None
+        self.sentence_head = head if self.pair_task == "three_way" else None
 
     @classmethod
     def build_corruption(cls, config: dict, vocab: Vocabulary) -> MaskedLMCorruption:
-        o = config["objective"]
-        return MaskedLMCorruption(
+        names = {f.name for f in fields(cls.corruption_class)}
+        settings = {k: v for k, v in config["objective"].items() if k in names}
+        return cls.corruption_class(
             seed=config["seed"],
             vocab_size=vocab.size,
             mask_token_id=vocab.mask,
             special_ids=vocab.special_ids,
-            mlm_probability=o["mlm_probability"],
-            mask_token_probability=o["mask_token_probability"],
-            random_token_probability=o["random_token_probability"],
-            masking=o["masking"],
-            dupe_factor=o["dupe_factor"],
+            **settings,
         )
+
+    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
+        """Losses a subclass adds to MLM (e.g. SpanBERT's SBO); each `*_loss` is summed."""
+        return {}
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses and accuracies of one batch."""
@@ -94,17 +164,21 @@ class MaskedLanguageModel(PretrainingModule):
         )  # (batch, seq, hidden)
         selected = batch["labels"] != IGNORE_INDEX
         targets = batch["labels"][selected]  # (n_masked,)
-        logits = self.mlm_head(hidden[selected])  # (n_masked, vocab)
-        mlm_loss = F.cross_entropy(logits.float(), targets)
-        out = {"mlm_loss": mlm_loss, "mlm_accuracy": (logits.argmax(-1) == targets).float().mean()}
-        loss = mlm_loss
-        if self.nsp_head is not None:
-            nsp_logits = self.nsp_head(hidden).float()  # (batch, 2)
-            nsp_labels = batch["next_sentence_label"]
-            out["nsp_loss"] = F.cross_entropy(nsp_logits, nsp_labels)
-            out["nsp_accuracy"] = (nsp_logits.argmax(-1) == nsp_labels).float().mean()
-            loss = loss + out["nsp_loss"]
-        out["loss"] = loss
+        logits = self.mlm_head(hidden[selected]).float()  # (n_masked, vocab)
+        out = {
+            "mlm_loss": F.cross_entropy(logits, targets),
+            "mlm_accuracy": (logits.argmax(-1) == targets).float().mean(),
+        }
+        head = self.nsp_head if self.nsp_head is not None else self.sentence_head
+        if head is not None:
+            sentence_logits = head(hidden).float()  # (batch, labels)
+            labels = batch["next_sentence_label"]
+            out[f"{self.pair_task}_loss"] = F.cross_entropy(sentence_logits, labels)
+            out[f"{self.pair_task}_accuracy"] = (
+                (sentence_logits.argmax(-1) == labels).float().mean()
+            )
+        out.update(self.extra_losses(hidden, batch))
+        out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))
         return out
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
