@@ -145,3 +145,46 @@ def test_segment_pair_true_continuations_are_contiguous_when_not_truncated():
         body = content(s)
         if s["next_sentence_label"] == 0 and len(body) < 128 - 3:  # not truncated
             assert (np.diff(body) == 1).all()  # A then B with nothing missing between
+
+
+@pytest.mark.parametrize("task", ["sop", "three_way"])
+def test_sentence_order_tasks_are_balanced_and_correct(task):
+    docs = make_documents(600, seed=6)
+    seqs = list(make_segment_pairs(docs, 64, VOCAB, seed=2, epoch=0, pair_task=task))
+    labels = np.array([s["next_sentence_label"] for s in seqs])
+    classes = 2 if task == "sop" else 3
+    assert sorted(set(labels.tolist())) == list(range(classes))
+    for c in range(classes):  # each class 1/classes of the pairs, within 4 standard deviations
+        p = 1 / classes
+        assert abs((labels == c).mean() - p) < 4 * np.sqrt(p * (1 - p) / len(labels)) + 0.01
+    for s in seqs:
+        ids = s["input_ids"]
+        seps = np.flatnonzero(ids == VOCAB.sep)
+        a, b = ids[1 : seps[0]], ids[seps[0] + 1 : -1]
+        same_doc = (a[0] // 1000) == (b[0] // 1000)
+        label = s["next_sentence_label"]
+        if label == 0:  # in order: B after A in the same document
+            assert same_doc and b[0] > a[-1]
+        elif label == 1:  # swapped (SOP) / previous (StructBERT): B comes before A
+            assert same_doc and b[-1] < a[0]
+        else:  # StructBERT's third class: another document
+            assert not same_doc
+
+
+def test_sentence_pair_uses_single_sentences():
+    docs = make_documents(300, seed=7, max_len=12)
+    sentence_ends = {int(d["ids"][0] + e) for d in docs for e in d["sents"]}
+    sentence_starts = {int(d["ids"][0] + e) for d in docs for e in np.r_[0, d["sents"][:-1]]}
+    seqs = list(make_segment_pairs(docs, 128, VOCAB, seed=1, epoch=0, single_sentences=True))
+    labels = np.array([s["next_sentence_label"] for s in seqs])
+    assert abs(labels.mean() - 0.5) < 4 * np.sqrt(0.25 / len(labels)) + 0.02
+    whole = 0
+    for s in seqs:
+        ids = s["input_ids"]
+        seps = np.flatnonzero(ids == VOCAB.sep)
+        for segment in (ids[1 : seps[0]], ids[seps[0] + 1 : -1]):
+            # a segment is one sentence (or a cut of a document's only sentence)
+            if int(segment[0]) in sentence_starts and int(segment[-1]) + 1 in sentence_ends:
+                whole += 1
+                assert not any(int(t) + 1 in sentence_ends for t in segment[:-1])
+    assert whole > 1.5 * len(seqs)

@@ -10,9 +10,10 @@ from pretrain.objectives.mlm import MaskedLMCorruption
 VOCAB, MASK_ID, SPECIAL = 1000, 4, (0, 1, 2, 3, 4)
 
 
-def make_batch(n_rows: int, length: int, seed: int = 0) -> dict:
+def make_batch(n_rows: int, length: int, seed: int = 0, vocab: int = VOCAB) -> dict:
+    """Random rows of [CLS] tokens [SEP] padding, of random lengths, keyed by row."""
     rng = np.random.default_rng(seed)
-    ids = rng.integers(5, VOCAB, size=(n_rows, length))
+    ids = rng.integers(5, vocab, size=(n_rows, length))
     lengths = rng.integers(length // 2, length + 1, size=n_rows)
     attention = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int64)
     ids[:, 0] = 2  # [CLS]

@@ -1,0 +1,101 @@
+"""StructBERT (Wang et al., 2019): MLM + the word structural objective + the three-way
+sentence structural objective.
+
+Word structure: after token masking, trigrams of unmasked tokens covering
+`shuffle_probability` of a sequence's tokens are shuffled (each by one of the five
+non-identity permutations of three); the model predicts the original token at every
+shuffled position through the MLM head. Sentence structure: `pair_task: three_way` (B is the
+next segment, the previous one, or from another document, a third each; see formats.py).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pretrain.config import ConfigError
+from pretrain.data.keyed_rng import key_hashes, keyed_generator
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
+
+STREAM_TRIGRAMS = 30
+# The five orders of three positions other than the identity.
+PERMUTATIONS = np.array([(0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)])
+
+
+@dataclass
+class StructBertConfig(MaskedLMConfig):
+    pair_task: str = "three_way"
+    shuffle_probability: float = 0.05
+
+    pair_tasks = ("three_way", "nsp", "sop", "none")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.shuffle_probability < 1:
+            raise ConfigError(
+                f"objective.shuffle_probability = {self.shuffle_probability!r}: must lie in (0, 1)"
+            )
+
+
+def shuffle_trigrams(
+    ids: np.ndarray, free: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shuffle non-overlapping trigrams of `free` tokens of one row covering about `fraction`
+    of them. Returns (shuffled ids (seq,), positions that were shuffled (n,))."""
+    starts = np.flatnonzero(free[:-2] & free[1:-1] & free[2:])  # trigram starts inside free runs
+    wanted = int(round(fraction * free.sum() / 3))
+    if wanted == 0 or len(starts) == 0:
+        return ids, np.zeros(0, np.int64)
+    chosen = np.sort(rng.choice(starts, size=min(2 * wanted, len(starts)), replace=False))
+    keep = np.ones(len(chosen), bool)
+    last = -3
+    for i, start in enumerate(chosen.tolist()):  # per trigram: drop overlaps
+        keep[i] = start - last >= 3
+        last = start if keep[i] else last
+    chosen = rng.permutation(chosen[keep])[:wanted]
+    positions = chosen[:, None] + np.arange(3)  # (trigrams, 3)
+    order = chosen[:, None] + PERMUTATIONS[rng.integers(len(PERMUTATIONS), size=len(chosen))]
+    shuffled = ids.copy()
+    shuffled[positions] = ids[order]
+    return shuffled, positions.ravel()
+
+
+@dataclass(frozen=True)
+class StructBertCorruption(MaskedLMCorruption):
+    shuffle_probability: float = 0.05
+
+    def __call__(self, batch: dict, epoch: int) -> dict:
+        original = batch["input_ids"].copy()
+        candidates = batch["attention_mask"].astype(bool) & ~np.isin(original, self.special_ids)
+        batch = super().__call__(batch, epoch)
+        mask_epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
+        free = candidates & (batch["labels"] == IGNORE_INDEX)
+        shuffle_labels = np.full_like(original, IGNORE_INDEX)
+        for row, key in enumerate(batch["keys"]):
+            rng = keyed_generator(self.seed, mask_epoch, STREAM_TRIGRAMS, key)
+            batch["input_ids"][row], positions = shuffle_trigrams(
+                batch["input_ids"][row], free[row], self.shuffle_probability, rng
+            )
+            shuffle_labels[row, positions] = original[row, positions]
+        batch["shuffle_labels"] = shuffle_labels
+        return batch
+
+
+class StructBert(MaskedLanguageModel):
+    """MLM + word structural objective (+ the three-way sentence objective by default)."""
+
+    config_class = StructBertConfig
+    corruption_class = StructBertCorruption
+
+    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
+        shuffled = batch["shuffle_labels"] != IGNORE_INDEX
+        targets = batch["shuffle_labels"][shuffled]
+        if targets.numel() == 0:
+            return {}
+        logits = self.mlm_head(hidden[shuffled]).float()  # (n_shuffled, vocab)
+        return {
+            "word_order_loss": F.cross_entropy(logits, targets),
+            "word_order_accuracy": (logits.argmax(-1) == targets).float().mean(),
+        }

@@ -1,0 +1,56 @@
+"""StructBERT's word structural objective: shuffled trigrams are true permutations."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.objectives.structbert import StructBertCorruption, shuffle_trigrams
+from test_masking import make_batch
+
+SPECIAL = (0, 1, 2, 3, 4)
+
+
+def corrupt(batch: dict, epoch: int = 0, **kw) -> dict:
+    corruption = StructBertCorruption(
+        seed=3, vocab_size=5000, mask_token_id=4, special_ids=SPECIAL, **kw
+    )
+    return corruption(
+        {k: (v.copy() if isinstance(v, np.ndarray) else list(v)) for k, v in batch.items()}, epoch
+    )
+
+
+def test_trigrams_are_permuted_in_place():
+    rng = np.random.default_rng(0)
+    ids = np.arange(100, 400)
+    free = rng.random(300) < 0.9
+    shuffled, positions = shuffle_trigrams(ids, free, 0.1, rng)
+    assert len(positions) % 3 == 0 and len(positions) > 0
+    triples = positions.reshape(-1, 3)
+    assert (np.diff(triples, axis=1) == 1).all() and len(set(positions.tolist())) == len(positions)
+    assert free[positions].all()
+    for t in triples:  # a true permutation of the three tokens, never the identity
+        assert sorted(shuffled[t]) == sorted(ids[t]) and (shuffled[t] != ids[t]).any()
+    untouched = np.setdiff1d(np.arange(300), positions)
+    np.testing.assert_array_equal(shuffled[untouched], ids[untouched])
+
+
+def test_word_order_labels_budget_and_reproducibility():
+    batch = make_batch(1500, 128, seed=4, vocab=5000)
+    out = corrupt(batch)
+    shuffled = out["shuffle_labels"] != IGNORE_INDEX
+    masked = out["labels"] != IGNORE_INDEX
+    assert not (shuffled & masked).any()
+    assert not np.isin(batch["input_ids"][shuffled], SPECIAL).any()
+    np.testing.assert_array_equal(out["shuffle_labels"][shuffled], batch["input_ids"][shuffled])
+    for row in range(50):  # the multiset of each row's tokens outside masks is unchanged
+        keep = ~masked[row]
+        assert Counter(out["input_ids"][row][keep].tolist()) == Counter(
+            batch["input_ids"][row][keep].tolist()
+        )
+    candidates = (batch["attention_mask"] == 1) & ~np.isin(batch["input_ids"], SPECIAL)
+    assert shuffled.sum() / candidates.sum() == pytest.approx(0.05, abs=0.01)
+    again = corrupt(batch)
+    np.testing.assert_array_equal(again["input_ids"], out["input_ids"])
+    assert (corrupt(batch, epoch=1)["shuffle_labels"] != out["shuffle_labels"]).any()
