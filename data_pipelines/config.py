@@ -14,7 +14,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from data_pipelines.tokenizer import SPECIAL_TOKENS
+from data_pipelines.tokenizer import SPECIAL_TOKENS, TOKENIZER_KINDS
 from pretrain.paths import CONF_DIR
 
 CONFIG_NAME = "prepare"
@@ -31,17 +31,28 @@ def _check(ok: bool, key: str, value: Any, expected: str) -> None:
         raise PrepareConfigError(f"{key} = {value!r}: {expected}")
 
 
+SEGMENTERS = ("none", "jieba")
+
+
 @dataclass
 class TokenizerSettings:
     """Train a WordPiece tokenizer (`vocab_size` in tokens, special tokens included), or use
-    the one in `path`."""
+    the one in `path`. `kind`: `wordpiece` (BERT) or `chinese` (Chinese BERT: every CJK
+    character of the corpus is a whole token of the vocabulary, WordPiece for the rest)."""
 
     path: str | None = None
+    kind: str = "wordpiece"
     vocab_size: int = 8000
     lowercase: bool = True
     min_frequency: int = 2
 
     def __post_init__(self) -> None:
+        _check(
+            self.kind in TOKENIZER_KINDS,
+            "tokenizer.kind",
+            self.kind,
+            f"must be one of {', '.join(TOKENIZER_KINDS)}",
+        )
         _check(
             len(SPECIAL_TOKENS) < self.vocab_size <= 2**32,
             "tokenizer.vocab_size",
@@ -57,6 +68,40 @@ class TokenizerSettings:
 
 
 @dataclass
+class PhraseSettings:
+    """ERNIE phrase annotations: a lexicon of word n-grams (2 to `max_words` words) seen at
+    least `min_count` times whose adjacent words are associated with a normalized PMI of at
+    least `min_npmi` (the minimum over adjacent pairs), the `max_phrases` most frequent."""
+
+    enabled: bool = False
+    min_count: int = 5
+    min_npmi: float = 0.5
+    max_words: int = 4
+    max_phrases: int = 100_000
+
+    def __post_init__(self) -> None:
+        _check(self.min_count >= 1, "phrases.min_count", self.min_count, "must be at least 1")
+        _check(
+            -1.0 <= self.min_npmi <= 1.0,
+            "phrases.min_npmi",
+            self.min_npmi,
+            "must be between -1 and 1 (normalized PMI; 0 = independent words)",
+        )
+        _check(
+            2 <= self.max_words <= 8, "phrases.max_words", self.max_words, "must be 2 to 8 words"
+        )
+        _check(self.max_phrases >= 1, "phrases.max_phrases", self.max_phrases, "must be at least 1")
+
+
+@dataclass
+class EntitySettings:
+    """ERNIE entity annotations: `path` names a UTF-8 file with one entity per line (none:
+    no entity annotations)."""
+
+    path: str | None = None
+
+
+@dataclass
 class PrepareConfig:
     """Everything `pretrain-data prepare` needs; `docs_per_shard` in documents."""
 
@@ -64,6 +109,9 @@ class PrepareConfig:
     text_field: str = "text"
     out_dir: str = "data/builtin"
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
+    segmenter: str = "none"
+    phrases: PhraseSettings = field(default_factory=PhraseSettings)
+    entities: EntitySettings = field(default_factory=EntitySettings)
     docs_per_shard: int = 1000
     workers: int = 2
     overwrite: bool = False
@@ -87,6 +135,12 @@ class PrepareConfig:
             self.text_field,
             "must name the JSONL field that holds the text",
         )
+        _check(
+            self.segmenter in SEGMENTERS,
+            "segmenter",
+            self.segmenter,
+            f"must be one of {', '.join(SEGMENTERS)} (jieba: Chinese word segmentation)",
+        )
         _check(bool(self.out_dir), "out_dir", self.out_dir, "must be a directory path")
         _check(
             self.docs_per_shard >= 1, "docs_per_shard", self.docs_per_shard, "must be at least 1"
@@ -97,6 +151,11 @@ class PrepareConfig:
             self.workers,
             "must be at least 1 (1: tokenize in this process)",
         )
+
+    @property
+    def annotates_spans(self) -> bool:
+        """Whether shards get phrase/entity span annotations (`<key>.phrases.npy`)."""
+        return self.phrases.enabled or bool(self.entities.path)
 
     def content_dict(self) -> dict:
         """The settings that determine the prepared data, as a plain dict (what the manifest

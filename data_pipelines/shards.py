@@ -3,7 +3,8 @@
 
 Documents are cleaned, split into sentences and tokenized sentence by sentence (no special
 tokens) in worker processes; results come back in input order, so the same input always gives
-the same shards. Shards are plain tar files in WebDataset's layout (`<key>.<ext>` members,
+the same shards. With a segmenter (`segmenter=jieba`) the word starts of Chinese text come
+from word segmentation (see `data_pipelines.chinese`). Shards are plain tar files in WebDataset's layout (`<key>.<ext>` members,
 a sample's members adjacent); members carry a fixed mtime, owner and mode, so the bytes depend
 on the content only. (Written with `tarfile`: importing webdataset would import torch in
 every worker process.)
@@ -25,6 +26,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from data_pipelines.chinese import JiebaSegmenter, make_segmenter, segmented_word_starts
 from data_pipelines.sources import RawDocument
 from data_pipelines.text import normalize, split_sentences
 from pretrain.data.shards import file_sha256
@@ -35,13 +37,15 @@ SHARD_PATTERN = "shard-{:06d}.tar"
 @dataclass(frozen=True)
 class TokenizedDocument:
     """One document ready for a shard; `ids` (n,) in the corpus dtype, `sents` (s,) int32
-    sentence end offsets, `words` (n,) uint8 word-start flags. Empty when `ids` is empty."""
+    sentence end offsets, `words` (n,) uint8 word-start flags, `phrases` (n,) uint8 span
+    flags or None (no annotations). Empty when `ids` is empty."""
 
     key: str
     source: str
     ids: np.ndarray
     sents: np.ndarray
     words: np.ndarray
+    phrases: np.ndarray | None = None
 
 
 def document_key(source: str, index: int) -> str:
@@ -51,17 +55,30 @@ def document_key(source: str, index: int) -> str:
 
 
 def encode_sentences(
-    tokenizer: Tokenizer, sentences: list[str], dtype: str
+    tokenizer: Tokenizer,
+    sentences: list[str],
+    dtype: str,
+    segmenter: JiebaSegmenter | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Token ids (n,) as `dtype`, sentence end offsets (s,) int32 and word-start flags (n,)
     uint8 of `sentences`, each encoded without special tokens. A token starts a word when its
-    word id differs from the previous token's; a sentence's first token always does.
-    Sentences that give no token are left out."""
-    encodings = (
-        [e for e in tokenizer.encode_batch(sentences, add_special_tokens=False) if e.ids]
+    word id differs from the previous token's; a sentence's first token always does. With a
+    `segmenter`, tokens that begin with a CJK character start a word where the segmenter's
+    words start instead. Sentences that give no token are left out."""
+    pairs = (
+        [
+            (s, e)
+            for s, e in zip(
+                sentences,
+                tokenizer.encode_batch(sentences, add_special_tokens=False),
+                strict=True,
+            )
+            if e.ids
+        ]
         if sentences
         else []
     )
+    encodings = [e for _, e in pairs]
     ends = np.cumsum([len(e.ids) for e in encodings], dtype=np.int64)
     n = int(ends[-1]) if len(ends) else 0
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=dtype, count=n)
@@ -71,13 +88,25 @@ def encode_sentences(
     words = np.ones(n, dtype=np.uint8)
     words[1:] = word_ids[1:] != word_ids[:-1]
     words[ends[:-1]] = 1  # a sentence's first token starts a word
+    if segmenter is not None:
+        starts = np.concatenate(([0], ends[:-1])).tolist()
+        for (sentence, encoding), start, end in zip(pairs, starts, ends.tolist(), strict=True):
+            words[start:end] = segmented_word_starts(
+                sentence, encoding.offsets, words[start:end], segmenter
+            )
     return ids, ends.astype(np.int32), words
 
 
-def tokenize_document(document: RawDocument, tokenizer: Tokenizer, dtype: str) -> TokenizedDocument:
-    """Clean, sentence-split and tokenize one raw document."""
+def tokenize_document(
+    document: RawDocument,
+    tokenizer: Tokenizer,
+    dtype: str,
+    segmenter: JiebaSegmenter | None = None,
+) -> TokenizedDocument:
+    """Clean, sentence-split and tokenize one raw document (word starts from `segmenter` for
+    Chinese text, when given)."""
     ids, sents, words = encode_sentences(
-        tokenizer, split_sentences(normalize(document.text)), dtype
+        tokenizer, split_sentences(normalize(document.text)), dtype, segmenter
     )
     return TokenizedDocument(
         document_key(document.source, document.index), document.source, ids, sents, words
@@ -85,17 +114,22 @@ def tokenize_document(document: RawDocument, tokenizer: Tokenizer, dtype: str) -
 
 
 _worker_tokenizer: Tokenizer | None = None
+_worker_segmenter: JiebaSegmenter | None = None
 
 
-def _init_worker(tokenizer_json: str) -> None:
-    global _worker_tokenizer
+def _init_worker(tokenizer_json: str, segmenter: str) -> None:
+    global _worker_tokenizer, _worker_segmenter
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # processes give the parallelism
     _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
+    _worker_segmenter = make_segmenter(segmenter)
 
 
 def _tokenize_chunk(documents: list[RawDocument], dtype: str) -> list[TokenizedDocument]:
     assert _worker_tokenizer is not None, "worker not initialised"
-    return [tokenize_document(document, _worker_tokenizer, dtype) for document in documents]
+    return [
+        tokenize_document(document, _worker_tokenizer, dtype, _worker_segmenter)
+        for document in documents
+    ]
 
 
 def _chunks(documents: Iterable[RawDocument], size: int) -> Iterator[list[RawDocument]]:
@@ -116,16 +150,19 @@ def tokenize_documents(
     workers: int = 1,
     chunk_documents: int = 16,
     progress: bool | None = None,
+    segmenter: str = "none",
 ) -> Iterator[TokenizedDocument]:
-    """Tokenized `documents` in input order. With `workers` > 1 a process pool of that many
-    spawned workers does the work, `chunk_documents` documents per task, at most 4 tasks per
-    worker in flight (memory stays bounded on any corpus); 1 works in this process. A tqdm
-    bar counts documents (`progress` None: shown only on a terminal)."""
+    """Tokenized `documents` in input order, word starts from the `segmenter` named (`none`
+    or `jieba`). With `workers` > 1 a process pool of that many spawned workers does the
+    work, `chunk_documents` documents per task, at most 4 tasks per worker in flight (memory
+    stays bounded on any corpus); 1 works in this process. A tqdm bar counts documents
+    (`progress` None: shown only on a terminal)."""
     bar = tqdm(desc="tokenize", unit="doc", disable=None if progress is None else not progress)
     try:
         if workers <= 1:
+            word_segmenter = make_segmenter(segmenter)
             for document in documents:
-                yield tokenize_document(document, tokenizer, dtype)
+                yield tokenize_document(document, tokenizer, dtype, word_segmenter)
                 bar.update()
             return
         # spawn: the parent's tokenizers threads must not be forked. A worker that dies raises
@@ -134,7 +171,7 @@ def tokenize_documents(
             workers,
             mp_context=get_context("spawn"),
             initializer=_init_worker,
-            initargs=(tokenizer.to_str(),),
+            initargs=(tokenizer.to_str(), segmenter),
         ) as pool:
             pending: deque = deque()
             for chunk in _chunks(documents, chunk_documents):
@@ -168,12 +205,7 @@ class ShardWriter:
             name = SHARD_PATTERN.format(len(self.shards))
             self._tar = tarfile.open(self.out_dir / name, "w", format=tarfile.USTAR_FORMAT)
             self.shards.append({"name": name})
-        for ext, array in (
-            ("ids.npy", document.ids),
-            ("sents.npy", document.sents),
-            ("words.npy", document.words),
-        ):
-            _add_member(self._tar, f"{document.key}.{ext}", _npy_bytes(array))
+        write_sample(self._tar, document)
         self._documents += 1
         self._tokens += len(document.ids)
         if self._documents == self.docs_per_shard:
@@ -204,6 +236,36 @@ class ShardWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rewrite_shard(path: str | Path, documents: Iterable[TokenizedDocument]) -> dict:
+    """Replace the shard at `path` with `documents` (which may be read from it as they come:
+    the new shard is written beside it and renamed over it once complete). Returns its new
+    {"documents", "tokens", "bytes", "sha256"}."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    record = {"documents": 0, "tokens": 0}
+    try:
+        with tarfile.open(partial, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for document in documents:
+                write_sample(tar, document)
+                record["documents"] += 1
+                record["tokens"] += len(document.ids)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return {**record, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def write_sample(tar: tarfile.TarFile, document: TokenizedDocument) -> None:
+    """Append the members of one document to `tar`: ids, sents, words and, when the document
+    has them, phrases (the order `pretrain.data.shards` documents)."""
+    members = [("ids.npy", document.ids), ("sents.npy", document.sents)]
+    members.append(("words.npy", document.words))
+    if document.phrases is not None:
+        members.append(("phrases.npy", document.phrases))
+    for ext, array in members:
+        _add_member(tar, f"{document.key}.{ext}", _npy_bytes(array))
 
 
 def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -1,6 +1,11 @@
 """BERT's WordPiece tokenizer: train it with Hugging Face `tokenizers`, save it so that
 `transformers.AutoTokenizer.from_pretrained(dir)` loads it, or take an existing one.
 
+Two kinds, one pipeline: `wordpiece` (BERT) and `chinese` (Chinese BERT). Both isolate every
+CJK character (BertNormalizer's `handle_chinese_chars`); `chinese` also puts every CJK
+character of the corpus into the vocabulary as a whole token, however rare (`wordpiece`
+keeps only the `limit_alphabet` most frequent characters, the rest become [UNK]).
+
 A saved directory holds `tokenizer.json` (the whole pipeline; its sha256 identifies the
 tokenizer in shard manifests), `tokenizer_config.json`, `special_tokens_map.json` and
 `vocab.txt` (one token per line, in id order).
@@ -22,11 +27,13 @@ from tokenizers import (
     trainers,
 )
 
+from data_pipelines.chinese import is_cjk_char
 from pretrain.data.shards import file_sha256
 
 # In id order: [PAD] is 0, as BERT's embeddings and attention masks assume.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_KINDS = ("wordpiece", "chinese")
 
 
 class TokenizerError(ValueError):
@@ -55,18 +62,22 @@ def _add_post_processor(tokenizer: Tokenizer) -> None:
 
 
 def training_alphabet(
-    texts: Iterable[str], tokenizer: Tokenizer, limit: int
+    texts: Iterable[str], tokenizer: Tokenizer, limit: int, all_cjk: bool = False
 ) -> tuple[list[str], list[str]]:
     """The characters training will use, from one pass over `texts` through the tokenizer's
     normalizer: (alphabet, the `limit` most frequent non-space characters, ties broken by code
-    point; continuations, those of them that can continue a word, i.e. are neither
-    punctuation nor CJK for the pre-tokenizer), both sorted."""
+    point, plus with `all_cjk` every CJK character seen; continuations, those of them that can
+    continue a word, i.e. are neither punctuation nor CJK for the pre-tokenizer), both
+    sorted."""
     counts: Counter[str] = Counter()
     for text in texts:
         counts.update(tokenizer.normalizer.normalize_str(text))
     visible = [(c, n) for c, n in counts.items() if tokenizer.pre_tokenizer.pre_tokenize_str(c)]
+    if all_cjk:
+        cjk = [c for c, _ in visible if is_cjk_char(c)]
+        visible = [(c, n) for c, n in visible if not is_cjk_char(c)]
     ranked = sorted(visible, key=lambda item: (-item[1], item[0]))[:limit]
-    alphabet = sorted(c for c, _ in ranked)
+    alphabet = sorted([c for c, _ in ranked] + (cjk if all_cjk else []))
 
     def continues_word(char: str) -> bool:
         probe = tokenizer.normalizer.normalize_str("a" + char)
@@ -82,21 +93,36 @@ def train_tokenizer(
     min_frequency: int = 2,
     limit_alphabet: int = 1000,
     show_progress: bool = False,
+    kind: str = "wordpiece",
 ) -> Tokenizer:
     """Train a WordPiece vocabulary of at most `vocab_size` tokens (special tokens included)
     on the texts (sentences or documents) that `texts()` yields; it is called twice. Pairs
     seen fewer than `min_frequency` times are not merged; the alphabet keeps the
-    `limit_alphabet` most frequent characters. Special tokens get ids 0-4 in the order of
-    SPECIAL_TOKENS. The same texts give the same tokenizer, byte for byte.
+    `limit_alphabet` most frequent characters, and with `kind="chinese"` every CJK
+    character besides (TokenizerError if they do not fit in `vocab_size`). Special tokens get
+    ids 0-4 in the order of SPECIAL_TOKENS. The same texts give the same tokenizer, byte for
+    byte.
 
     Determinism: `tokenizers` (<= 0.23) creates the `##c` continuation tokens in hash-map
     order, so ids and tie-broken merges change from run to run (huggingface/tokenizers#1794).
     Here every `##c` and the alphabet are fixed beforehand from a first pass over the texts:
     the `##c` enter training as extra special tokens (ids in sorted order) and are then turned
     back into ordinary vocabulary entries."""
+    if kind not in TOKENIZER_KINDS:
+        raise TokenizerError(f"tokenizer.kind={kind!r}: one of {', '.join(TOKENIZER_KINDS)}")
     tokenizer = build_tokenizer(lowercase)
-    alphabet, continuations = training_alphabet(texts(), tokenizer, limit_alphabet)
+    alphabet, continuations = training_alphabet(
+        texts(), tokenizer, limit_alphabet, all_cjk=kind == "chinese"
+    )
     pinned = [f"##{c}" for c in continuations]
+    needed = len(SPECIAL_TOKENS) + len(alphabet) + len(pinned)
+    if kind == "chinese" and needed > vocab_size:
+        raise TokenizerError(
+            f"tokenizer.vocab_size={vocab_size}: the corpus has "
+            f"{sum(map(is_cjk_char, alphabet))} distinct CJK characters, which with the other "
+            f"characters and their ## forms need {needed} tokens; raise tokenizer.vocab_size "
+            "(Chinese BERT: 21128)"
+        )
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,

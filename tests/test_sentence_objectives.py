@@ -3,10 +3,10 @@
 import csv
 
 import pytest
+from test_train import tiny_overrides
 
 from pretrain.config import compose_config
 from pretrain.run import train
-from test_train import tiny_overrides
 
 
 def logged(run_dir, column: str) -> list[float]:

@@ -4,10 +4,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from test_masking import make_batch
 
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.objectives.structbert import StructBertCorruption, shuffle_trigrams
-from test_masking import make_batch
 
 SPECIAL = (0, 1, 2, 3, 4)
 

@@ -2,12 +2,19 @@
 
 A shards directory (written by `pretrain-data prepare`) holds
 - `manifest.json`: format version, tokenizer (dir, sha256, vocab_size, lowercase), ids dtype,
-  counts, sources, and per shard its name, documents, tokens, bytes and sha256;
+  counts, sources, per shard its name, documents, tokens, bytes and sha256, and
+  `annotations`: null, or {"phrases": phrase lexicon size, "entities": entity list size,
+  "phrase_spans": n, "entity_spans": n} when the shards hold span annotations;
 - `tokenizer/`: the tokenizer the shards were made with;
+- `phrases.txt` (phrase annotations only): the phrase lexicon, one phrase a line with its
+  count and score; `entities.txt` (entity annotations only): a copy of the entity list;
 - `shard-NNNNNN.tar`: WebDataset tars, one sample per document with members `<key>.ids.npy`
   (token ids, manifest dtype), `<key>.sents.npy` (int32 sentence end offsets into ids,
-  exclusive, strictly increasing, the last equal to len(ids)) and `<key>.words.npy` (uint8,
-  1 where a token starts a word).
+  exclusive, strictly increasing, the last equal to len(ids)), `<key>.words.npy` (uint8,
+  1 where a token starts a word; for Chinese with `segmenter=jieba`, a jieba word) and,
+  when annotated, `<key>.phrases.npy` (uint8, one per token: 0 outside any span, 1 first
+  token of a phrase, 2 first token of an entity, 3 later token of a phrase or entity; spans
+  start and end at word starts or sentence ends, never overlap nor cross a sentence end).
 Shards are read as a stream, one tar member at a time, never whole.
 """
 
@@ -24,6 +31,9 @@ import numpy as np
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 MEMBERS = ("ids.npy", "sents.npy", "words.npy")
+OPTIONAL_MEMBERS = ("phrases.npy",)
+# Values of `<key>.phrases.npy`.
+OUTSIDE_SPAN, PHRASE_START, ENTITY_START, INSIDE_SPAN = 0, 1, 2, 3
 _END_OF_ARCHIVE = b"\0" * (2 * tarfile.BLOCKSIZE)
 _PREPARE_HINT = "re-run `pretrain-data prepare` for this directory"
 
@@ -50,6 +60,11 @@ class Manifest:
     def tokenizer_dir(self) -> Path:
         """The tokenizer stored beside the shards."""
         return self.root / self.raw["tokenizer"]["dir"]
+
+    @property
+    def annotations(self) -> dict | None:
+        """Phrase/entity annotation counts, or None when the shards hold none."""
+        return self.raw.get("annotations")
 
     @property
     def shard_paths(self) -> list[Path]:
@@ -165,39 +180,47 @@ def _split_member_name(name: str) -> tuple[str, str]:
 
 
 def _document(path: Path, key: str, members: dict[str, bytes]) -> dict:
-    if sorted(members) != sorted(MEMBERS):
+    optional = sorted(set(members) - set(MEMBERS))
+    if not set(MEMBERS) <= set(members) or not set(optional) <= set(OPTIONAL_MEMBERS):
         raise ShardError(
             f"{path}: sample {key!r} has members {sorted(members)}, expected {list(MEMBERS)} "
-            f"(truncated or not a prepared shard); {_PREPARE_HINT}"
+            f"and optionally {list(OPTIONAL_MEMBERS)} (truncated or not a prepared shard); "
+            f"{_PREPARE_HINT}"
         )
     arrays = {ext: np.load(io.BytesIO(data), allow_pickle=False) for ext, data in members.items()}
     ids, sents, words = arrays["ids.npy"], arrays["sents.npy"], arrays["words.npy"]
     n = len(ids)
+    phrases = arrays.get("phrases.npy", np.zeros(n, np.uint8))
     valid = (
-        ids.ndim == sents.ndim == words.ndim == 1
-        and len(words) == n
+        ids.ndim == sents.ndim == words.ndim == phrases.ndim == 1
+        and len(words) == len(phrases) == n
         and len(sents) > 0
         and int(sents[-1]) == n
         and sents[0] > 0
         and bool(np.all(np.diff(sents) > 0))
+        and phrases.dtype == np.uint8
+        and (n == 0 or int(phrases.max()) <= INSIDE_SPAN)
     )
     if not valid:
         raise ShardError(
             f"{path}: sample {key!r} is inconsistent (ids {ids.shape}, sents {sents.shape}, "
-            f"words {words.shape}); {_PREPARE_HINT}"
+            f"words {words.shape}, phrases {phrases.dtype} {phrases.shape}); {_PREPARE_HINT}"
         )
     return {
         "key": key,
         "ids": ids.astype(np.int64),
         "sents": sents.astype(np.int32),
         "words": words.astype(bool),
+        "phrases": phrases,
     }
 
 
 def read_documents(shard_path: str | Path) -> Iterator[dict]:
     """Documents of one shard in tar order, streamed: {"key": str, "ids": int64 (n,),
-    "sents": int32 (s,) sentence end offsets, "words": bool (n,) word starts}. Raises
-    ShardError naming the file when it is missing, truncated or corrupt."""
+    "sents": int32 (s,) sentence end offsets, "words": bool (n,) word starts, "phrases":
+    uint8 (n,) span flags (OUTSIDE_SPAN .. INSIDE_SPAN; all zero for shards without
+    annotations)}. Raises ShardError naming the file when it is missing, truncated or
+    corrupt."""
     path = Path(shard_path)
     if not path.is_file():
         raise ShardError(f"{path}: shard not found; {_PREPARE_HINT}")

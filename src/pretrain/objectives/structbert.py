@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pretrain.config import ConfigError
-from pretrain.data.keyed_rng import key_hashes, keyed_generator
+from pretrain.data.keyed_rng import keyed_generator
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
 
