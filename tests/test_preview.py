@@ -47,3 +47,13 @@ def test_preview_text_marks_predicted_positions(prepared_corpus):
         and "[CLS]" in result.stdout
         and "single segment" in result.stdout
     )
+
+
+def test_preview_shows_each_objectives_corruption(prepared_corpus):
+    result = run_preview(f"data.shards_dir={prepared_corpus}", "objective=structbert", "n=12", "--format=json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = json.loads(result.stdout)
+    assert {r["next_sentence_label"] for r in records} <= {0, 1, 2}
+    assert any(label != IGNORE_INDEX for r in records for label in r["shuffle_labels"])
+    text = run_preview(f"data.shards_dir={prepared_corpus}", "objective=sop", "n=6")
+    assert "A and B swapped" in text.stdout or "A and B in order" in text.stdout

@@ -37,51 +37,72 @@ def parse_args(argv: list[str]) -> tuple[list[str], int, str]:
     return overrides, n, fmt
 
 
-def preview_records(overrides: list[str], n: int) -> tuple[list[dict], str]:
-    """The first n sequences of epoch 0 as records of plain lists, and the tokenizer dir."""
+PAIR_LABELS = {
+    "nsp": {0: "B continues A", 1: "B is from another document"},
+    "sop": {0: "A and B in order", 1: "A and B swapped"},
+    "three_way": {0: "B is next", 1: "B is previous", 2: "B is from another document"},
+}
+
+
+def preview_records(overrides: list[str], n: int) -> tuple[list[dict], str, str]:
+    """The first n sequences of epoch 0 as records of plain lists (every per-token array the
+    objective produced, cut at the sequence's length), the tokenizer dir and the pair task."""
     config, spec, _ = build_stream(compose_config(overrides))
-    tokenizer_dir = config["data"]["tokenizer_dir"]
     records = []
     for batch_index, batch in enumerate(training_stream(spec, epoch=0)):
         for row, key in enumerate(batch["keys"]):
             length = int(batch["attention_mask"][row].sum())
             record = {"batch": batch_index, "key": key}
-            for name in ("input_ids", "labels", "token_type_ids", "attention_mask"):
-                record[name] = batch[name][row, :length].tolist()
+            for name, values in batch.items():
+                if name != "keys" and values.ndim == 2:
+                    record[name] = values[row, :length].tolist()
             record["next_sentence_label"] = int(batch["next_sentence_label"][row])
             records.append(record)
             if len(records) == n:
-                return records, tokenizer_dir
-    return records, tokenizer_dir
+                break
+        if len(records) == n:
+            break
+    return records, config["data"]["tokenizer_dir"], spec.pair_task
 
 
-def render(record: dict, tokenizer: Tokenizer) -> str:
-    """One sequence as text with predicted positions marked <shown|label>."""
+def render(record: dict, tokenizer: Tokenizer, pair_task: str = "nsp") -> str:
+    """One sequence as text: predicted positions <shown|label>, shuffled ones {shown|original},
+    SpanBERT spans opened by `⟦` and closed by `⟧`."""
+    token = tokenizer.id_to_token
+    shuffled = record.get("shuffle_labels", [IGNORE_INDEX] * len(record["input_ids"]))
     words = []
-    for shown, label in zip(record["input_ids"], record["labels"], strict=True):
-        token = tokenizer.id_to_token(shown)
-        words.append(
-            token if label == IGNORE_INDEX else f"<{token}|{tokenizer.id_to_token(label)}>"
-        )
-    nsp = {0: "B continues A", 1: "B is random"}.get(
-        record["next_sentence_label"], "single segment"
-    )
-    masked = int(np.sum(np.array(record["labels"]) != IGNORE_INDEX))
-    return (
-        f"[batch {record['batch']}] {record['key']}  ({len(words)} tokens, {masked} predicted, {nsp})\n  "
-        + " ".join(words)
-    )
+    for shown, label, original in zip(record["input_ids"], record["labels"], shuffled, strict=True):
+        if label != IGNORE_INDEX:
+            words.append(f"<{token(shown)}|{token(label)}>")
+        elif original != IGNORE_INDEX:
+            words.append(f"{{{token(shown)}|{token(original)}}}")
+        else:
+            words.append(token(shown))
+    if "span_position" in record:  # mark span starts and ends
+        labels = np.array(record["labels"]) != IGNORE_INDEX
+        positions = np.array(record["span_position"])
+        for i in np.flatnonzero(labels & (positions == 0)):
+            words[i] = "⟦" + words[i]
+        for i in np.flatnonzero(
+            labels & np.r_[positions[1:] == 0, True] | labels & ~np.r_[labels[1:], False]
+        ):
+            words[i] = words[i] + "⟧"
+    relation = PAIR_LABELS.get(pair_task, {}).get(record["next_sentence_label"], "single segment")
+    predicted = int(np.sum(np.array(record["labels"]) != IGNORE_INDEX))
+    header = f"[batch {record['batch']}] {record['key']}  ({len(words)} tokens, {predicted} predicted, {relation})"
+    return header + "\n  " + " ".join(words)
 
 
 def main(argv: list[str] | None = None) -> None:
     overrides, n, fmt = parse_args(sys.argv[1:] if argv is None else argv)
-    records, tokenizer_dir = preview_records(overrides, n)
+    records, tokenizer_dir, pair_task = preview_records(overrides, n)
     if fmt == "json":
         print(json.dumps(records))
         return
     tokenizer = Tokenizer.from_file(f"{tokenizer_dir}/tokenizer.json")
     print(
-        "Predicted positions are written <shown|label>: [MASK], a random token, or the token unchanged.\n"
+        "Predicted positions are written <shown|label> ([MASK], a random token, or the token unchanged);\n"
+        "shuffled ones {shown|original}; SpanBERT spans ⟦...⟧.\n"
     )
     for record in records:
-        print(render(record, tokenizer) + "\n")
+        print(render(record, tokenizer, pair_task) + "\n")
