@@ -89,3 +89,33 @@ def test_loss_counts_only_masked_positions():
     assert out["loss"] == pytest.approx(float(out["mlm_loss"] + out["nsp_loss"]))
     with torch.no_grad():
         assert "nsp_loss" not in make_module(nsp=False).eval()(batch)
+
+
+def test_heldout_accuracy_counts_predictions():
+    from pretrain.evaluate import heldout_accuracy
+
+    torch.manual_seed(0)
+    module = make_module().eval()
+    ids = torch.randint(5, VOCAB.size, (4, 10))
+    labels = torch.full_like(ids, -100)
+    labels[:, 2] = ids[:, 2]
+    batch = {
+        "input_ids": ids,
+        "token_type_ids": torch.zeros_like(ids),
+        "attention_mask": torch.ones_like(ids),
+        "labels": labels,
+        "next_sentence_label": torch.tensor([0, 1, 1, 0]),
+    }
+    with torch.no_grad():
+        hidden = module.encoder(ids, batch["token_type_ids"], batch["attention_mask"])
+        expected = (module.mlm_head(hidden[:, 2]).argmax(-1) == ids[:, 2]).float().mean().item()
+        sentence = (
+            (module.nsp_head(hidden).argmax(-1) == batch["next_sentence_label"])
+            .float()
+            .mean()
+            .item()
+        )
+    result = heldout_accuracy(module, [batch, batch])
+    assert result["predictions"] == 8
+    assert result["mlm_accuracy"] == pytest.approx(expected)
+    assert result["sentence_accuracy"] == pytest.approx(sentence)

@@ -99,3 +99,17 @@ def test_segment_pair_batches_carry_balanced_nsp_labels(prepared_corpus):
     assert abs(labels.mean() - 0.5) < 4 * np.sqrt(0.25 / len(labels)) + 0.02
     batch = collect(spec, epoch=0)[0]
     assert batch["token_type_ids"].max() == 1 and batch["input_ids"].shape[1] <= 64
+
+
+def test_holdout_shards_are_kept_out_of_training(prepared_corpus):
+    import json
+
+    from pretrain.data.shards import ShardError
+
+    names = [
+        s["name"] for s in json.loads((prepared_corpus / "manifest.json").read_text())["shards"]
+    ]
+    spec = stream_spec(prepared_corpus, "data.holdout_shards=2")
+    assert [p.rsplit("/", 1)[1] for p in spec.shard_paths] == names[:-2]
+    with pytest.raises(ShardError, match="data.holdout_shards"):
+        stream_spec(prepared_corpus, f"data.holdout_shards={len(names)}")

@@ -139,6 +139,7 @@ class DataConfig:
     num_workers: int = 0
     shuffle_buffer_documents: int = 1000
     random_document_pool: int = 100
+    holdout_shards: int = 0
 
     def __post_init__(self) -> None:
         _check(

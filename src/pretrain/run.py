@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pretrain.checkpointing import find_resume_checkpoint
 from pretrain.config import ConfigError, validate
-from pretrain.data.datamodule import PretrainingDataModule, open_corpus
+from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
 from pretrain.data.shards import ShardError
 from pretrain.data.stream import StreamSpec
 from pretrain.objectives.base import PretrainingModule
@@ -29,7 +29,7 @@ def build_stream(cfg: DictConfig) -> tuple[dict, StreamSpec, type[PretrainingMod
     config["model_runtime"] = {"vocab_size": corpus.vocab.size, "pad_token_id": corpus.vocab.pad}
     module_class = get_class(cfg.objective._target_)
     spec = StreamSpec(
-        shard_paths=tuple(str(p) for p in corpus.manifest.shard_paths),
+        shard_paths=split_holdout(corpus, data.holdout_shards)[0],
         vocab=corpus.vocab,
         corruption=module_class.build_corruption(config, corpus.vocab),
         format=data.format,

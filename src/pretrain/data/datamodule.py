@@ -39,6 +39,19 @@ def open_corpus(shards_dir: str | Path, tokenizer_dir: str | Path | None = None)
     return Corpus(manifest, tokenizer, vocab)
 
 
+def split_holdout(corpus: Corpus, holdout_shards: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(training shard paths, held-out shard paths): the last `holdout_shards` shards of the
+    manifest are kept out of training for evaluation."""
+    paths = tuple(str(p) for p in corpus.manifest.shard_paths)
+    if holdout_shards >= len(paths):
+        raise ShardError(
+            f"data.holdout_shards = {holdout_shards}: the corpus {corpus.manifest.root} has only {len(paths)} "
+            "shards; hold out fewer, or prepare it with a smaller docs_per_shard"
+        )
+    cut = len(paths) - holdout_shards
+    return paths[:cut], paths[cut:]
+
+
 class PretrainingDataModule(L.LightningDataModule):
     """Serves `training_stream(spec, epoch)`; the DataLoader is rebuilt every epoch
     (the Trainer runs with reload_dataloaders_every_n_epochs=1) so each epoch has its own
