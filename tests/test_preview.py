@@ -50,7 +50,9 @@ def test_preview_text_marks_predicted_positions(prepared_corpus):
 
 
 def test_preview_shows_each_objectives_corruption(prepared_corpus):
-    result = run_preview(f"data.shards_dir={prepared_corpus}", "objective=structbert", "n=12", "--format=json")
+    result = run_preview(
+        f"data.shards_dir={prepared_corpus}", "objective=structbert", "n=12", "--format=json"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = json.loads(result.stdout)
     assert {r["next_sentence_label"] for r in records} <= {0, 1, 2}

@@ -65,3 +65,52 @@ class NextSentenceHead(nn.Module):
         """(batch, seq, hidden) sequence output -> (batch, num_labels) logits."""
         pooled = torch.tanh(self.pooler(sequence_output[:, 0]))  # (batch, hidden)
         return self.classifier(pooled)
+
+
+class SpanBoundaryHead(nn.Module):
+    """SpanBERT's span boundary objective head: predict a token inside a span from the hidden
+    states just outside it and its position inside the span.
+
+    For a token at position i of the span s..e: [x_{s-1}; x_{e+1}; p_{i-s}] -> (Linear, GELU,
+    LayerNorm) twice -> decoder to the vocabulary. Positions are 0-based and clipped to
+    `max_span_length - 1` (in tokens). The decoder's weight is the encoder's word-embedding
+    weight (as MaskedLMHead's, so the MLM and SBO decoders share it); its bias is its own.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        max_span_length: int,
+        layer_norm_eps: float,
+        word_embeddings: nn.Embedding,
+        initializer_range: float = 0.02,
+    ) -> None:
+        super().__init__()
+        if word_embeddings.weight.shape[1] != hidden_size:
+            raise ValueError(
+                f"word_embeddings has shape {tuple(word_embeddings.weight.shape)} but the span "
+                f"boundary head needs (vocab_size, hidden_size = {hidden_size})"
+            )
+        if max_span_length < 1:
+            raise ValueError(f"max_span_length = {max_span_length}: must be at least 1 token")
+        weight = word_embeddings.weight
+        self.position_embeddings = nn.Embedding(max_span_length, hidden_size)
+        self.dense1 = nn.Linear(3 * hidden_size, hidden_size)
+        self.norm1 = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dense2 = nn.Linear(hidden_size, hidden_size)
+        self.norm2 = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.decoder = nn.Linear(hidden_size, weight.shape[0], bias=False, device="meta")
+        self.bias = nn.Parameter(
+            torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
+        )
+        self.apply(lambda module: init_bert_weights(module, initializer_range))
+        self.decoder.weight = weight
+
+    def forward(self, left: Tensor, right: Tensor, position: Tensor) -> Tensor:
+        """left, right (N, hidden) boundary hidden states, position (N,) int64 0-based
+        positions inside the spans -> (N, vocab) logits."""
+        position = position.clamp(0, self.position_embeddings.num_embeddings - 1)
+        hidden = torch.cat([left, right, self.position_embeddings(position)], dim=-1)  # (N, 3H)
+        hidden = self.norm1(F.gelu(self.dense1(hidden)))
+        hidden = self.norm2(F.gelu(self.dense2(hidden)))
+        return F.linear(hidden, self.decoder.weight, self.bias)

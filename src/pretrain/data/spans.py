@@ -1,0 +1,211 @@
+"""Span masking primitives: ALBERT's n-grams and SpanBERT's geometric spans, at word level.
+
+Both work on the words of each row (see `masking.word_start_flags`): a unit is a run of
+consecutive whole words inside one run of candidate tokens (never across [SEP] or padding),
+units never overlap, and units are added until `mask_budget` tokens are covered. Each row's
+draws come from `keyed_generator(seed, epoch, stream, key)`, so a sequence's mask depends
+only on (seed, epoch, sequence key). Loops run per unit of a row, never per token.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from pretrain.data.keyed_rng import keyed_generator
+from pretrain.data.masking import (
+    STREAM_MASK_NGRAM,
+    STREAM_MASK_SPAN,
+    mask_budget,
+    row_units,
+    unit_start_index,
+)
+
+
+def ngram_length_probabilities(max_ngram: int) -> np.ndarray:
+    """ALBERT's n-gram length distribution: p(n) proportional to 1/n for n = 1..max_ngram.
+    Returns (max_ngram,) float64; entry n-1 is p(n)."""
+    weights = 1.0 / np.arange(1, max_ngram + 1)
+    return weights / weights.sum()
+
+
+def sample_ngram_lengths(uniform: np.ndarray, available: np.ndarray, max_ngram: int) -> np.ndarray:
+    """N-gram lengths in words by inverse transform: p(n) proportional to 1/n over
+    n = 1..min(max_ngram, available) (ALBERT renormalises over the n-grams that fit before the
+    sequence ends). uniform (k,) in [0, 1), available (k,) >= 1 words; returns (k,) int64."""
+    lengths = np.ones(len(uniform), np.int64)
+    for top in range(2, max_ngram + 1):
+        rows = np.minimum(available, max_ngram) == top
+        cdf = np.cumsum(ngram_length_probabilities(top))[:-1]  # (top - 1,)
+        lengths[rows] = 1 + np.searchsorted(cdf, uniform[rows], side="right")
+    return lengths
+
+
+def clipped_geometric_probabilities(p: float, max_length: int) -> np.ndarray:
+    """Law of min(G, max_length) with G ~ Geometric(p) on 1, 2, ...: p(k) = p (1-p)^(k-1)
+    for k < max_length and P(G >= max_length) = (1-p)^(max_length-1) at max_length.
+    Returns (max_length,) float64; entry k-1 is p(k)."""
+    k = np.arange(1, max_length + 1)
+    probabilities = p * (1 - p) ** (k - 1)
+    probabilities[-1] = (1 - p) ** (max_length - 1)
+    return probabilities
+
+
+def sample_span_lengths(
+    rng: np.random.Generator, size: int, p: float, max_length: int
+) -> np.ndarray:
+    """SpanBERT span lengths in words: Geometric(p) on 1, 2, ... clipped at `max_length`.
+    Returns (size,) int64."""
+    return np.minimum(rng.geometric(p, size=size), max_length).astype(np.int64)
+
+
+def _row_words(word_first: np.ndarray, candidates: np.ndarray) -> tuple[list, list, list]:
+    """Per word of one row: first token, length in tokens, and how many words from it on stay
+    inside its run of candidates (itself included); as Python lists for the per-unit loops."""
+    starts, lengths = row_units(word_first, candidates)
+    if len(starts) == 0:
+        return [], [], []
+    joined = np.append(starts[:-1] + lengths[:-1] == starts[1:], False)  # word w+1 follows w
+    run_last = np.flatnonzero(~joined)  # (runs,): the last word of each run
+    run_of = np.cumsum(np.concatenate(([0], ~joined[:-1])))  # (words,): run of each word
+    left = run_last[run_of] - np.arange(len(starts)) + 1
+    return starts.tolist(), lengths.tolist(), left.tolist()
+
+
+def _spans_to_mask(
+    shape: tuple[int, int], rows_spans: Sequence[list[tuple[int, int]]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(selected, unit_start) of token spans [(first token, end token exclusive), ...] per row."""
+    selected = np.zeros(shape, bool)
+    first = np.zeros(shape, bool)
+    for row, spans in enumerate(rows_spans):
+        for start, end in spans:
+            selected[row, start:end] = True
+            first[row, start] = True
+    return selected, unit_start_index(first)
+
+
+def select_ngrams(
+    word_first: np.ndarray,
+    candidates: np.ndarray,
+    keys: Sequence[str],
+    *,
+    seed: int,
+    epoch: int,
+    probability: float,
+    max_ngram: int = 3,
+) -> tuple[np.ndarray, np.ndarray]:
+    """ALBERT's n-gram masking. Start words are visited in a uniformly random order; each
+    draws n by `sample_ngram_lengths`; an n-gram that would overshoot the row's budget is
+    shortened word by word (ALBERT), one that still overshoots or overlaps a chosen n-gram is
+    skipped; at least one unit per row. word_first, candidates (batch, seq) bool; keys
+    (batch,). Returns (selected (batch, seq) bool, unit_start (batch, seq) int64)."""
+    budgets = mask_budget(candidates.sum(axis=1), probability)
+    rows_spans = []
+    for row, key in enumerate(keys):
+        starts, lengths, left = _row_words(word_first[row], candidates[row])
+        rng = keyed_generator(seed, epoch, STREAM_MASK_NGRAM, key)
+        order = rng.permutation(len(starts)).tolist()
+        ngram = sample_ngram_lengths(
+            rng.random(len(starts)), np.array(left, np.int64), max_ngram
+        ).tolist()
+        rows_spans.append(_fill_ngrams(starts, lengths, order, ngram, int(budgets[row])))
+    return _spans_to_mask(candidates.shape, rows_spans)
+
+
+def _fill_ngrams(
+    starts: list, lengths: list, order: list, ngram: list, budget: int
+) -> list[tuple[int, int]]:
+    covered = [False] * len(starts)
+    spans, remaining = [], budget
+    for w in order:
+        if remaining <= 0:
+            break
+        n = ngram[w]
+        tokens = sum(lengths[w : w + n])
+        while n > 1 and tokens > remaining:
+            n -= 1
+            tokens -= lengths[w + n]
+        if (tokens > remaining and spans) or any(covered[w : w + n]):
+            continue
+        covered[w : w + n] = [True] * n
+        spans.append((starts[w], starts[w] + tokens))
+        remaining -= tokens
+    return spans
+
+
+def select_spans(
+    word_first: np.ndarray,
+    candidates: np.ndarray,
+    keys: Sequence[str],
+    *,
+    seed: int,
+    epoch: int,
+    probability: float,
+    geometric_p: float = 0.2,
+    max_span_words: int = 10,
+) -> tuple[np.ndarray, np.ndarray]:
+    """SpanBERT's span masking. Each span draws a length in words from
+    `sample_span_lengths` and a start word uniformly among the row's words (redrawn when the
+    word is already masked); it then extends over whole words until its length, the end of
+    its run of candidates, an already masked word or the row's budget stops it (SpanBERT
+    also cuts the last span at the budget, there at any token). Spans are added until the
+    budget is covered; at least one per row. word_first, candidates (batch, seq) bool; keys
+    (batch,). Returns (selected (batch, seq) bool, unit_start (batch, seq) int64), unit_start
+    being the first token of each token's span."""
+    budgets = mask_budget(candidates.sum(axis=1), probability)
+    rows_spans = []
+    for row, key in enumerate(keys):
+        starts, lengths, left = _row_words(word_first[row], candidates[row])
+        rng = keyed_generator(seed, epoch, STREAM_MASK_SPAN, key)
+        draws = 2 * len(starts) + 8  # attempts; the budget is usually met after a handful
+        span_words = sample_span_lengths(rng, draws, geometric_p, max_span_words).tolist()
+        first_words = rng.integers(max(len(starts), 1), size=draws).tolist()
+        spans = []
+        if starts:
+            spans = _fill_spans(
+                starts, lengths, left, zip(first_words, span_words, strict=True), int(budgets[row])
+            )
+        rows_spans.append(spans)
+    return _spans_to_mask(candidates.shape, rows_spans)
+
+
+def _fill_spans(
+    starts: list, lengths: list, left: list, draws, budget: int
+) -> list[tuple[int, int]]:
+    covered = [False] * len(starts)
+    spans, remaining = [], budget
+    for w, n_words in draws:
+        if remaining <= 0:
+            break
+        if covered[w] or (lengths[w] > remaining and spans):
+            continue
+        end, tokens = w + 1, lengths[w]  # end: first word after the span
+        limit = w + min(n_words, left[w])
+        while end < limit and not covered[end] and tokens + lengths[end] <= remaining:
+            tokens += lengths[end]
+            end += 1
+        covered[w:end] = [True] * (end - w)
+        spans.append((starts[w], starts[w] + tokens))
+        remaining -= tokens
+    return spans
+
+
+def span_boundaries(
+    selected: np.ndarray, unit_start: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SpanBERT's span-boundary targets. For each selected token i of the span s..e (token
+    indices; a span = consecutive selected tokens sharing `unit_start`): the left boundary
+    s-1, the right boundary e+1 and the position i-s inside the span (0 at s). Inputs and the
+    three outputs (batch, seq); outputs int64, 0 where nothing is selected."""
+    length = selected.shape[1]
+    positions = np.arange(length, dtype=np.int64)
+    same_next = np.zeros_like(selected)
+    same_next[:, :-1] = selected[:, 1:] & (unit_start[:, 1:] == unit_start[:, :-1])
+    last = selected & ~same_next  # (batch, seq): the last token of a span
+    # span end per token: the next `last` at or after it (reverse running minimum)
+    end = np.where(last, positions, length)[:, ::-1]
+    end = np.minimum.accumulate(end, axis=1)[:, ::-1]
+    left = np.where(selected, unit_start - 1, 0)
+    right = np.where(selected, end + 1, 0)
+    position = np.where(selected, positions - unit_start, 0)
+    return left.astype(np.int64), right.astype(np.int64), position.astype(np.int64)

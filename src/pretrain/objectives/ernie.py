@@ -1,0 +1,39 @@
+"""ERNIE 1.0 (Sun et al., 2019) knowledge masking: MLM whose masking units are annotated
+phrases and entities and, outside them, whole words.
+
+Units come from the batch's per-token `phrases` flags (a phrase or entity = its first token,
+flagged 1 or 2, and the tokens flagged 3 after it; see pretrain.data.shards) and its
+`word_starts`. Units are taken in a random order until round(mlm_probability * candidates)
+tokens are selected, a unit that would overshoot being skipped; the 80/10/10 rule is decided
+once per unit. Without annotations (all flags 0) this is whole-word masking. The loss, heads
+and sentence task (NSP by default) are BERT's.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pretrain.data.keyed_rng import keyed_uniform
+from pretrain.data.masking import STREAM_MASK_UNIT_ORDER, phrase_unit_flags, select_whole_units
+from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMCorruption
+
+
+@dataclass(frozen=True)
+class ErnieCorruption(MaskedLMCorruption):
+    """MaskedLMCorruption whose units are annotated phrases/entities and words."""
+
+    def select(
+        self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(selected (batch, seq) bool, first token of each token's unit (batch, seq) int64)."""
+        uniform = keyed_uniform(
+            self.seed, epoch, STREAM_MASK_UNIT_ORDER, hashes, candidates.shape[1]
+        )
+        units = phrase_unit_flags(batch["phrases"], batch["word_starts"], candidates)
+        return select_whole_units(units, candidates, uniform, self.mlm_probability)
+
+
+class ErnieMaskedLM(MaskedLanguageModel):
+    """ERNIE 1.0's phrase- and entity-level masking with BERT's MLM (+ NSP by default)."""
+
+    corruption_class = ErnieCorruption

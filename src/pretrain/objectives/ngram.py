@@ -1,0 +1,60 @@
+"""ALBERT's n-gram masking (Lan et al., 2020): MLM whose masking units are n-grams of whole
+words, n in 1..max_ngram with p(n) proportional to 1/n.
+
+Start words are visited in a random order, n-grams never overlap, and they are added until
+round(mlm_probability * candidates) tokens are selected (see `pretrain.data.spans.select_ngrams`);
+the 80/10/10 rule is decided once per n-gram. The sentence task is NSP by default; ALBERT's
+recipe sets `objective.pair_task=sop`.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pretrain.config import ConfigError
+from pretrain.data.masking import word_start_flags
+from pretrain.data.spans import select_ngrams
+from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
+
+
+@dataclass
+class NgramMaskingConfig(MaskedLMConfig):
+    """MLM settings + the longest n-gram, in words."""
+
+    max_ngram: int = 3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_ngram < 1:
+            raise ConfigError(
+                f"objective.max_ngram = {self.max_ngram!r}: must be at least 1 word "
+                "(ALBERT uses 3; 1 is whole-word masking)"
+            )
+
+
+@dataclass(frozen=True)
+class NgramCorruption(MaskedLMCorruption):
+    """MaskedLMCorruption whose units are word n-grams."""
+
+    max_ngram: int = 3
+
+    def select(
+        self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(selected (batch, seq) bool, first token of each token's n-gram (batch, seq) int64)."""
+        return select_ngrams(
+            word_start_flags(batch["word_starts"], candidates),
+            candidates,
+            batch["keys"],
+            seed=self.seed,
+            epoch=epoch,
+            probability=self.mlm_probability,
+            max_ngram=self.max_ngram,
+        )
+
+
+class NgramMaskedLM(MaskedLanguageModel):
+    """MLM with ALBERT's n-gram masking (+ the configured sentence task)."""
+
+    config_class = NgramMaskingConfig
+    corruption_class = NgramCorruption

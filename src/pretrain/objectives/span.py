@@ -1,0 +1,120 @@
+"""SpanBERT (Joshi et al., 2020): span masking + the span boundary objective (SBO), on single
+segments without a sentence task.
+
+Corruption: spans of whole words, lengths ~ Geometric(span_geometric_p) clipped at
+`span_max_words` words, starting at uniformly drawn words, never overlapping, until
+round(mlm_probability * candidates) tokens are covered (`pretrain.data.spans.select_spans`);
+the 80/10/10 rule is decided once per span. The batch gains `span_left`, `span_right` (the
+token indices just before and after each predicted token's span) and `span_position` (0-based
+position inside the span), all (batch, seq) int64, 0 where labels is IGNORE_INDEX.
+Loss: MLM + SBO (`SpanBoundaryHead`, decoder tied to the word embeddings).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pretrain.config import PAIR_FORMATS, ConfigError, DataConfig
+from pretrain.data.masking import IGNORE_INDEX, word_start_flags
+from pretrain.data.spans import select_spans, span_boundaries
+from pretrain.data.vocab import Vocabulary
+from pretrain.models.heads import SpanBoundaryHead
+from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
+
+
+@dataclass
+class SpanMaskingConfig(MaskedLMConfig):
+    """MLM settings + span lengths (in words) + the SBO's position table size (in tokens)."""
+
+    pair_task: str = "none"
+    span_geometric_p: float = 0.2
+    span_max_words: int = 10
+    sbo_max_span_tokens: int = 200
+
+    pair_tasks = ("none",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.span_geometric_p <= 1:
+            raise ConfigError(
+                f"objective.span_geometric_p = {self.span_geometric_p!r}: must lie in (0, 1] "
+                "(the success probability of the geometric span length; SpanBERT uses 0.2)"
+            )
+        if self.span_max_words < 1:
+            raise ConfigError(
+                f"objective.span_max_words = {self.span_max_words!r}: must be at least 1 word "
+                "(SpanBERT clips span lengths at 10)"
+            )
+        if self.sbo_max_span_tokens < 1:
+            raise ConfigError(
+                f"objective.sbo_max_span_tokens = {self.sbo_max_span_tokens!r}: must be at "
+                "least 1 (positions inside longer spans share the last embedding)"
+            )
+
+    def check_data(self, data: DataConfig) -> None:
+        if data.format in PAIR_FORMATS:
+            raise ConfigError(
+                f"data.format = {data.format!r}: objective=span (SpanBERT) trains on single "
+                "segments without a sentence task; use data=full_sentences or data=doc_sentences"
+            )
+
+
+@dataclass(frozen=True)
+class SpanCorruption(MaskedLMCorruption):
+    """MaskedLMCorruption whose units are SpanBERT spans; adds the SBO targets to the batch."""
+
+    span_geometric_p: float = 0.2
+    span_max_words: int = 10
+
+    def select(
+        self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(selected (batch, seq) bool, first token of each token's span (batch, seq) int64).
+        Also writes span_left, span_right, span_position into `batch` (see the module)."""
+        selected, unit_start = select_spans(
+            word_start_flags(batch["word_starts"], candidates),
+            candidates,
+            batch["keys"],
+            seed=self.seed,
+            epoch=epoch,
+            probability=self.mlm_probability,
+            geometric_p=self.span_geometric_p,
+            max_span_words=self.span_max_words,
+        )
+        batch["span_left"], batch["span_right"], batch["span_position"] = span_boundaries(
+            selected, unit_start
+        )
+        return selected, unit_start
+
+
+class SpanBert(MaskedLanguageModel):
+    """Encoder + tied MLM head + span boundary head; loss = MLM + SBO."""
+
+    config_class = SpanMaskingConfig
+    corruption_class = SpanCorruption
+
+    def __init__(self, config: dict, vocab: Vocabulary):
+        super().__init__(config, vocab)
+        model = config["model"]
+        self.sbo_head = SpanBoundaryHead(
+            model["hidden_size"],
+            config["objective"].get("sbo_max_span_tokens", 200),
+            model["layer_norm_eps"],
+            self.encoder.word_embeddings,
+            initializer_range=model["initializer_range"],
+        )
+
+    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
+        """SBO loss and accuracy over the predicted tokens; hidden (batch, seq, hidden)."""
+        selected = batch["labels"] != IGNORE_INDEX
+        rows = selected.nonzero(as_tuple=True)[0]  # (n_masked,), row-major like hidden[selected]
+        left = hidden[rows, batch["span_left"][selected]]  # (n_masked, hidden)
+        right = hidden[rows, batch["span_right"][selected]]
+        logits = self.sbo_head(left, right, batch["span_position"][selected]).float()
+        targets = batch["labels"][selected]
+        return {
+            "sbo_loss": F.cross_entropy(logits, targets),
+            "sbo_accuracy": (logits.argmax(-1) == targets).float().mean(),
+        }

@@ -1,0 +1,37 @@
+"""Whole-word masking (BERT-wwm; Chinese BERT-wwm, whose word starts come from jieba when the
+corpus is prepared): MLM whose masking units are whole words.
+
+Words are taken in a random order until round(mlm_probability * candidates) tokens are
+selected, a word that would overshoot being skipped (BERT's create_pretraining_data); every
+token of a chosen word is predicted and the 80/10/10 rule is decided once per word. The loss,
+heads and sentence task (NSP by default, like BERT-wwm) are BERT's.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pretrain.data.keyed_rng import keyed_uniform
+from pretrain.data.masking import STREAM_MASK_UNIT_ORDER, select_whole_units, word_start_flags
+from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMCorruption
+
+
+@dataclass(frozen=True)
+class WholeWordCorruption(MaskedLMCorruption):
+    """MaskedLMCorruption whose units are whole words (from the batch's `word_starts`)."""
+
+    def select(
+        self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(selected (batch, seq) bool, first token of each token's word (batch, seq) int64)."""
+        uniform = keyed_uniform(
+            self.seed, epoch, STREAM_MASK_UNIT_ORDER, hashes, candidates.shape[1]
+        )
+        words = word_start_flags(batch["word_starts"], candidates)
+        return select_whole_units(words, candidates, uniform, self.mlm_probability)
+
+
+class WholeWordMaskedLM(MaskedLanguageModel):
+    """BERT (MLM + NSP by default) with whole-word masking."""
+
+    corruption_class = WholeWordCorruption

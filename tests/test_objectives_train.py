@@ -1,0 +1,85 @@
+"""Whole-word, n-gram, ERNIE and SpanBERT objectives compose and train end to end through the
+real pipeline with a falling loss."""
+
+import csv
+
+import pytest
+from test_train import tiny_overrides
+
+from pretrain.config import ConfigError, compose_config, validate
+from pretrain.run import train
+
+# objective -> (data group, settings it adds to MaskedLMConfig with their paper values)
+OBJECTIVES = {
+    "wwm": ("segment_pair", {"pair_task": "nsp"}),
+    "ngram": ("segment_pair", {"max_ngram": 3}),
+    "ernie": ("segment_pair", {"pair_task": "nsp"}),
+    "span": (
+        "full_sentences",
+        {"pair_task": "none", "span_geometric_p": 0.2, "span_max_words": 10},
+    ),
+}
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+def test_objective_config_composes_with_paper_defaults(objective):
+    data, settings = OBJECTIVES[objective]
+    config = validate(compose_config([f"objective={objective}", f"data={data}"])).objective
+    assert config.name == objective
+    assert config.mlm_probability == 0.15
+    assert (config.mask_token_probability, config.random_token_probability) == (0.8, 0.1)
+    for key, value in settings.items():
+        assert getattr(config, key) == value, key
+
+
+def test_bad_max_ngram_names_its_key():
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config(["objective=ngram", "objective.max_ngram=0"]))
+    assert str(error.value).startswith("objective.max_ngram")
+
+
+def logged(run_dir, column: str) -> list[float]:
+    with open(next(run_dir.glob("csv/version_*/metrics.csv"))) as f:
+        return [float(r[column]) for r in csv.DictReader(f) if r.get(column)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("objective", "extra_metric"),
+    [
+        ("wwm", "train/nsp_loss"),
+        ("ngram", "train/nsp_loss"),
+        ("ernie", "train/nsp_loss"),
+        ("span", "train/sbo_loss"),
+    ],
+)
+def test_objective_trains_with_falling_loss(prepared_corpus, tmp_path, objective, extra_metric):
+    run_dir = tmp_path / objective
+    data, _ = OBJECTIVES[objective]
+    train(
+        compose_config(
+            tiny_overrides(
+                prepared_corpus,
+                run_dir,
+                f"objective={objective}",
+                f"data={data}",
+                "trainer.max_steps=35",
+                "trainer.log_every_n_steps=1",
+            )
+        )
+    )
+    loss = logged(run_dir, "train/loss")
+    assert len(loss) == 35
+    assert sum(loss[-5:]) / 5 < sum(loss[:5]) / 5 - 0.5, loss
+    mlm = logged(run_dir, "train/mlm_loss")
+    assert sum(mlm[-5:]) / 5 < sum(mlm[:5]) / 5 - 0.3, mlm
+    extra = logged(run_dir, extra_metric)
+    assert len(extra) == 35
+    if objective == "span":  # the span boundary objective learns too
+        assert sum(extra[-5:]) / 5 < sum(extra[:5]) / 5 - 0.3, extra
+        assert not _has_column(run_dir, "train/nsp_loss")  # single segments, no sentence task
+
+
+def _has_column(run_dir, column: str) -> bool:
+    with open(next(run_dir.glob("csv/version_*/metrics.csv"))) as f:
+        return column in (csv.DictReader(f).fieldnames or [])

@@ -1,0 +1,241 @@
+"""SpanBERT: clipped geometric span lengths, span invariants, span-boundary targets, the SBO
+head and loss, and the config checks."""
+
+import numpy as np
+import pytest
+import torch
+from test_unit_masking import (
+    CLS,
+    MASK_ID,
+    SPECIAL,
+    VOCAB,
+    assert_80_10_10_per_unit,
+    candidates_of,
+    corrupt,
+    group_ids,
+    make_word_batch,
+    whole_groups,
+)
+
+from pretrain.config import ConfigError, compose_config, validate
+from pretrain.data.keyed_rng import key_hashes
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.spans import (
+    clipped_geometric_probabilities,
+    sample_span_lengths,
+    select_spans,
+)
+from pretrain.data.vocab import Vocabulary
+from pretrain.models.heads import SpanBoundaryHead
+from pretrain.objectives.span import SpanBert, SpanCorruption
+
+P, MAX_WORDS = 0.2, 10
+
+
+def clipped_geometric_law(p: float, m: int) -> tuple[np.ndarray, float]:
+    """Law and mean of min(G, m), G ~ Geometric(p) on 1, 2, ...: P(k) = p (1-p)^(k-1) for
+    k < m and P(m) = P(G >= m) = (1-p)^(m-1). Its mean, sum_{k<m} k p (1-p)^(k-1) +
+    m (1-p)^(m-1), equals sum_{k=1}^{m} P(min(G, m) >= k) = sum_{k=1}^{m} (1-p)^(k-1)
+    = (1 - (1-p)^m) / p."""
+    k = np.arange(1, m + 1)
+    law = np.where(k < m, p * (1 - p) ** (k - 1), (1 - p) ** (m - 1))
+    mean = float((k[:-1] * law[:-1]).sum() + m * (1 - p) ** (m - 1))
+    assert mean == pytest.approx((1 - (1 - p) ** m) / p)
+    return law, mean
+
+
+def test_span_lengths_are_clipped_geometric():
+    law, mean = clipped_geometric_law(P, MAX_WORDS)
+    assert law.sum() == pytest.approx(1.0) and mean == pytest.approx(4.4631, abs=1e-4)
+    np.testing.assert_allclose(clipped_geometric_probabilities(P, MAX_WORDS), law)
+    n = 100_000
+    lengths = sample_span_lengths(np.random.default_rng(0), n, P, MAX_WORDS)
+    assert lengths.min() == 1 and lengths.max() == MAX_WORDS
+    counts = np.bincount(lengths, minlength=MAX_WORDS + 1)[1:]
+    expected = law * n
+    assert ((counts - expected) ** 2 / expected).sum() < 27.88  # chi-square 9 dof, 99.9%
+    variance = float((np.arange(1, MAX_WORDS + 1) ** 2 * law).sum() - mean**2)
+    assert abs(lengths.mean() - mean) < 4 * np.sqrt(variance / n)
+
+
+def span_units(selected: np.ndarray, unit_start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first-token flags, group id per token) of the spans `select` reports, checking that
+    each is one contiguous run of selected tokens starting at its unit start."""
+    length = selected.shape[1]
+    first = selected & (unit_start == np.arange(length))
+    units = group_ids(first | ~selected)
+    run_start = np.flatnonzero((first | ~selected).ravel()) % length
+    np.testing.assert_array_equal(unit_start[selected], run_start[units[selected.ravel()]])
+    return first, units
+
+
+def test_spans_are_whole_words_without_overlap_and_fill_the_budget():
+    batch = make_word_batch(2000, 128, seed=11)
+    candidates = candidates_of(batch)
+    corruption = SpanCorruption(
+        seed=7, vocab_size=VOCAB, mask_token_id=MASK_ID, special_ids=SPECIAL
+    )
+    selected, unit_start = corruption.select(dict(batch), candidates, key_hashes(batch["keys"]), 0)
+    assert not (selected & ~candidates).any()
+    first, units = span_units(selected, unit_start)
+    word_starts = batch["word_starts"]
+    assert word_starts[first].all()  # spans start at word starts ...
+    after = np.zeros_like(selected)
+    after[:, :-1] = selected[:, :-1] & ~(selected[:, 1:] & ~first[:, 1:])  # last token of a span
+    next_starts_word = np.zeros_like(selected)
+    next_starts_word[:, :-1] = word_starts[:, 1:] | ~candidates[:, 1:]
+    assert next_starts_word[after].all()  # ... and end at word ends
+    words = group_ids(word_starts)
+    chosen, size = whole_groups(selected, words, candidates)
+    assert ((chosen == 0) | (chosen == size)).all()
+    span_words = np.bincount(units[selected.ravel()], weights=word_starts[selected])
+    span_words = span_words[np.bincount(units[selected.ravel()]) > 0]
+    assert span_words.min() >= 1 and span_words.max() <= MAX_WORDS
+    assert (span_words >= 5).mean() > 0.1  # long spans do occur
+    budget = np.maximum(np.rint(candidates.sum(1) * 0.15), 1)
+    assert ((selected.sum(1) <= budget) | (first.sum(1) == 1)).all()
+    assert selected.sum() / candidates.sum() == pytest.approx(0.15, abs=0.005)
+    out = corrupt(SpanCorruption, batch)
+    np.testing.assert_array_equal(out["labels"] != IGNORE_INDEX, selected)
+    assert_80_10_10_per_unit(batch, out, units)
+
+
+def test_mean_span_length_matches_the_clipped_geometric():
+    # long rows of one-token words: spans are rarely cut short by the row's end, a masked
+    # neighbour or the budget; those cuts can only shorten spans, by a few percent here
+    n_rows, length = 300, 1024
+    candidates = np.ones((n_rows, length), bool)
+    candidates[:, [0, -1]] = False
+    selected, unit_start = select_spans(
+        candidates, candidates, [f"r{i}" for i in range(n_rows)], seed=3, epoch=0, probability=0.15
+    )
+    first, _ = span_units(selected, unit_start)
+    realized = selected.sum() / first.sum()  # words per span
+    _, mean = clipped_geometric_law(P, MAX_WORDS)
+    assert 0.88 * mean < realized < mean, (realized, mean)
+
+
+def test_span_boundary_targets_line_up_with_spans():
+    batch = make_word_batch(300, 96, seed=12)
+    candidates = candidates_of(batch)
+    out = corrupt(SpanCorruption, batch)
+    corruption = SpanCorruption(
+        seed=7, vocab_size=VOCAB, mask_token_id=MASK_ID, special_ids=SPECIAL
+    )
+    selected, unit_start = corruption.select(dict(batch), candidates, key_hashes(batch["keys"]), 0)
+    predicted = out["labels"] != IGNORE_INDEX
+    np.testing.assert_array_equal(predicted, selected)
+    for name in ("span_left", "span_right", "span_position"):
+        assert out[name].dtype == np.int64 and out[name].shape == predicted.shape
+        assert (out[name][~predicted] == 0).all()
+    n_spans = 0
+    for row in range(len(batch["keys"])):
+        for start in np.flatnonzero(selected[row] & (unit_start[row] == np.arange(96))):
+            span = np.flatnonzero(selected[row] & (unit_start[row] == start))
+            end = span[-1]
+            np.testing.assert_array_equal(span, np.arange(start, end + 1))
+            assert (out["span_left"][row, span] == start - 1).all()
+            assert (out["span_right"][row, span] == end + 1).all()
+            np.testing.assert_array_equal(out["span_position"][row, span], np.arange(len(span)))
+            n_spans += 1
+    assert n_spans > 600
+    # boundaries are real tokens of the row, outside the span ([CLS] at most on the left)
+    rows = np.nonzero(predicted)[0]
+    left, right = out["span_left"][predicted], out["span_right"][predicted]
+    assert (left >= 0).all() and (batch["attention_mask"][rows, right] == 1).all()
+    assert (batch["input_ids"][rows, left][left == 0] == CLS).all()
+
+
+def test_span_boundary_head_shapes_tied_decoder_and_position_clipping():
+    embeddings = torch.nn.Embedding(50, 16)
+    head = SpanBoundaryHead(16, 8, 1e-12, embeddings, initializer_range=0.02)
+    assert head.decoder.weight is embeddings.weight
+    left, right = torch.randn(1, 16).expand(5, 16), torch.randn(1, 16).expand(5, 16)
+    logits = head(left, right, torch.tensor([0, 1, 7, 8, 100]))
+    assert logits.shape == (5, 50)
+    torch.testing.assert_close(logits[3], logits[2])  # positions past the table share the last
+    torch.testing.assert_close(logits[4], logits[2])
+    assert not torch.allclose(logits[0], logits[1])  # the position embedding matters
+    other = head(torch.randn(1, 16), right[:1], torch.tensor([0]))
+    assert not torch.allclose(other[0], logits[0])  # and so do the boundaries
+    with pytest.raises(ValueError, match="hidden_size"):
+        SpanBoundaryHead(32, 8, 1e-12, embeddings)
+
+
+def tiny_span_module(vocab: Vocabulary) -> SpanBert:
+    config = {
+        "seed": 0,
+        "model": {
+            "name": "t",
+            "_target_": "pretrain.models.bert.BertEncoder",
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+            "type_vocab_size": 2,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            "layer_norm_eps": 1e-12,
+            "initializer_range": 0.02,
+        },
+        "objective": {"pair_task": "none", "sbo_max_span_tokens": 30},
+        "data": {"max_seq_length": 64},
+        "optim": {},
+        "trainer": {"max_steps": 10},
+    }
+    return SpanBert(config, vocab)
+
+
+def test_sbo_loss_is_added_and_decreases_in_a_few_steps():
+    torch.manual_seed(0)
+    vocab = Vocabulary(size=300, pad=0, unk=1, cls=2, sep=3, mask=4)
+    module = tiny_span_module(vocab)
+    assert module.sbo_head.decoder.weight is module.encoder.word_embeddings.weight
+    assert module.pair_task == "none" and module.nsp_head is None
+    batch = make_word_batch(16, 64, seed=13, vocab=vocab.size)
+    corruption = SpanCorruption(
+        seed=1, vocab_size=vocab.size, mask_token_id=vocab.mask, special_ids=vocab.special_ids
+    )
+    batch = corruption(batch, epoch=0)
+    tensors = {k: torch.from_numpy(v) for k, v in batch.items() if k != "keys"}
+    optimizer = torch.optim.Adam(module.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(20):
+        out = module(tensors)
+        assert out["loss"].item() == pytest.approx((out["mlm_loss"] + out["sbo_loss"]).item())
+        losses.append(out["sbo_loss"].item())
+        optimizer.zero_grad()
+        out["loss"].backward()
+        optimizer.step()
+    assert losses[0] == pytest.approx(np.log(vocab.size), abs=0.5)
+    assert losses[-1] < losses[0] - 1.0, losses
+    # the SBO gradient reaches the boundary hidden states: the encoder learns from it
+    module.zero_grad()
+    module.extra_losses(module.encoder(tensors["input_ids"]), tensors)["sbo_loss"].backward()
+    assert module.encoder.word_embeddings.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["objective.span_geometric_p=1.5"], "objective.span_geometric_p"),
+        (["objective.span_geometric_p=0"], "objective.span_geometric_p"),
+        (["objective.span_max_words=0"], "objective.span_max_words"),
+        (["objective.sbo_max_span_tokens=0"], "objective.sbo_max_span_tokens"),
+        (["objective.pair_task=nsp"], "objective.pair_task"),
+    ],
+)
+def test_bad_span_settings_name_their_key(overrides, key):
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config(["objective=span", "data=full_sentences", *overrides]))
+    assert str(error.value).startswith(key)
+
+
+@pytest.mark.parametrize("data", ["segment_pair", "sentence_pair"])
+def test_span_rejects_pair_formats(data):
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config(["objective=span", f"data.format={data}"]))
+    message = str(error.value)
+    assert message.startswith("data.format") and "objective=span" in message
+    assert "data=full_sentences" in message
