@@ -14,18 +14,31 @@ def _prepare(overrides: list[str]) -> int:
     from data_pipelines.config import PrepareConfigError, compose_prepare_config
     from data_pipelines.prepare import PrepareError, prepare
     from data_pipelines.sources import SourceError
+    from data_pipelines.spans import EntityFileError
     from data_pipelines.tokenizer import TokenizerError
 
     try:
         cfg = compose_prepare_config(overrides)
         out_dir = prepare(cfg)
-    except (PrepareConfigError, PrepareError, SourceError, TokenizerError) as error:
+    except (
+        PrepareConfigError,
+        PrepareError,
+        SourceError,
+        TokenizerError,
+        EntityFileError,
+    ) as error:
         print(f"pretrain-data prepare: {error}", file=sys.stderr)
         return 2
     return _info([str(out_dir)])
 
 
 COUNTS = ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines")
+ANNOTATIONS = (
+    ("phrases", "phrase lexicon"),
+    ("entities", "entity list"),
+    ("phrase_spans", "phrase spans"),
+    ("entity_spans", "entity spans"),
+)
 
 
 def summarize(shards_dir: str) -> str:
@@ -48,6 +61,8 @@ def summarize(shards_dir: str) -> str:
         ("ids dtype", manifest.dtype),
         ("shards", f"{len(manifest.shards)} ({total_bytes / 2**20:.1f} MiB)"),
         *((name, f"{counts.get(name, 0):,}") for name in COUNTS),
+        ("word segmenter", _segmenter(manifest.raw.get("segmenter"))),
+        *_annotation_rows(manifest.annotations),
         ("sources", str(len(sources))),
     ]
     lines = [f"{label:<18} {value}" for label, value in rows]
@@ -59,6 +74,17 @@ def summarize(shards_dir: str) -> str:
     if len(sources) > 20:
         lines.append(f"  ... and {len(sources) - 20} more")
     return "\n".join(lines)
+
+
+def _segmenter(record: dict | None) -> str:
+    return "none" if not record else f"{record['name']} {record.get('version', '')}".strip()
+
+
+def _annotation_rows(annotations: dict | None) -> list[tuple[str, str]]:
+    """Rows for the phrase/entity annotations: one `none` row when there are none."""
+    if not annotations:
+        return [("span annotations", "none")]
+    return [(label, f"{annotations.get(key, 0):,}") for key, label in ANNOTATIONS]
 
 
 def _info(args: list[str]) -> int:

@@ -1,4 +1,5 @@
-"""`prepare`: inputs -> tokenizer -> shards -> manifest, written atomically.
+"""`prepare`: inputs -> tokenizer -> shards -> [span annotations] -> manifest, written
+atomically.
 
 Everything is written into `.<out_dir name>.partial` beside `out_dir` and renamed into place
 only when complete, so an interrupted run leaves no half-written dataset (the partial
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from data_pipelines.annotate import annotate_corpus
 from data_pipelines.config import PrepareConfig
 from data_pipelines.shards import ShardWriter, tokenize_documents
 from data_pipelines.sources import SourceStats, expand_inputs, read_raw_documents
@@ -77,6 +79,7 @@ def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Token
         settings.vocab_size,
         settings.lowercase,
         settings.min_frequency,
+        kind=settings.kind,
     )
     save_tokenizer(tokenizer, out_dir)
     return tokenizer
@@ -98,8 +101,11 @@ def write_corpus(
     )
     dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     raw = read_raw_documents(names, stats, cfg.text_field)
+    documents = tokenize_documents(
+        raw, tokenizer, dtype, cfg.workers, progress=progress, segmenter=cfg.segmenter
+    )
     with ShardWriter(out_dir, cfg.docs_per_shard) as writer:
-        for document in tokenize_documents(raw, tokenizer, dtype, cfg.workers, progress=progress):
+        for document in documents:
             if len(document.ids) == 0:
                 counts["empty_documents"] += 1
                 per_source[document.source]["empty_documents"] += 1
@@ -137,9 +143,19 @@ def build_manifest(
             "lowercase": is_lowercase(tokenizer),
         },
         "dtype": ids_dtype(vocab_size),
+        "segmenter": _segmenter_record(cfg.segmenter),
         **corpus,
         "config": cfg.content_dict(),
     }
+
+
+def _segmenter_record(name: str) -> dict | None:
+    """Which word segmenter (and version: its dictionary shapes the word starts) was used."""
+    if name == "none":
+        return None
+    import jieba
+
+    return {"name": name, "version": jieba.__version__}
 
 
 def _move_into_place(partial: Path, out_dir: Path) -> None:
@@ -160,12 +176,28 @@ def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
     out_dir = Path(cfg.out_dir).resolve()
     names = expand_inputs(cfg.inputs)
     _check_out_dir(out_dir, cfg.overwrite, names)
+    if cfg.entities.path and not Path(cfg.entities.path).is_file():
+        raise PrepareError(
+            f"entities.path={cfg.entities.path}: no such file; point it at a UTF-8 file with "
+            "one entity a line, or set entities.path=null"
+        )
     partial = out_dir.with_name(f".{out_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted run
     partial.mkdir(parents=True)
     try:
         tokenizer = make_tokenizer(cfg, names, partial / TOKENIZER_DIR)
         corpus = write_corpus(cfg, names, tokenizer, partial, progress)
+        corpus["annotations"] = (
+            annotate_corpus(
+                cfg,
+                tokenizer,
+                partial,
+                corpus["shards"],
+                ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True)),
+            )
+            if cfg.annotates_spans
+            else None
+        )
         manifest = build_manifest(cfg, tokenizer, partial / TOKENIZER_DIR, corpus)
         (partial / MANIFEST_FILE).write_text(
             json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"

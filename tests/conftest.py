@@ -1,16 +1,20 @@
-"""Shared fixtures: a small prepared corpus that every data and training test can read."""
+"""Shared fixtures: small prepared corpora that every data and training test can read."""
 
 from pathlib import Path
 
 import pytest
 
 from data_pipelines.builtin_corpus import pydoc_topic_documents
-from data_pipelines.config import PrepareConfig, TokenizerSettings
+from data_pipelines.config import EntitySettings, PhraseSettings, PrepareConfig, TokenizerSettings
 from data_pipelines.prepare import prepare
 
 SMALL_CORPUS_DOCUMENTS = 300
 SMALL_CORPUS_DOCS_PER_SHARD = 50
 SMALL_CORPUS_VOCAB_SIZE = 1500
+DATA_DIR = Path(__file__).parent / "data"
+CHINESE_PROSE = DATA_DIR / "chinese_prose.txt"  # 8 documents, 50 sentences, written for the tests
+CHINESE_ENTITIES = DATA_DIR / "entities_zh.txt"
+ENGLISH_ENTITIES = DATA_DIR / "entities_en.txt"
 
 
 def small_english_documents(count: int = SMALL_CORPUS_DOCUMENTS) -> list[str]:
@@ -57,3 +61,43 @@ def prepared_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer in `<dir>/tokenizer`. Made once per session, in a couple of seconds. Read-only:
     copy it before changing anything."""
     return prepare_small_corpus(tmp_path_factory.mktemp("prepared_corpus"))
+
+
+def prepare_chinese_corpus(root: Path, **settings) -> Path:
+    """Prepare tests/data/chinese_prose.txt under `root` as Chinese BERT-wwm + ERNIE data:
+    character-level `chinese` tokenizer, jieba word starts, phrases and the entities of
+    tests/data/entities_zh.txt; 2 documents per shard. Returns the shards dir."""
+    config = PrepareConfig(
+        inputs=[str(CHINESE_PROSE)],
+        out_dir=str(root / "shards"),
+        tokenizer=TokenizerSettings(kind="chinese", vocab_size=1000, min_frequency=2),
+        segmenter="jieba",
+        phrases=PhraseSettings(enabled=True, min_count=2, min_npmi=0.3),
+        entities=EntitySettings(path=str(CHINESE_ENTITIES)),
+        docs_per_shard=2,
+        workers=1,
+    )
+    for key, value in settings.items():
+        setattr(config, key, value)
+    return prepare(config, progress=False)
+
+
+@pytest.fixture(scope="session")
+def prepared_chinese_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shards dir of a small Chinese corpus (8 documents, 50 sentences, about 1,100 tokens,
+    tests/data/chinese_prose.txt) in 4 shards: every CJK character a token, word starts from
+    jieba, phrase and entity spans (`<key>.phrases.npy`, lexicon in `<dir>/phrases.txt`).
+    Made once per session in about a second. Read-only: copy it before changing anything."""
+    return prepare_chinese_corpus(tmp_path_factory.mktemp("prepared_chinese_corpus"))
+
+
+@pytest.fixture(scope="session")
+def prepared_annotated_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small English corpus of `prepared_corpus` with ERNIE span annotations: phrases
+    (min_count 5, npmi >= 0.5) and the entities of tests/data/entities_en.txt. Made once per
+    session in a few seconds. Read-only."""
+    return prepare_small_corpus(
+        tmp_path_factory.mktemp("prepared_annotated_corpus"),
+        phrases=PhraseSettings(enabled=True),
+        entities=EntitySettings(path=str(ENGLISH_ENTITIES)),
+    )
