@@ -101,3 +101,28 @@ def prepared_annotated_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
         phrases=PhraseSettings(enabled=True),
         entities=EntitySettings(path=str(ENGLISH_ENTITIES)),
     )
+
+
+def tiny_module_config(objective: dict, **sections: dict) -> dict:
+    """A plain run config for building an objective module directly: a 2-layer, 32-wide
+    encoder without dropout, the given `objective` settings, and optional extra sections."""
+    config = {
+        "seed": 0,
+        "model": {
+            "name": "t",
+            "_target_": "pretrain.models.bert.BertEncoder",
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+            "type_vocab_size": 2,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            "layer_norm_eps": 1e-12,
+            "initializer_range": 0.02,
+        },
+        "objective": objective,
+    }
+    config.update(sections)
+    return config

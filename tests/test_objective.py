@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import tiny_module_config
 
 from pretrain.data.vocab import Vocabulary
 from pretrain.objectives.base import warmup_then_decay
@@ -11,24 +12,9 @@ VOCAB = Vocabulary(size=300, pad=0, unk=1, cls=2, sep=3, mask=4)
 
 
 def make_module(nsp: bool = True) -> MaskedLanguageModel:
-    config = {
-        "seed": 0,
-        "model": {
-            "name": "t",
-            "_target_": "pretrain.models.bert.BertEncoder",
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "intermediate_size": 64,
-            "max_position_embeddings": 64,
-            "type_vocab_size": 2,
-            "hidden_dropout_prob": 0.0,
-            "attention_probs_dropout_prob": 0.0,
-            "layer_norm_eps": 1e-12,
-            "initializer_range": 0.02,
-        },
-        "objective": {"pair_task": "nsp" if nsp else "none"},
-        "optim": {
+    config = tiny_module_config(
+        {"pair_task": "nsp" if nsp else "none"},
+        optim={
             "optimizer": {
                 "_target_": "torch.optim.AdamW",
                 "_partial_": True,
@@ -40,8 +26,8 @@ def make_module(nsp: bool = True) -> MaskedLanguageModel:
             "schedule": "linear",
             "warmup_steps": 10,
         },
-        "trainer": {"max_steps": 100},
-    }
+        trainer={"max_steps": 100},
+    )
     return MaskedLanguageModel(config, VOCAB)
 
 

@@ -4,6 +4,7 @@ head and loss, and the config checks."""
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_module_config
 from test_unit_masking import (
     CLS,
     MASK_ID,
@@ -163,27 +164,12 @@ def test_span_boundary_head_shapes_tied_decoder_and_position_clipping():
 
 
 def tiny_span_module(vocab: Vocabulary) -> SpanBert:
-    config = {
-        "seed": 0,
-        "model": {
-            "name": "t",
-            "_target_": "pretrain.models.bert.BertEncoder",
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "intermediate_size": 64,
-            "max_position_embeddings": 64,
-            "type_vocab_size": 2,
-            "hidden_dropout_prob": 0.0,
-            "attention_probs_dropout_prob": 0.0,
-            "layer_norm_eps": 1e-12,
-            "initializer_range": 0.02,
-        },
-        "objective": {"pair_task": "none", "sbo_max_span_tokens": 30},
-        "data": {"max_seq_length": 64},
-        "optim": {},
-        "trainer": {"max_steps": 10},
-    }
+    config = tiny_module_config(
+        {"pair_task": "none", "sbo_max_span_tokens": 30},
+        data={"max_seq_length": 64},
+        optim={},
+        trainer={"max_steps": 10},
+    )
     return SpanBert(config, vocab)
 
 

@@ -22,18 +22,18 @@ class ConfigError(ValueError):
     """A config value is wrong; the message names the key and says what would be right."""
 
 
-def _check(ok: bool, key: str, value: Any, expected: str) -> None:
+def require(ok: bool, key: str, value: Any, expected: str) -> None:
     if not ok:
         raise ConfigError(f"{key} = {value!r}: {expected}")
 
 
-def _unit_interval(
+def require_unit_interval(
     key: str, value: float, *, open_low: bool = True, open_high: bool = True
 ) -> None:
     low_ok = value > 0 if open_low else value >= 0
     high_ok = value < 1 if open_high else value <= 1
     lo, hi = "(" if open_low else "[", ")" if open_high else "]"
-    _check(low_ok and high_ok, key, value, f"must lie in {lo}0, 1{hi}")
+    require(low_ok and high_ok, key, value, f"must lie in {lo}0, 1{hi}")
 
 
 @dataclass
@@ -62,15 +62,15 @@ class ModelConfig:
             "max_position_embeddings",
             "type_vocab_size",
         ):
-            _check(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
-        _check(
+            require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
+        require(
             self.hidden_size % self.num_attention_heads == 0,
             "model.hidden_size",
             self.hidden_size,
             f"must be divisible by model.num_attention_heads ({self.num_attention_heads})",
         )
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            _unit_interval(f"model.{key}", getattr(self, key), open_low=False)
+            require_unit_interval(f"model.{key}", getattr(self, key), open_low=False)
 
 
 @dataclass
@@ -84,13 +84,13 @@ class ObjectiveConfig:
     dupe_factor: int = 10
 
     def __post_init__(self) -> None:
-        _check(
+        require(
             self.masking in ("dynamic", "static"),
             "objective.masking",
             self.masking,
             "must be 'dynamic' or 'static'",
         )
-        _check(
+        require(
             self.dupe_factor >= 1, "objective.dupe_factor", self.dupe_factor, "must be at least 1"
         )
 
@@ -113,7 +113,7 @@ def objective_config(values: Any) -> ObjectiveConfig:
         ) from error
     known = {f.name for f in fields(schema)}
     unknown = sorted(set(values) - known)
-    _check(
+    require(
         not unknown,
         f"objective.{unknown[0] if unknown else ''}",
         values.get(unknown[0]) if unknown else None,
@@ -142,29 +142,31 @@ class DataConfig:
     holdout_shards: int = 0
 
     def __post_init__(self) -> None:
-        _check(
+        require(
             self.format in FORMATS,
             "data.format",
             self.format,
             f"must be one of {', '.join(FORMATS)}",
         )
-        _check(
+        require(
             self.max_seq_length >= 8,
             "data.max_seq_length",
             self.max_seq_length,
             "must be at least 8",
         )
-        _unit_interval("data.short_seq_probability", self.short_seq_probability, open_low=False)
-        _unit_interval("data.nsp_random_probability", self.nsp_random_probability)
-        _check(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be at least 1")
-        _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be 0 or more")
-        _check(
+        require_unit_interval(
+            "data.short_seq_probability", self.short_seq_probability, open_low=False
+        )
+        require_unit_interval("data.nsp_random_probability", self.nsp_random_probability)
+        require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be at least 1")
+        require(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be 0 or more")
+        require(
             self.shuffle_buffer_documents >= 1,
             "data.shuffle_buffer_documents",
             self.shuffle_buffer_documents,
             "must be at least 1",
         )
-        _check(
+        require(
             self.random_document_pool >= 1,
             "data.random_document_pool",
             self.random_document_pool,
@@ -191,14 +193,16 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         lr = self.optimizer.get("lr", 0)
-        _check(lr > 0, "optim.optimizer.lr", lr, "must be positive")
-        _check(
+        require(lr > 0, "optim.optimizer.lr", lr, "must be positive")
+        require(
             self.schedule in ("linear", "constant"),
             "optim.schedule",
             self.schedule,
             "must be 'linear' or 'constant'",
         )
-        _check(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be 0 or more")
+        require(
+            self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be 0 or more"
+        )
 
 
 @dataclass
@@ -219,38 +223,38 @@ class TrainerConfig:
     enable_progress_bar: bool = True
 
     def __post_init__(self) -> None:
-        _check(
+        require(
             self.precision in PRECISIONS,
             "trainer.precision",
             self.precision,
             f"must be one of {', '.join(PRECISIONS)}",
         )
-        _check(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
-        _check(
+        require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
+        require(
             self.accumulate_grad_batches >= 1,
             "trainer.accumulate_grad_batches",
             self.accumulate_grad_batches,
             "must be at least 1",
         )
-        _check(
+        require(
             self.gradient_clip_val is None or self.gradient_clip_val > 0,
             "trainer.gradient_clip_val",
             self.gradient_clip_val,
             "must be positive or null (no clipping)",
         )
-        _check(
+        require(
             self.log_every_n_steps >= 1,
             "trainer.log_every_n_steps",
             self.log_every_n_steps,
             "must be at least 1",
         )
-        _check(
+        require(
             self.checkpoint_every_n_steps >= 1,
             "trainer.checkpoint_every_n_steps",
             self.checkpoint_every_n_steps,
             "must be at least 1",
         )
-        _check(
+        require(
             self.keep_checkpoints >= 1,
             "trainer.keep_checkpoints",
             self.keep_checkpoints,
@@ -268,7 +272,7 @@ class LoggerConfig:
     mode: str = "auto"
 
     def __post_init__(self) -> None:
-        _check(
+        require(
             self.mode in ("auto", "online", "offline"),
             "logger.mode",
             self.mode,
@@ -297,13 +301,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.objective = objective_config(self.objective)
         self.objective.check_data(self.data)
-        _check(
+        require(
             self.data.max_seq_length <= self.model.max_position_embeddings,
             "data.max_seq_length",
             self.data.max_seq_length,
             f"must not exceed model.max_position_embeddings ({self.model.max_position_embeddings}) of model {self.model.name}",
         )
-        _check(
+        require(
             self.resume in ("auto", "never") or self.resume.endswith(".ckpt"),
             "resume",
             self.resume,

@@ -15,7 +15,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import PAIR_FORMATS, ConfigError, DataConfig, ObjectiveConfig
+from pretrain.config import (
+    PAIR_FORMATS,
+    ConfigError,
+    DataConfig,
+    ObjectiveConfig,
+    require_unit_interval,
+)
 from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
 from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_fraction, token_units
 from pretrain.data.vocab import Vocabulary
@@ -39,9 +45,11 @@ class MaskedLMConfig(ObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _in_unit_interval("objective.mlm_probability", self.mlm_probability, open_ends=True)
-        _in_unit_interval("objective.mask_token_probability", self.mask_token_probability)
-        _in_unit_interval("objective.random_token_probability", self.random_token_probability)
+        require_unit_interval("objective.mlm_probability", self.mlm_probability)
+        for key in ("mask_token_probability", "random_token_probability"):
+            require_unit_interval(
+                f"objective.{key}", getattr(self, key), open_low=False, open_high=False
+            )
         total = self.mask_token_probability + self.random_token_probability
         if total > 1 + 1e-9:
             raise ConfigError(
@@ -60,12 +68,6 @@ class MaskedLMConfig(ObjectiveConfig):
                 f"(data=segment_pair or data=sentence_pair; data.format is {data.format!r}); "
                 "use objective=mlm for single-segment formats"
             )
-
-
-def _in_unit_interval(key: str, value: float, open_ends: bool = False) -> None:
-    ok = 0 < value < 1 if open_ends else 0 <= value <= 1
-    if not ok:
-        raise ConfigError(f"{key} = {value!r}: must lie in {'(0, 1)' if open_ends else '[0, 1]'}")
 
 
 @dataclass(frozen=True)
