@@ -32,3 +32,20 @@ def test_resume_modes(tmp_path):
     assert find_resume_checkpoint(tmp_path, "never") is None
     with pytest.raises(FileNotFoundError, match="resume="):
         find_resume_checkpoint(tmp_path, str(tmp_path / "missing.ckpt"))
+
+
+def test_config_changes_lists_what_differs():
+    from pretrain.checkpointing import config_changes
+
+    saved = {"resume": "auto", "optim": {"lr": 1e-4, "betas": [0.9, 0.999]}, "seed": 1}
+    current = {
+        "resume": "never",
+        "optim": {"lr": 2e-4, "betas": [0.9, 0.999]},
+        "seed": 1,
+        "extra": True,
+    }
+    assert config_changes(saved, current) == [
+        "extra: '<unset>' -> True",
+        "optim.lr: 0.0001 -> 0.0002",
+    ]
+    assert config_changes(saved, saved) == []

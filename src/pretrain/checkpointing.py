@@ -55,3 +55,29 @@ def find_resume_checkpoint(run_dir: str | Path, resume: str) -> str | None:
         leftover.unlink()  # an interrupted write; the previous complete checkpoint is intact
     last = directory / "last.ckpt"
     return str(last) if last.is_file() else None
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_changes(saved: dict, current: dict, ignore: tuple[str, ...] = ("resume",)) -> list[str]:
+    """Keys whose value differs between a checkpoint's config and the current one, as
+    'key: saved -> current' lines (keys in `ignore` are skipped)."""
+    old, new = _flatten(saved), _flatten(current)
+    return [
+        f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
+        for key in sorted(old.keys() | new.keys())
+        if key not in ignore and old.get(key, "<unset>") != new.get(key, "<unset>")
+    ]
+
+
+def saved_config(checkpoint_path: str | Path) -> dict:
+    """The composed config stored in a checkpoint (memory-mapped: the weights are not read)."""
+    return torch.load(checkpoint_path, weights_only=True, mmap=True).get("config", {})

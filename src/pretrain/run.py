@@ -7,7 +7,7 @@ import lightning as L
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from pretrain.checkpointing import find_resume_checkpoint
+from pretrain.checkpointing import config_changes, find_resume_checkpoint, saved_config
 from pretrain.config import ConfigError, validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
 from pretrain.data.shards import ShardError
@@ -60,6 +60,12 @@ def train(cfg: DictConfig) -> Path:
     ckpt_path = find_resume_checkpoint(run_dir, config["resume"])
     if ckpt_path:
         print(f"Resuming from {ckpt_path}", flush=True)
+        changes = config_changes(saved_config(ckpt_path), config)
+        if changes:
+            print(
+                "warning: the config differs from the checkpoint's:\n  " + "\n  ".join(changes),
+                flush=True,
+            )
     trainer = build_trainer(config, run_dir)
     for logger in trainer.loggers:
         logger.log_hyperparams(config)
