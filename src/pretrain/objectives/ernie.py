@@ -13,24 +13,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain.data.keyed_rng import keyed_uniform
-from pretrain.data.masking import STREAM_MASK_UNIT_ORDER, phrase_unit_flags, select_whole_units
-from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMCorruption
+from pretrain.data.masking import phrase_unit_flags
+from pretrain.objectives.mlm import MaskedLanguageModel
+from pretrain.objectives.whole_word import WholeWordCorruption
 
 
 @dataclass(frozen=True)
-class ErnieCorruption(MaskedLMCorruption):
-    """MaskedLMCorruption whose units are annotated phrases/entities and words."""
+class ErnieCorruption(WholeWordCorruption):
+    """Whole-unit masking whose units are annotated phrases/entities and words."""
 
-    def select(
-        self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(selected (batch, seq) bool, first token of each token's unit (batch, seq) int64)."""
-        uniform = keyed_uniform(
-            self.seed, epoch, STREAM_MASK_UNIT_ORDER, hashes, candidates.shape[1]
-        )
-        units = phrase_unit_flags(batch["phrases"], batch["word_starts"], candidates)
-        return select_whole_units(units, candidates, uniform, self.mlm_probability)
+    def units(self, batch: dict, candidates: np.ndarray) -> np.ndarray:
+        return phrase_unit_flags(batch["phrases"], batch["word_starts"], candidates)
 
 
 class ErnieMaskedLM(MaskedLanguageModel):

@@ -20,15 +20,20 @@ from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMCorruption
 class WholeWordCorruption(MaskedLMCorruption):
     """MaskedLMCorruption whose units are whole words (from the batch's `word_starts`)."""
 
+    def units(self, batch: dict, candidates: np.ndarray) -> np.ndarray:
+        """(batch, seq) bool: the tokens that start a masking unit (here: words)."""
+        return word_start_flags(batch["word_starts"], candidates)
+
     def select(
         self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(selected (batch, seq) bool, first token of each token's word (batch, seq) int64)."""
+        """(selected (batch, seq) bool, first token of each token's unit (batch, seq) int64)."""
         uniform = keyed_uniform(
             self.seed, epoch, STREAM_MASK_UNIT_ORDER, hashes, candidates.shape[1]
         )
-        words = word_start_flags(batch["word_starts"], candidates)
-        return select_whole_units(words, candidates, uniform, self.mlm_probability)
+        return select_whole_units(
+            self.units(batch, candidates), candidates, uniform, self.mlm_probability
+        )
 
 
 class WholeWordMaskedLM(MaskedLanguageModel):
