@@ -111,7 +111,8 @@ class PretrainingModule(L.LightningModule):
             {f"train/{k}": v for k, v in metrics.items()}, prog_bar=False, batch_size=batch_size
         )
         self.log("loss", metrics["loss"], prog_bar=True, logger=False, batch_size=batch_size)
-        self._tokens_since_log += int(batch["attention_mask"].sum())
+        # a device tensor: read back only on log steps, never a host sync per step
+        self._tokens_since_log = self._tokens_since_log + batch["attention_mask"].sum()
         if self.trainer.optimizers:
             self.log(
                 "train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=batch_size
@@ -123,7 +124,7 @@ class PretrainingModule(L.LightningModule):
             now = time.perf_counter()
             self.log(
                 "train/tokens_per_s",
-                self._tokens_since_log / max(now - self._last_log_time, 1e-9),
+                float(self._tokens_since_log) / max(now - self._last_log_time, 1e-9),
                 batch_size=batch_size,
             )
             self._tokens_since_log, self._last_log_time = 0, now
