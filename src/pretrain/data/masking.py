@@ -24,8 +24,7 @@ def select_exact_fraction(
 ) -> np.ndarray:
     """Select round(probability * n) candidates per row (at least 1 when a row has any), the
     ones with the smallest uniforms. Shapes (batch, seq); returns a bool mask (batch, seq)."""
-    n = candidates.sum(axis=1)  # (batch,)
-    k = np.where(n > 0, np.maximum(np.rint(n * probability), 1), 0).astype(np.int64)
+    k = mask_budget(candidates.sum(axis=1), probability)  # (batch,)
     scores = np.where(candidates, uniform, 2.0)
     kth = np.take_along_axis(
         np.sort(scores, axis=1), np.maximum(k - 1, 0)[:, None], axis=1

@@ -8,12 +8,14 @@ needed to export), model.safetensors and the run's tokenizer files, and loads wi
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from pretrain.config import ModelConfig
 from pretrain.export.checkpoint import ExportError, read_checkpoint
 from pretrain.export.output_dir import copy_tokenizer_files, write_directory
 
@@ -113,6 +115,10 @@ def architecture(hf_state_dict: Mapping[str, torch.Tensor]) -> str:
     return "BertForMaskedLM" if has_mlm else "BertModel"
 
 
+# BertEncoder's settings carry BertConfig's names: all of ModelConfig but its name and target.
+SIZE_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("name", "_target_"))
+
+
 def hf_config(
     model_cfg: Mapping[str, Any],
     vocab_size: int,
@@ -120,26 +126,10 @@ def hf_config(
     architectures: tuple[str, ...] = ("BertForPreTraining",),
 ) -> dict[str, Any]:
     """The config.json dict of `transformers.BertConfig` for our `model` config group."""
-    try:
-        sizes = {
-            key: model_cfg[key]
-            for key in (
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "intermediate_size",
-                "max_position_embeddings",
-                "type_vocab_size",
-                "hidden_dropout_prob",
-                "attention_probs_dropout_prob",
-                "layer_norm_eps",
-                "initializer_range",
-            )
-        }
-    except KeyError as error:
-        raise ExportError(
-            f"config.model lacks the key {error.args[0]!r}, needed for config.json"
-        ) from error
+    missing = [key for key in SIZE_KEYS if key not in model_cfg]
+    if missing:
+        raise ExportError(f"config.model lacks the key {missing[0]!r}, needed for config.json")
+    sizes = {key: model_cfg[key] for key in SIZE_KEYS}
     return {
         "architectures": list(architectures),
         "model_type": "bert",

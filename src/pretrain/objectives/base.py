@@ -66,6 +66,7 @@ class PretrainingModule(L.LightningModule):
         self._restored_rng: dict | None = None
         self._tokens_since_log = 0
         self._last_log_time = time.perf_counter()
+        self._last_mlm_loss: torch.Tensor | None = None
         self.loss_history: list[tuple[int, float]] = []
 
     @classmethod
@@ -105,26 +106,23 @@ class PretrainingModule(L.LightningModule):
             self._restored_rng = None
 
     def log_step(self, metrics: dict[str, torch.Tensor], batch: dict) -> None:
-        """Log metrics under train/, the learning rate and tokens/s (non-padding input tokens)."""
+        """Log a micro-batch's metrics under train/ and count its non-padding input tokens."""
         batch_size = batch["input_ids"].shape[0]
-        self.log_dict(
-            {f"train/{k}": v for k, v in metrics.items()}, prog_bar=False, batch_size=batch_size
-        )
+        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, batch_size=batch_size)
         self.log("loss", metrics["loss"], prog_bar=True, logger=False, batch_size=batch_size)
-        # a device tensor: read back only on log steps, never a host sync per step
+        # device tensors, read back only on log steps: never a host sync per step
         self._tokens_since_log = self._tokens_since_log + batch["attention_mask"].sum()
-        if self.trainer.optimizers:
-            self.log(
-                "train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=batch_size
-            )
+        self._last_mlm_loss = metrics.get("mlm_loss")
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once per optimizer step (after all accumulated micro-batches): the learning rate,
+        and on log steps the MLM loss for the summary and tokens/s since the last log."""
+        self.log("train/lr", optimizer.param_groups[0]["lr"])
         every = self.trainer.log_every_n_steps
-        if self.global_step % every == 0 and "mlm_loss" in metrics:  # host sync only on log steps
-            self.loss_history.append((self.global_step, float(metrics["mlm_loss"].detach())))
+        if self.global_step % every == 0 and self._last_mlm_loss is not None:
+            self.loss_history.append((self.global_step, float(self._last_mlm_loss.detach())))
         if (self.global_step + 1) % every == 0:
             now = time.perf_counter()
-            self.log(
-                "train/tokens_per_s",
-                float(self._tokens_since_log) / max(now - self._last_log_time, 1e-9),
-                batch_size=batch_size,
-            )
+            rate = float(self._tokens_since_log) / max(now - self._last_log_time, 1e-9)
+            self.log("train/tokens_per_s", rate)
             self._tokens_since_log, self._last_log_time = 0, now

@@ -94,8 +94,12 @@ class MaskedLMCorruption:
             candidates.shape
         )
 
+    def mask_epoch(self, epoch: int) -> int:
+        """The epoch that seeds the masks: itself (dynamic) or its copy among dupe_factor (static)."""
+        return epoch % self.dupe_factor if self.masking == "static" else epoch
+
     def __call__(self, batch: dict, epoch: int) -> dict:
-        mask_epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
+        mask_epoch = self.mask_epoch(epoch)
         ids = batch["input_ids"]
         hashes = key_hashes(batch["keys"])
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(ids, self.special_ids)
@@ -113,6 +117,17 @@ class MaskedLMCorruption:
             random_token_probability=self.random_token_probability,
         )
         return batch
+
+
+def classification_metrics(
+    name: str, logits: torch.Tensor, targets: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """{name_loss: cross-entropy (in fp32), name_accuracy} of logits (n, classes), targets (n,)."""
+    logits = logits.float()
+    return {
+        f"{name}_loss": F.cross_entropy(logits, targets),
+        f"{name}_accuracy": (logits.argmax(-1) == targets).float().mean(),
+    }
 
 
 class MaskedLanguageModel(PretrainingModule):
@@ -166,18 +181,13 @@ class MaskedLanguageModel(PretrainingModule):
         )  # (batch, seq, hidden)
         selected = batch["labels"] != IGNORE_INDEX
         targets = batch["labels"][selected]  # (n_masked,)
-        logits = self.mlm_head(hidden[selected]).float()  # (n_masked, vocab)
-        out = {
-            "mlm_loss": F.cross_entropy(logits, targets),
-            "mlm_accuracy": (logits.argmax(-1) == targets).float().mean(),
-        }
+        out = classification_metrics(
+            "mlm", self.mlm_head(hidden[selected]), targets
+        )  # (n_masked, vocab)
         head = self.nsp_head if self.nsp_head is not None else self.sentence_head
         if head is not None:
-            sentence_logits = head(hidden).float()  # (batch, labels)
-            labels = batch["next_sentence_label"]
-            out[f"{self.pair_task}_loss"] = F.cross_entropy(sentence_logits, labels)
-            out[f"{self.pair_task}_accuracy"] = (
-                (sentence_logits.argmax(-1) == labels).float().mean()
+            out.update(
+                classification_metrics(self.pair_task, head(hidden), batch["next_sentence_label"])
             )
         out.update(self.extra_losses(hidden, batch))
         out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain.config import ConfigError
+from pretrain.config import require
 from pretrain.data.masking import word_start_flags
 from pretrain.data.spans import select_ngrams
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
@@ -25,11 +25,12 @@ class NgramMaskingConfig(MaskedLMConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.max_ngram < 1:
-            raise ConfigError(
-                f"objective.max_ngram = {self.max_ngram!r}: must be at least 1 word "
-                "(ALBERT uses 3; 1 is whole-word masking)"
-            )
+        require(
+            self.max_ngram >= 1,
+            "objective.max_ngram",
+            self.max_ngram,
+            "must be at least 1 word (ALBERT uses 3; 1 is whole-word masking)",
+        )
 
 
 @dataclass(frozen=True)

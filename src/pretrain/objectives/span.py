@@ -14,14 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from pretrain.config import PAIR_FORMATS, ConfigError, DataConfig
+from pretrain.config import PAIR_FORMATS, ConfigError, DataConfig, require
 from pretrain.data.masking import IGNORE_INDEX, word_start_flags
 from pretrain.data.spans import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary
 from pretrain.models.heads import SpanBoundaryHead
-from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
+from pretrain.objectives.mlm import (
+    MaskedLanguageModel,
+    MaskedLMConfig,
+    MaskedLMCorruption,
+    classification_metrics,
+)
 
 
 @dataclass
@@ -37,21 +41,24 @@ class SpanMaskingConfig(MaskedLMConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0 < self.span_geometric_p <= 1:
-            raise ConfigError(
-                f"objective.span_geometric_p = {self.span_geometric_p!r}: must lie in (0, 1] "
-                "(the success probability of the geometric span length; SpanBERT uses 0.2)"
-            )
-        if self.span_max_words < 1:
-            raise ConfigError(
-                f"objective.span_max_words = {self.span_max_words!r}: must be at least 1 word "
-                "(SpanBERT clips span lengths at 10)"
-            )
-        if self.sbo_max_span_tokens < 1:
-            raise ConfigError(
-                f"objective.sbo_max_span_tokens = {self.sbo_max_span_tokens!r}: must be at "
-                "least 1 (positions inside longer spans share the last embedding)"
-            )
+        require(
+            0 < self.span_geometric_p <= 1,
+            "objective.span_geometric_p",
+            self.span_geometric_p,
+            "must lie in (0, 1] (the success probability of the geometric span length; SpanBERT uses 0.2)",
+        )
+        require(
+            self.span_max_words >= 1,
+            "objective.span_max_words",
+            self.span_max_words,
+            "must be at least 1 word (SpanBERT clips span lengths at 10)",
+        )
+        require(
+            self.sbo_max_span_tokens >= 1,
+            "objective.sbo_max_span_tokens",
+            self.sbo_max_span_tokens,
+            "must be at least 1 (positions inside longer spans share the last embedding)",
+        )
 
     def check_data(self, data: DataConfig) -> None:
         if data.format in PAIR_FORMATS:
@@ -112,9 +119,5 @@ class SpanBert(MaskedLanguageModel):
         rows = selected.nonzero(as_tuple=True)[0]  # (n_masked,), row-major like hidden[selected]
         left = hidden[rows, batch["span_left"][selected]]  # (n_masked, hidden)
         right = hidden[rows, batch["span_right"][selected]]
-        logits = self.sbo_head(left, right, batch["span_position"][selected]).float()
-        targets = batch["labels"][selected]
-        return {
-            "sbo_loss": F.cross_entropy(logits, targets),
-            "sbo_accuracy": (logits.argmax(-1) == targets).float().mean(),
-        }
+        logits = self.sbo_head(left, right, batch["span_position"][selected])  # (n_masked, vocab)
+        return classification_metrics("sbo", logits, batch["labels"][selected])

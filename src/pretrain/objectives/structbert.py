@@ -12,12 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from pretrain.config import ConfigError
+from pretrain.config import require_unit_interval
 from pretrain.data.keyed_rng import keyed_generator
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
+from pretrain.objectives.mlm import (
+    MaskedLanguageModel,
+    MaskedLMConfig,
+    MaskedLMCorruption,
+    classification_metrics,
+)
 
 STREAM_TRIGRAMS = 30
 # The five orders of three positions other than the identity.
@@ -33,10 +37,7 @@ class StructBertConfig(MaskedLMConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0 < self.shuffle_probability < 1:
-            raise ConfigError(
-                f"objective.shuffle_probability = {self.shuffle_probability!r}: must lie in (0, 1)"
-            )
+        require_unit_interval("objective.shuffle_probability", self.shuffle_probability)
 
 
 def shuffle_trigrams(
@@ -70,7 +71,7 @@ class StructBertCorruption(MaskedLMCorruption):
         original = batch["input_ids"].copy()
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(original, self.special_ids)
         batch = super().__call__(batch, epoch)
-        mask_epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
+        mask_epoch = self.mask_epoch(epoch)
         free = candidates & (batch["labels"] == IGNORE_INDEX)
         shuffle_labels = np.full_like(original, IGNORE_INDEX)
         for row, key in enumerate(batch["keys"]):
@@ -94,8 +95,4 @@ class StructBert(MaskedLanguageModel):
         targets = batch["shuffle_labels"][shuffled]
         if targets.numel() == 0:
             return {}
-        logits = self.mlm_head(hidden[shuffled]).float()  # (n_shuffled, vocab)
-        return {
-            "word_order_loss": F.cross_entropy(logits, targets),
-            "word_order_accuracy": (logits.argmax(-1) == targets).float().mean(),
-        }
+        return classification_metrics("word_order", self.mlm_head(hidden[shuffled]), targets)
