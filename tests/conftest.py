@@ -1,7 +1,10 @@
 """Shared fixtures: small prepared corpora that every data and training test can read."""
 
+import io
+import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from data_pipelines.builtin_corpus import pydoc_topic_documents
@@ -126,3 +129,16 @@ def tiny_module_config(objective: dict, **sections: dict) -> dict:
     }
     config.update(sections)
     return config
+
+
+def write_raw_shard(path: Path, members: list[tuple[str, np.ndarray]]) -> None:
+    """A tar of the given (member name, array) pairs saved as .npy, written as-is (no checks),
+    to test what the shard reader does with malformed samples."""
+    with tarfile.open(path, "w") as tar:
+        for name, array in members:
+            buffer = io.BytesIO()
+            np.save(buffer, array)
+            info = tarfile.TarInfo(name)
+            info.size = buffer.tell()
+            buffer.seek(0)
+            tar.addfile(info, buffer)

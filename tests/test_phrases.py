@@ -1,6 +1,5 @@
 """ERNIE annotations: the collocation scorer, entity matching, span flags and their shards."""
 
-import io
 import json
 import math
 import re
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CHINESE_ENTITIES, ENGLISH_ENTITIES, write_text_corpus
+from conftest import CHINESE_ENTITIES, ENGLISH_ENTITIES, write_raw_shard, write_text_corpus
 from tokenizers import Tokenizer, models
 
 from data_pipelines import cli
@@ -347,19 +346,15 @@ def test_annotations_round_trip_through_a_shard(tmp_path):
 )
 def test_bad_phrases_member_is_an_error(tmp_path, array, problem):
     path = tmp_path / "bad.tar"
-    with tarfile.open(path, "w") as tar:
-        for name, member in (
+    write_raw_shard(
+        path,
+        [
             ("k_1.ids.npy", np.arange(5, 9)),
             ("k_1.sents.npy", np.array([4], np.int32)),
             ("k_1.words.npy", np.ones(4, np.uint8)),
             ("k_1.phrases.npy", array),
-        ):
-            buffer = io.BytesIO()
-            np.save(buffer, member)
-            info = tarfile.TarInfo(name)
-            info.size = buffer.tell()
-            buffer.seek(0)
-            tar.addfile(info, buffer)
+        ],
+    )
     with pytest.raises(ShardError, match=re.escape(str(path)) + ": sample 'k_1' is inconsistent"):
         list(read_documents(path))
 

@@ -1,6 +1,5 @@
 """Reading shards: the manifest contract, document invariants and every failure mode."""
 
-import io
 import json
 import re
 import shutil
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_raw_shard
 
 from pretrain.data.shards import (
     FORMAT_VERSION,
@@ -186,18 +186,14 @@ def test_garbage_after_the_samples_is_an_error(corpus_copy):
 
 def test_inconsistent_sample_is_an_error(tmp_path):
     path = tmp_path / "bad.tar"
-    with tarfile.open(path, "w") as tar:
-        for name, array in (
+    write_raw_shard(
+        path,
+        [
             ("k_1.ids.npy", np.arange(5, 9)),
             ("k_1.sents.npy", np.array([2, 3], np.int32)),
             ("k_1.words.npy", np.ones(4, np.uint8)),
-        ):
-            buffer = io.BytesIO()
-            np.save(buffer, array)
-            info = tarfile.TarInfo(name)
-            info.size = buffer.tell()
-            buffer.seek(0)
-            tar.addfile(info, buffer)
+        ],
+    )
     with pytest.raises(ShardError, match=re.escape(str(path)) + ": sample 'k_1' is inconsistent"):
         list(read_documents(path))
 

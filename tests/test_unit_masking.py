@@ -292,6 +292,22 @@ def test_masks_depend_only_on_seed_epoch_and_key(corruption_class):
     assert (static[0] != static[1]).any()
 
 
+def masked_batches(cfg, n_batches: int):
+    """The first batches of epoch 0 of the real stream of `cfg`, as numpy, each with its
+    selected positions and its candidates (non-special, non-padding tokens before corruption)."""
+    _, spec, _ = build_stream(cfg)
+    for index, batch in enumerate(training_stream(spec, epoch=0)):
+        if index == n_batches:
+            return
+        batch = {k: (v if k == "keys" else v.numpy()) for k, v in batch.items()}
+        selected = batch["labels"] != IGNORE_INDEX
+        original = np.where(selected, batch["labels"], batch["input_ids"])
+        candidates = batch["attention_mask"].astype(bool) & ~np.isin(
+            original, spec.vocab.special_ids
+        )
+        yield batch, selected, candidates
+
+
 @pytest.mark.parametrize(
     ("objective", "data"),
     [
@@ -311,17 +327,8 @@ def test_real_corpus_batches_mask_whole_words(prepared_corpus, objective, data):
             "data.batch_size=16",
         ]
     )
-    _, spec, _ = build_stream(cfg)
     n_selected = n_candidates = 0
-    for index, batch in enumerate(training_stream(spec, epoch=0)):
-        if index == 4:
-            break
-        batch = {k: (v if k == "keys" else v.numpy()) for k, v in batch.items()}
-        selected = batch["labels"] != IGNORE_INDEX
-        original = np.where(selected, batch["labels"], batch["input_ids"])
-        candidates = batch["attention_mask"].astype(bool) & ~np.isin(
-            original, spec.vocab.special_ids
-        )
+    for batch, selected, candidates in masked_batches(cfg, 4):
         words = group_ids(word_start_flags(batch["word_starts"], candidates) | ~candidates)
         chosen, size = whole_groups(selected, words, candidates)
         assert ((chosen == 0) | (chosen == size)).all()
@@ -334,17 +341,8 @@ def test_real_corpus_batches_mask_whole_words(prepared_corpus, objective, data):
 def test_ernie_masks_annotated_phrases_of_a_real_corpus_whole(tmp_path):
     shards = prepare_small_corpus(tmp_path, phrases=PhraseSettings(enabled=True))
     cfg = compose_config([f"data.shards_dir={shards}", "objective=ernie", "data.max_seq_length=64"])
-    _, spec, _ = build_stream(cfg)
     phrase_tokens = whole_phrases = 0
-    for index, batch in enumerate(training_stream(spec, epoch=0)):
-        if index == 6:
-            break
-        batch = {k: (v if k == "keys" else v.numpy()) for k, v in batch.items()}
-        selected = batch["labels"] != IGNORE_INDEX
-        original = np.where(selected, batch["labels"], batch["input_ids"])
-        candidates = batch["attention_mask"].astype(bool) & ~np.isin(
-            original, spec.vocab.special_ids
-        )
+    for batch, selected, candidates in masked_batches(cfg, 6):
         phrases = batch["phrases"]
         starts = (phrases == 1) | (phrases == 2)
         units = group_ids(starts | (phrases == 0) | ~candidates)  # a span, or a single token
