@@ -74,6 +74,7 @@ def main() -> None:
                 "input_ids": s,
                 "token_type_ids": np.zeros_like(s),
                 "word_starts": np.ones(len(s), bool),
+                "phrases": np.zeros(len(s), np.uint8),
                 "next_sentence_label": -100,
             }
             for j, s in enumerate(sequences[i : i + args.batch_size])

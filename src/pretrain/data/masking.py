@@ -56,7 +56,7 @@ def replace_selected(
 def corrupt_selected(
     input_ids: np.ndarray,
     selected: np.ndarray,
-    unit_start: np.ndarray,
+    unit_start: np.ndarray | None,
     hashes: np.ndarray,
     *,
     seed: int,
@@ -68,11 +68,12 @@ def corrupt_selected(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Apply the 80/10/10 rule to `selected` tokens, deciding once per masking unit: every
     token takes the decision drawn at `unit_start` (batch, seq), the index of the first token
-    of its unit (its own index for token-level masking). Random replacement ids are drawn per
+    of its unit, or None for token-level masking (every token its own unit). Random replacement ids are drawn per
     token. Returns (corrupted input_ids, labels), both (batch, seq) int64."""
     length = input_ids.shape[1]
     action = keyed_uniform(seed, epoch, STREAM_MASK_ACTION, hashes, length)
-    action = np.take_along_axis(action, unit_start, axis=1)
+    if unit_start is not None:  # None: token-level, every token its own unit
+        action = np.take_along_axis(action, unit_start, axis=1)
     random_ids = (
         keyed_uniform(seed, epoch, STREAM_MASK_RANDOM_TOKEN, hashes, length) * vocab_size
     ).astype(np.int64)
@@ -85,11 +86,6 @@ def corrupt_selected(
         mask_token_probability,
         random_token_probability,
     )
-
-
-def token_units(shape: tuple[int, int]) -> np.ndarray:
-    """`unit_start` of token-level masking: every token is its own unit. (batch, seq) int64."""
-    return np.broadcast_to(np.arange(shape[1], dtype=np.int64), shape).copy()
 
 
 def mask_tokens(
@@ -116,7 +112,7 @@ def mask_tokens(
     return corrupt_selected(
         input_ids,
         selected,
-        token_units(input_ids.shape),
+        None,
         hashes,
         seed=seed,
         epoch=epoch,

@@ -23,7 +23,7 @@ from pretrain.config import (
     require_unit_interval,
 )
 from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
-from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_fraction, token_units
+from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_fraction
 from pretrain.data.vocab import Vocabulary
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
@@ -86,13 +86,12 @@ class MaskedLMCorruption:
 
     def select(
         self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Which tokens to predict, (batch, seq) bool, and the first token of each one's masking
-        unit, (batch, seq) int64. Token level: exactly round(p * candidates) tokens per row."""
+        unit, (batch, seq) int64, or None when every token is its own unit. Token level:
+        exactly round(p * candidates) tokens per row."""
         uniform = keyed_uniform(self.seed, epoch, STREAM_MASK_SELECT, hashes, candidates.shape[1])
-        return select_exact_fraction(uniform, candidates, self.mlm_probability), token_units(
-            candidates.shape
-        )
+        return select_exact_fraction(uniform, candidates, self.mlm_probability), None
 
     def mask_epoch(self, epoch: int) -> int:
         """The epoch that seeds the masks: itself (dynamic) or its copy among dupe_factor (static)."""
