@@ -3,6 +3,11 @@
 pretrain-data prepare [overrides...]     e.g. inputs=[corpus/] out_dir=data/mine tokenizer.vocab_size=16000
 pretrain-data info <shards_dir>          the manifest summary, after checking every shard
 pretrain-data preview [overrides...]     batches as the training run would see them
+
+As a SLURM job array (slurm/prepare.sbatch; same overrides for every step):
+pretrain-data prepare-tokenizer [overrides...]   the tokenizer of all inputs
+pretrain-data prepare-slice I N [overrides...]   array task I of N: shards of slice I
+pretrain-data merge [overrides...]               slices -> out_dir, one manifest
 """
 
 import sys
@@ -107,7 +112,51 @@ def _preview(overrides: list[str]) -> int:
     return preview_main(overrides) or 0
 
 
-COMMANDS = {"prepare": _prepare, "info": _info, "preview": _preview}
+def _sliced(step: str, overrides: list[str]) -> int:
+    """`prepare-tokenizer`, `prepare-slice I N` and `merge` (see data_pipelines.slices)."""
+    from data_pipelines import slices
+    from data_pipelines.config import PrepareConfigError, compose_prepare_config
+    from data_pipelines.prepare import PrepareError
+    from data_pipelines.sources import SourceError
+    from data_pipelines.spans import EntityFileError
+    from data_pipelines.tokenizer import TokenizerError
+
+    try:
+        if step == "prepare-slice":
+            if len(overrides) < 2 or not (overrides[0].isdigit() and overrides[1].isdigit()):
+                raise PrepareError(
+                    "usage: pretrain-data prepare-slice INDEX COUNT [overrides...] "
+                    "(e.g. $SLURM_ARRAY_TASK_ID $SLURM_ARRAY_TASK_COUNT)"
+                )
+            index, count, overrides = int(overrides[0]), int(overrides[1]), overrides[2:]
+        cfg = compose_prepare_config(overrides)
+        if step == "prepare-tokenizer":
+            print(f"tokenizer: {slices.prepare_tokenizer(cfg)}")
+            return 0
+        if step == "prepare-slice":
+            print(f"slice {index} of {count}: {slices.prepare_slice(cfg, index, count)}")
+            return 0
+        out_dir = slices.merge_slices(cfg)
+    except (
+        PrepareConfigError,
+        PrepareError,
+        SourceError,
+        TokenizerError,
+        EntityFileError,
+    ) as error:
+        print(f"pretrain-data {step}: {error}", file=sys.stderr)
+        return 2
+    return _info([str(out_dir)])
+
+
+COMMANDS = {
+    "prepare": _prepare,
+    "info": _info,
+    "preview": _preview,
+    "prepare-tokenizer": lambda args: _sliced("prepare-tokenizer", args),
+    "prepare-slice": lambda args: _sliced("prepare-slice", args),
+    "merge": lambda args: _sliced("merge", args),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,189 @@
+"""Preparing one corpus in slices, as a SLURM job array, and merging them.
+
+Three steps, each given the same `prepare` overrides (see slurm/prepare.sbatch):
+
+    pretrain-data prepare-tokenizer [overrides]       one job: the tokenizer of all inputs
+    pretrain-data prepare-slice I N [overrides]       array task I of N: shards of slice I
+    pretrain-data merge [overrides]                   one job: out_dir with one manifest
+
+The work lives in `.<out_dir name>.slices/` beside `out_dir`: `tokenizer/` (trained on every
+input, as `prepare` trains it, or copied from `tokenizer.path`) and `slice-IIIII-of-NNNNN/`,
+each a prepared corpus of a contiguous run of the expanded input files, tokenized with that
+one tokenizer and without span annotations. The merge streams the slices' documents, in
+order, into shards of `docs_per_shard` documents, then adds span annotations (phrases need
+counts over the whole corpus) and writes the manifest: `out_dir` holds the same bytes as a
+single `pretrain-data prepare` with the same overrides would write. It is written atomically
+(as `prepare` does) and the work directory is removed afterwards.
+"""
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from data_pipelines.annotate import annotate_corpus
+from data_pipelines.config import EntitySettings, PhraseSettings, PrepareConfig
+from data_pipelines.prepare import (
+    TOKENIZER_DIR,
+    PrepareError,
+    _check_out_dir,
+    _move_into_place,
+    build_manifest,
+    make_tokenizer,
+    prepare,
+)
+from data_pipelines.shards import ShardWriter, TokenizedDocument
+from data_pipelines.sources import expand_inputs
+from data_pipelines.tokenizer import copy_tokenizer, tokenizer_sha256
+from pretrain.data.shards import MANIFEST_FILE, ids_dtype, load_manifest, read_documents
+
+COUNTS = ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines")
+
+
+def work_dir(cfg: PrepareConfig) -> Path:
+    """`.<out_dir name>.slices` beside `out_dir` (absolute): the tokenizer and the slices."""
+    out_dir = Path(cfg.out_dir).resolve()
+    return out_dir.with_name(f".{out_dir.name}.slices")
+
+
+def slice_dir(cfg: PrepareConfig, index: int, count: int) -> Path:
+    """Where array task `index` of `count` writes its slice."""
+    return work_dir(cfg) / f"slice-{index:05d}-of-{count:05d}"
+
+
+def slice_inputs(names: list[str], index: int, count: int) -> list[str]:
+    """Slice `index` of `count` of the expanded input files: contiguous runs of files, sizes
+    differing by at most one file, in input order (so keys and document order are those of a
+    single run). Raises PrepareError when there are fewer files than slices."""
+    if not 0 <= index < count:
+        raise PrepareError(f"slice {index} of {count}: the index must lie in 0..{count - 1}")
+    if count > len(names):
+        raise PrepareError(
+            f"inputs expand to {len(names)} source(s) but {count} slices were asked for; a "
+            f"slice is a run of whole files, so use at most {len(names)} array tasks"
+        )
+    return names[index * len(names) // count : (index + 1) * len(names) // count]
+
+
+def prepare_tokenizer(cfg: PrepareConfig) -> Path:
+    """Train the tokenizer on all inputs (or copy `tokenizer.path`) into `<work>/tokenizer`;
+    returns that directory. Refuses an out_dir that `merge` could not replace."""
+    names = expand_inputs(cfg.inputs)
+    _check_out_dir(Path(cfg.out_dir).resolve(), cfg.overwrite, names)
+    target = work_dir(cfg) / TOKENIZER_DIR
+    partial = target.with_name(TOKENIZER_DIR + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    make_tokenizer(cfg, names, partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
+def prepare_slice(cfg: PrepareConfig, index: int, count: int, progress: bool | None = None) -> Path:
+    """Prepare slice `index` of `count` with the tokenizer of `prepare_tokenizer`; returns the
+    slice directory (replaced if present: a rerun array task starts over)."""
+    tokenizer = work_dir(cfg) / TOKENIZER_DIR
+    if not (tokenizer / "tokenizer.json").is_file():
+        raise PrepareError(
+            f"{tokenizer}: no tokenizer; run `pretrain-data prepare-tokenizer` with the same "
+            "overrides first (the array's first job)"
+        )
+    part = replace(
+        cfg,
+        inputs=slice_inputs(expand_inputs(cfg.inputs), index, count),
+        out_dir=str(slice_dir(cfg, index, count)),
+        tokenizer=replace(cfg.tokenizer, path=str(tokenizer)),
+        phrases=PhraseSettings(),
+        entities=EntitySettings(),
+        overwrite=True,
+    )
+    return prepare(part, progress=progress)
+
+
+def _slices(cfg: PrepareConfig) -> list[Path]:
+    """The complete slices of the work directory, in order; PrepareError naming a missing one."""
+    work = work_dir(cfg)
+    found = sorted(work.glob("slice-*-of-*"))
+    counts = {p.name.rsplit("-", 1)[1] for p in found}
+    if not found or len(counts) != 1:
+        raise PrepareError(
+            f"{work}: {'no slices' if not found else 'slices of different array sizes'}; run "
+            "`pretrain-data prepare-slice I N` for I in 0..N-1 (with one N) first"
+        )
+    count = int(counts.pop())
+    for index in range(count):
+        if not (slice_dir(cfg, index, count) / MANIFEST_FILE).is_file():
+            raise PrepareError(
+                f"{slice_dir(cfg, index, count)}: slice {index} of {count} is missing or "
+                f"incomplete; rerun array task {index} (`pretrain-data prepare-slice {index} "
+                f"{count} ...`)"
+            )
+    return [slice_dir(cfg, index, count) for index in range(count)]
+
+
+def _merged_documents(slices: list[Path], dtype: str, sha256: str):
+    for directory in slices:
+        manifest = load_manifest(directory)
+        if manifest.tokenizer_sha256 != sha256:
+            raise PrepareError(
+                f"{directory}: made with another tokenizer than {directory.parent / TOKENIZER_DIR}; "
+                "rerun its array task"
+            )
+        for path in manifest.shard_paths:
+            for document in read_documents(path):
+                yield TokenizedDocument(
+                    document["key"],
+                    "",
+                    document["ids"].astype(dtype),
+                    document["sents"],
+                    document["words"].astype(np.uint8),
+                )
+
+
+def merge_slices(cfg: PrepareConfig) -> Path:
+    """Merge the slices into `cfg.out_dir` (atomically, as `prepare` writes), annotate spans as
+    `cfg` says, remove the work directory; returns out_dir. The bytes equal a single run's."""
+    out_dir = Path(cfg.out_dir).resolve()
+    slices = _slices(cfg)
+    names = expand_inputs(cfg.inputs)
+    _check_out_dir(out_dir, cfg.overwrite, names)
+    partial = out_dir.with_name(f".{out_dir.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        source_tokenizer = work_dir(cfg) / TOKENIZER_DIR
+        tokenizer: Tokenizer = copy_tokenizer(source_tokenizer, partial / TOKENIZER_DIR)
+        dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
+        counts = dict.fromkeys(COUNTS, 0)
+        sources: list[dict] = []
+        for directory in slices:
+            raw = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
+            for key in ("empty_documents", "undecodable_lines"):
+                counts[key] += raw["counts"][key]
+            sources.extend(raw["sources"])
+        documents = _merged_documents(slices, dtype, tokenizer_sha256(source_tokenizer))
+        with ShardWriter(partial, cfg.docs_per_shard) as writer:
+            for document in documents:
+                writer.write(document)
+                counts["documents"] += 1
+                counts["sentences"] += len(document.sents)
+                counts["tokens"] += len(document.ids)
+        corpus = {"counts": counts, "sources": sources, "shards": writer.shards}
+        corpus["annotations"] = (
+            annotate_corpus(cfg, tokenizer, partial, corpus["shards"], dtype)
+            if cfg.annotates_spans
+            else None
+        )
+        manifest = build_manifest(cfg, tokenizer, partial / TOKENIZER_DIR, corpus)
+        (partial / MANIFEST_FILE).write_text(
+            json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+        _move_into_place(partial, out_dir)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(work_dir(cfg))
+    return out_dir

@@ -1,0 +1,219 @@
+"""Preemption done safely: a signal asks for a checkpoint, every rank saves it together at the
+next optimizer-step boundary, then the job stops (and, under SLURM, is requeued).
+
+Saving from inside a signal handler is unsafe: ranks stand at different points of a step, and
+a sharded (ZeRO) save is a collective that would hang or mix two steps. So the handler only
+sets a flag. After each optimizer step every rank takes part in one all-reduce of the flag
+(`strategy.reduce_boolean_decision`); when any rank was signalled, all of them save one
+complete checkpoint through the run's checkpoint callback to `<run_dir>/checkpoints/last.ckpt`
+(model, optimizer, schedule, loop and data-stream position: a normal Lightning checkpoint, the
+one `resume=auto` continues from), then the trainer stops.
+
+Signals:
+- `trainer.preemption_signal` (default USR1: `#SBATCH --signal=USR1@90` of slurm/train.sbatch,
+  or `scancel --signal=USR1 JOBID`), and under the submitit launcher also the signal submitit
+  handles (USR2, `signal_delay_s` before the time limit): save, requeue the job, stop.
+  Requeueing: under submitit, rank 0 hands over to submitit's own handler (it re-pickles the
+  job, counts timeouts against `max_num_timeout`, runs `scontrol requeue` and exits);
+  otherwise rank 0 runs `scontrol requeue $SLURM_JOB_ID` itself. Outside SLURM it only saves
+  and stops.
+- SIGTERM (scancel, time limit, SLURM's own preemption): save and stop, no requeue (a
+  cancelled job must stay cancelled; SLURM requeues by itself where PreemptMode=REQUEUE).
+
+Handlers are installed at `setup` (so a signal that comes while the checkpoint is restored is
+kept for the first step) and again at `on_train_start` (Lightning registers its own in
+between, which they replace while training runs); the previous ones are put back at teardown.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import lightning as L
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from pretrain.config import ConfigError
+
+STOP_SIGNAL = signal.SIGTERM
+SUBMITIT_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)  # submitit's timeout signal is USR2
+
+
+def parse_signal(name: str, key: str = "trainer.preemption_signal") -> signal.Signals:
+    """The signal named `name` ("USR1", "SIGUSR1" or a number as text); ConfigError naming
+    `key` otherwise."""
+    text = str(name).strip().upper()
+    try:
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise ConfigError(
+            f"{key} = {name!r}: not a signal name; use e.g. USR1, USR2 or TERM "
+            "(the one sbatch --signal or the launcher sends)"
+        ) from None
+
+
+def slurm_job_id() -> str | None:
+    """The id `scontrol requeue` takes for this job (`<array job>_<task>` in an array), or None
+    outside SLURM."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array_job and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def requeue_slurm_job(job_id: str) -> bool:
+    """`scontrol requeue JOB_ID`; True when SLURM accepted it."""
+    if not re.fullmatch(r"[0-9_]+", job_id):
+        raise ValueError(f"SLURM job id {job_id!r}: expected digits (and _ for array tasks)")
+    try:
+        result = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        print(f"preemption: scontrol requeue {job_id} failed: {error}", file=sys.stderr)
+        return False
+    if result.returncode != 0:
+        print(
+            f"preemption: scontrol requeue {job_id} failed: {result.stderr.strip()}",
+            file=sys.stderr,
+        )
+    return result.returncode == 0
+
+
+def _is_submitit_handler(handler: Any) -> bool:
+    """Whether `handler` is submitit's requeueing handler (installed before the job runs)."""
+    owner = getattr(handler, "__self__", None)
+    return owner is not None and type(owner).__module__.startswith("submitit")
+
+
+class PreemptionCheckpoint(Callback):
+    """On `requeue_signal` or SIGTERM: all ranks save last.ckpt together at the next
+    optimizer-step boundary and stop; after `requeue_signal` the SLURM job is also requeued
+    (see the module docstring). `requeue_signal` None: only SIGTERM is handled."""
+
+    def __init__(
+        self,
+        requeue_signal: str | signal.Signals | None = "USR1",
+        requeue: Callable[[str], bool] = requeue_slurm_job,
+    ):
+        self.requeue_signal = (
+            parse_signal(requeue_signal)
+            if isinstance(requeue_signal, str)
+            else (signal.Signals(requeue_signal) if requeue_signal is not None else None)
+        )
+        self._requeue = requeue
+        self._received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+        self._last_checked_step = -1
+        self.saved_step: int | None = None  # the step of the preemption checkpoint, once saved
+
+    @property
+    def signals(self) -> tuple[signal.Signals, ...]:
+        """The signals this callback handles."""
+        if self.requeue_signal is None or self.requeue_signal == STOP_SIGNAL:
+            return (STOP_SIGNAL,)
+        return (self.requeue_signal, STOP_SIGNAL)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        # Only a flag: the checkpoint is written at the next step boundary, by every rank.
+        if self._received is None or signum != STOP_SIGNAL:
+            self._received = signal.Signals(signum)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return  # signals can only be caught in the main thread
+        # Under submitit, its timeout signal (USR2) is a requeue signal too.
+        submitit = [s for s in SUBMITIT_SIGNALS if _is_submitit_handler(signal.getsignal(s))]
+        for signum in dict.fromkeys([*self.signals, *submitit]):
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning registers its SIGTERM handler (which stops without saving) after setup:
+        # ours takes the signals back for the training loop.
+        for signum in self._previous:
+            signal.signal(signum, self._handle)
+        self._last_checked_step = trainer.global_step
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for signum, handler in self._previous.items():
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *_: object
+    ) -> None:
+        if trainer.global_step == self._last_checked_step:
+            return  # inside gradient accumulation: not a step boundary
+        self._last_checked_step = trainer.global_step
+        # A collective every optimizer step: all ranks learn whether any was signalled.
+        if not trainer.strategy.reduce_boolean_decision(self._received is not None, all=False):
+            return
+        requeue = trainer.strategy.reduce_boolean_decision(
+            self._received not in (None, STOP_SIGNAL), all=False
+        )
+        self.save_last(trainer)
+        self.saved_step = trainer.global_step
+        print(
+            f"preemption: saved step {trainer.global_step} to {self._last_path(trainer)} "
+            f"(rank {trainer.global_rank}); stopping",
+            flush=True,
+        )
+        trainer.should_stop = True
+        if requeue and trainer.is_global_zero:
+            self._requeue_job()
+
+    def _requeue_job(self) -> None:
+        for signum, previous in self._previous.items():
+            if _is_submitit_handler(previous):
+                previous(signum, None)  # re-pickles, counts timeouts, requeues, exits
+                return
+        job_id = slurm_job_id()
+        if job_id is None:
+            print("preemption: not a SLURM job, nothing to requeue", flush=True)
+        elif self._requeue(job_id):
+            print(f"preemption: requeued SLURM job {job_id}", flush=True)
+
+    @staticmethod
+    def _checkpoint_callback(trainer: L.Trainer) -> ModelCheckpoint:
+        callback = trainer.checkpoint_callback
+        if not isinstance(callback, ModelCheckpoint) or not callback.save_last:
+            raise RuntimeError(
+                "PreemptionCheckpoint needs a ModelCheckpoint with save_last=True among the "
+                "trainer's callbacks (its last.ckpt is what resume=auto continues from)"
+            )
+        return callback
+
+    def _last_path(self, trainer: L.Trainer) -> str:
+        callback = self._checkpoint_callback(trainer)
+        return callback.last_model_path or str(callback.dirpath)
+
+    def save_last(self, trainer: L.Trainer) -> None:
+        """Save last.ckpt through the checkpoint callback, as its periodic saves do (every
+        rank calls this: sharded strategies save collectively)."""
+        callback = self._checkpoint_callback(trainer)
+        callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def preemption_callbacks(config: dict) -> list[Callback]:
+    """The preemption callback of a run config (`trainer.preemption_signal`: the requeue
+    signal's name, or null for SIGTERM only)."""
+    return [PreemptionCheckpoint(config["trainer"].get("preemption_signal", "USR1"))]
+
+
+def slurm_plugins() -> list[Any]:
+    """Under SLURM, Lightning's SLURM environment without its own auto-requeue handler (which
+    saves from inside the signal handler); PreemptionCheckpoint does that job. Outside SLURM:
+    none (Lightning picks the environment)."""
+    if SLURMEnvironment.detect() and not TorchElasticEnvironment.detect():
+        return [SLURMEnvironment(auto_requeue=False)]
+    return []

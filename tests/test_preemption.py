@@ -1,0 +1,140 @@
+"""Preemption without SLURM: a signal mid-fit gives one checkpoint at the next optimizer-step
+boundary, the run stops, and resuming from it ends with the uninterrupted run's weights."""
+
+import os
+import signal
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from test_train import step_losses, tiny_overrides
+
+import pretrain.trainer
+from pretrain.config import ConfigError, compose_config
+from pretrain.preemption import PreemptionCheckpoint, parse_signal, slurm_job_id
+from pretrain.run import train
+
+MAX_STEPS = 8
+COMMON = (
+    f"trainer.max_steps={MAX_STEPS}",
+    "trainer.checkpoint_every_n_steps=100",  # no periodic save: only preemption and the end
+    "trainer.log_every_n_steps=1",
+    "trainer.keep_checkpoints=5",
+)
+
+
+class SignalAtStep(Callback):
+    """Sends this process `signum` in the middle of the optimizer step `step` (after its
+    forward pass, before the optimizer updates), as a scheduler would at any moment."""
+
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum = step, signum
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, *_: object) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(prepared_corpus, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    train(compose_config(tiny_overrides(prepared_corpus, run_dir, *COMMON)))
+    return run_dir
+
+
+def test_usr1_saves_at_the_next_step_requeues_and_resume_matches(
+    prepared_corpus, tmp_path, monkeypatch, uninterrupted
+):
+    requeued: list[str] = []
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # read only to requeue (no SLURM_NTASKS)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    preemption = PreemptionCheckpoint("USR1", requeue=lambda job: requeued.append(job) or True)
+    monkeypatch.setattr(
+        pretrain.trainer,
+        "preemption_callbacks",
+        lambda config: [preemption, SignalAtStep(3, signal.SIGUSR1)],
+    )
+    before = {s: signal.getsignal(s) for s in preemption.signals}
+    run_dir = tmp_path / "run"
+    cfg = compose_config(tiny_overrides(prepared_corpus, run_dir, *COMMON))
+    train(cfg)
+
+    # The signal came during step index 3; the checkpoint holds the 4 completed steps.
+    assert preemption.saved_step == 4
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 4
+    assert checkpoint["optimizer_states"] and checkpoint["lr_schedulers"]
+    assert checkpoint["PretrainingDataModule"]["batches"] == 4  # the stream's position
+    assert sorted(step_losses(run_dir)) == list(range(4))  # stopped right after saving
+    assert requeued == ["4242"]
+    assert {s: signal.getsignal(s) for s in preemption.signals} == before  # handlers restored
+
+    monkeypatch.undo()
+    train(cfg)  # resume=auto: the same command again, as the requeued job runs it
+    assert sorted(step_losses(run_dir)) == list(range(MAX_STEPS))
+    expected, resumed = final_weights(uninterrupted), final_weights(run_dir)
+    assert expected.keys() == resumed.keys()
+    for key in expected:
+        torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=1e-6)
+
+
+def test_sigterm_during_accumulation_saves_after_the_optimizer_step_without_requeue(
+    prepared_corpus, tmp_path, monkeypatch
+):
+    requeued: list[str] = []
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    preemption = PreemptionCheckpoint("USR1", requeue=lambda job: requeued.append(job) or True)
+
+    class SignalMidAccumulation(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            if batch_idx == 4:  # first micro-batch of step index 2 (2 micro-batches a step)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(
+        pretrain.trainer,
+        "preemption_callbacks",
+        lambda config: [preemption, SignalMidAccumulation()],
+    )
+    run_dir = tmp_path / "run"
+    overrides = (*COMMON, "trainer.accumulate_grad_batches=2")
+    train(compose_config(tiny_overrides(prepared_corpus, run_dir, *overrides)))
+    assert preemption.saved_step == 3
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 3
+    assert checkpoint["PretrainingDataModule"]["batches"] == 6  # whole steps only
+    assert requeued == []  # SIGTERM: cancelled or preempted by SLURM, never requeued by us
+
+
+def test_parse_signal_names_the_key():
+    assert parse_signal("USR1") == signal.SIGUSR1
+    assert parse_signal("sigusr2") == signal.SIGUSR2
+    assert parse_signal("15") == signal.SIGTERM
+    with pytest.raises(ConfigError, match="trainer.preemption_signal = 'USR9'"):
+        parse_signal("USR9")
+    with pytest.raises(ConfigError, match="trainer.preemption_signal"):
+        PreemptionCheckpoint("nope")
+
+
+def test_preemption_signal_is_a_trainer_setting():
+    cfg = compose_config(["trainer.preemption_signal=USR2"])
+    assert PreemptionCheckpoint(cfg.trainer.preemption_signal).signals == (
+        signal.SIGUSR2,
+        signal.SIGTERM,
+    )
+    assert PreemptionCheckpoint(None).signals == (signal.SIGTERM,)
+
+
+def test_slurm_job_id_of_array_tasks(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "17")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert slurm_job_id() == "17"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "16")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    assert slurm_job_id() == "16_1"

@@ -1,0 +1,296 @@
+"""SLURM: the sbatch template (2 tasks, DDP with gloo), a sweep through the submitit launcher,
+a preempted job that requeues and resumes to the uninterrupted run's weights, and corpus
+preparation as a job array. They need a cluster (`slurm/local-cluster start`, as .ci/run
+does) and skip only when `sinfo` is not installed. The sliced preparation itself is tested
+without SLURM too."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import small_english_documents, write_text_corpus
+
+from data_pipelines.config import PrepareConfig, TokenizerSettings
+from data_pipelines.prepare import prepare
+from data_pipelines.slices import merge_slices, prepare_slice, prepare_tokenizer, work_dir
+from pretrain.paths import REPO_ROOT
+
+LOCAL_CONF = Path(os.environ.get("LOCAL_CLUSTER_DIR", "/tmp/pretrain-slurm")) / "slurm.conf"
+TERMINAL = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+)
+
+
+def slurm_env() -> dict[str, str]:
+    env = dict(os.environ, PRETRAIN_PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    if "SLURM_CONF" not in env and LOCAL_CONF.is_file():
+        env["SLURM_CONF"] = str(LOCAL_CONF)
+    return env
+
+
+def _cluster_up() -> str | None:
+    """None when a cluster answers, else why the SLURM tests skip."""
+    if shutil.which("sinfo") is None:
+        return "sinfo is not installed: no SLURM here (CI starts slurm/local-cluster)"
+    return None
+
+
+needs_slurm = pytest.mark.skipif(_cluster_up() is not None, reason=str(_cluster_up()))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> dict[str, str]:
+    """The environment of the cluster's clients; fails (not skips) when it does not answer."""
+    env = slurm_env()
+    result = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, (
+        f"sinfo is installed but no cluster answers ({result.stderr.strip()}); start one with "
+        "`slurm/local-cluster start`"
+    )
+    return env
+
+
+def sbatch(env: dict, *args: str) -> str:
+    result = subprocess.run(
+        ["sbatch", "--parsable", "--export=ALL", *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return result.stdout.strip().split(";")[0]
+
+
+def job_field(env: dict, job_id: str, name: str) -> str:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True
+    ).stdout
+    match = re.search(rf"\b{name}=(\S+)", out)
+    return match.group(1) if match else ""
+
+
+def wait_for_job(env: dict, job_id: str, timeout_s: float = 150) -> str:
+    """The job's final state (every task of an array done), polled each 0.5 s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True
+        ).stdout
+        states = re.findall(r"\bJobState=(\S+)", out)
+        if states and all(s in TERMINAL for s in states):
+            return "COMPLETED" if all(s == "COMPLETED" for s in states) else ",".join(states)
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id], env=env)
+    raise AssertionError(f"job {job_id} did not finish in {timeout_s} s")
+
+
+def tiny_run(shards: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        f"data.shards_dir={shards}",
+        f"run_dir={run_dir}",
+        "logger=csv",
+        "trainer=cpu",
+        "model=bert_tiny",
+        "data.max_seq_length=64",
+        "data.batch_size=8",
+        "data.shuffle_buffer_documents=50",
+        "trainer.enable_progress_bar=false",
+        "trainer.log_every_n_steps=1",
+        *extra,
+    ]
+
+
+def last_checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def three_file_corpus(root: Path) -> list[str]:
+    documents = small_english_documents()
+    root.mkdir(parents=True, exist_ok=True)
+    return [
+        str(write_text_corpus(root / f"part{i}.txt", documents[i * 100 : (i + 1) * 100]))
+        for i in range(3)
+    ]
+
+
+def prepare_settings(inputs: list[str], out_dir: Path) -> PrepareConfig:
+    return PrepareConfig(
+        inputs=inputs,
+        out_dir=str(out_dir),
+        tokenizer=TokenizerSettings(vocab_size=1000, min_frequency=2),
+        docs_per_shard=40,
+        workers=1,
+    )
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_sliced_prepare_gives_the_bytes_of_one_run(tmp_path):
+    inputs = three_file_corpus(tmp_path / "text")
+    single = prepare(prepare_settings(inputs, tmp_path / "single"), progress=False)
+    cfg = prepare_settings(inputs, tmp_path / "sliced")
+    prepare_tokenizer(cfg)
+    for index in (1, 0):  # array tasks finish in any order
+        prepare_slice(cfg, index, 2, progress=False)
+    merged = merge_slices(cfg)
+    # 100 + 200 documents in the two slices, 40 a shard: the merge re-cuts the shards.
+    assert tree_bytes(merged) == tree_bytes(single)
+    assert not work_dir(cfg).exists()
+
+
+def test_merge_names_the_missing_slice(tmp_path):
+    from data_pipelines.prepare import PrepareError
+
+    cfg = prepare_settings(three_file_corpus(tmp_path / "text"), tmp_path / "out")
+    with pytest.raises(PrepareError, match="prepare-tokenizer"):
+        prepare_slice(cfg, 0, 3)
+    prepare_tokenizer(cfg)
+    prepare_slice(cfg, 0, 3, progress=False)
+    with pytest.raises(PrepareError, match="slice 1 of 3 is missing"):
+        merge_slices(cfg)
+    with pytest.raises(PrepareError, match="at most 3 array tasks"):
+        prepare_slice(cfg, 0, 4)
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_two_task_ddp_job_through_the_sbatch_template(cluster, prepared_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    log = tmp_path / "job.out"
+    job = sbatch(
+        cluster,
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        f"--output={log}",
+        "slurm/train.sbatch",
+        *tiny_run(prepared_corpus, run_dir, "strategy=ddp", "trainer.devices=2"),
+        "trainer.max_steps=6",
+    )
+    state = wait_for_job(cluster, job)
+    text = log.read_text()
+    assert state == "COMPLETED", text[-3000:]
+    assert "MEMBER: 2/2" in text and "distributed_backend=gloo" in text
+    assert last_checkpoint(run_dir)["global_step"] == 6
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_preempted_job_requeues_and_ends_with_the_uninterrupted_weights(
+    cluster, prepared_corpus, tmp_path
+):
+    steps = ("trainer.max_steps=30", "trainer.checkpoint_every_n_steps=100")
+    logs = {name: tmp_path / f"{name}.out" for name in ("full", "preempted")}
+    jobs = {
+        name: sbatch(
+            cluster,
+            "--ntasks=1",
+            f"--output={logs[name]}",
+            "slurm/train.sbatch",
+            *tiny_run(prepared_corpus, tmp_path / name, *steps),
+        )
+        for name in logs
+    }
+    # Training has begun once the model summary is printed (signal handlers are installed
+    # before it): then ask for the checkpoint as SLURM does before a time limit.
+    deadline = time.monotonic() + 120
+    while "Total params" not in (
+        logs["preempted"].read_text() if logs["preempted"].exists() else ""
+    ):
+        assert time.monotonic() < deadline, "the preempted job never started training"
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", jobs["preempted"]], env=cluster, check=True)
+    # SLURM holds a requeued job for 2 minutes (BeginTime); release it sooner for the test.
+    while "requeued SLURM job" not in logs["preempted"].read_text():
+        assert time.monotonic() < deadline, logs["preempted"].read_text()[-3000:]
+        time.sleep(0.5)
+    while job_field(cluster, jobs["preempted"], "JobState") != "PENDING":
+        assert time.monotonic() < deadline, "the preempted job was not requeued"
+        time.sleep(0.5)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={jobs['preempted']}", "StartTime=now"], env=cluster
+    )
+    for name, job in jobs.items():
+        assert wait_for_job(cluster, job, 180) == "COMPLETED", logs[name].read_text()[-3000:]
+    text = logs["preempted"].read_text()
+    saved = re.search(r"preemption: saved step (\d+)", text)
+    assert saved and int(saved.group(1)) < 30, text[-3000:]
+    assert "requeued SLURM job" in text and "restart 1" in text
+    assert f"Resuming from {tmp_path / 'preempted' / 'checkpoints' / 'last.ckpt'}" in text
+    full, resumed = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "preempted")
+    assert resumed["global_step"] == full["global_step"] == 30
+    for key, value in full["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][key], value, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_sweep_through_the_submitit_launcher(cluster, prepared_corpus, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("pretrain")),
+            "-m",
+            "hydra/launcher=slurm",
+            "hydra.launcher.timeout_min=10",
+            f"hydra.sweep.dir={sweep}",
+            *tiny_run(prepared_corpus, sweep / "${run_name}", "trainer.max_steps=3"),
+            "run_name=lr${optim.optimizer.lr}",
+            "optim.optimizer.lr=1e-4,2e-4,3e-4",
+        ],
+        env=cluster,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    for lr in ("0.0001", "0.0002", "0.0003"):
+        checkpoint = last_checkpoint(sweep / f"lr{lr}")
+        assert checkpoint["global_step"] == 3
+        assert checkpoint["config"]["optim"]["optimizer"]["lr"] == float(lr)
+    assert len(list((sweep / ".submitit").glob("*/*_result.pkl"))) == 3  # three SLURM jobs
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_preparation_as_a_job_array(cluster, tmp_path):
+    inputs = three_file_corpus(tmp_path / "text")
+    single = prepare(prepare_settings(inputs, tmp_path / "single"), progress=False)
+    overrides = [
+        f"inputs=[{','.join(inputs)}]",
+        f"out_dir={tmp_path / 'array'}",
+        "tokenizer.vocab_size=1000",
+        "docs_per_shard=40",
+        "workers=1",
+    ]
+    result = subprocess.run(
+        ["slurm/prepare-array", "3", f"--output={tmp_path}/%x-%A_%a.out", "--", *overrides],
+        env=cluster,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    tokenizer_job, array_job, merge_job = result.stdout.split()
+    assert wait_for_job(cluster, merge_job, 180) == "COMPLETED", "\n".join(
+        p.read_text()[-2000:] for p in tmp_path.glob("*.out")
+    )
+    assert wait_for_job(cluster, array_job, 5) == "COMPLETED"  # all 3 tasks
+    assert tree_bytes(tmp_path / "array") == tree_bytes(single)
