@@ -56,9 +56,15 @@ def _cut(piece: Piece, start: int, stop: int) -> Piece:
 
 
 def _sequence(
-    key: str, segments: list[Piece], vocab: Vocabulary, label: int = IGNORE_INDEX
+    key: str,
+    segments: list[Piece],
+    vocab: Vocabulary,
+    label: int = IGNORE_INDEX,
+    sentence_lengths: list[int] | None = None,
 ) -> dict:
-    """[CLS] seg0 [SEP] (seg1 [SEP]); token type i for segment i."""
+    """[CLS] seg0 [SEP] (seg1 [SEP]); token type i for segment i. `sentence_starts` flags the
+    first token of each sentence (of each segment, or of each of `sentence_lengths` (tokens)
+    when the one segment's sentences are known); [CLS] and [SEP] are never flagged."""
     ids, types = [np.array([vocab.cls])], [np.zeros(1, np.int64)]
     words, phrases = [np.ones(1, bool)], [np.zeros(1, np.uint8)]
     for segment_id, (seg_ids, seg_words, seg_phrases) in enumerate(segments):
@@ -73,7 +79,19 @@ def _sequence(
         "word_starts": np.concatenate(words),
         "phrases": np.concatenate(phrases),
         "next_sentence_label": label,
+        "sentence_starts": _sentence_starts(segments, sentence_lengths),
     }
+
+
+def _sentence_starts(segments: list[Piece], sentence_lengths: list[int] | None) -> np.ndarray:
+    """(L,) bool: True at the first token of each sentence of `_sequence`'s output."""
+    starts = np.zeros(1 + sum(len(s[0]) + 1 for s in segments), bool)
+    offsets = np.cumsum([1] + [len(s[0]) + 1 for s in segments[:-1]])
+    starts[offsets] = [len(s[0]) > 0 for s in segments]
+    if sentence_lengths is not None and len(segments) == 1:
+        within = np.cumsum([0, *sentence_lengths[:-1]])
+        starts[1 + within[np.asarray(sentence_lengths) > 0]] = True
+    return starts
 
 
 def pack_sentences(
@@ -109,7 +127,7 @@ def _packed(key: str, pieces: list[Piece], separator: Piece, vocab: Vocabulary) 
     """One single-segment sequence; a document separator at the very end is dropped."""
     if pieces[-1] is separator:
         pieces = pieces[:-1]
-    return _sequence(key, [_concat(pieces)], vocab)
+    return _sequence(key, [_concat(pieces)], vocab, sentence_lengths=[len(p[0]) for p in pieces])
 
 
 def truncated_lengths(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:

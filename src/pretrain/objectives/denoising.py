@@ -1,0 +1,248 @@
+"""BART's objective (Lewis et al., 2020): reconstruct a document from a noised copy, and the
+Transformer (Vaswani et al., 2017) trained the same way.
+
+Corruption (data-loader workers, numpy): each packed `[CLS] body [SEP]` sequence is noised
+by `pretrain.data.noise.apply_noise` (default: text infilling of 30% of the tokens with
+Poisson(3) spans + sentence permutation), keyed by (seed, epoch, sequence key). The encoder
+reads the noised sequence; the decoder reads the original shifted right after a start token
+([SEP], as BART starts with </s>) and predicts the original. Both sides are padded to a
+multiple of 8.
+Loss: cross-entropy over the non-padding target tokens, label-smoothed by
+`objective.label_smoothing` (0.1 in the Transformer's recipe).
+"""
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pretrain.config import ObjectiveConfig, require, require_unit_interval
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.noise import (
+    STREAM_NOISE,
+    NoiseSettings,
+    apply_noise,
+    sequence_generator,
+)
+from pretrain.data.vocab import Vocabulary
+from pretrain.generation import GenerationSetup, beam_search, greedy_search
+from pretrain.models import build_encoder
+from pretrain.models.seq2seq import TiedLMHead
+from pretrain.objectives.base import PretrainingModule
+
+PAD_MULTIPLE = 8
+
+
+@dataclass
+class Seq2SeqObjectiveConfig(ObjectiveConfig):
+    """What every encoder-decoder objective has: label smoothing of the target distribution."""
+
+    label_smoothing: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_unit_interval(
+            "objective.label_smoothing", self.label_smoothing, open_low=False, open_high=True
+        )
+
+
+@dataclass
+class DenoisingConfig(Seq2SeqObjectiveConfig):
+    """BART's noise: fractions of the body's tokens (masking, deletion, infilling), fraction
+    of sentences shuffled (permutation), probability of rotating (rotation)."""
+
+    name: str = "bart"
+    _target_: str = "pretrain.objectives.denoising.DenoisingAutoencoder"
+    token_masking: float = 0.0
+    token_deletion: float = 0.0
+    text_infilling: float = 0.3
+    poisson_lambda: float = 3.0
+    sentence_permutation: float = 1.0
+    document_rotation: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("token_masking", "token_deletion", "text_infilling"):
+            require_unit_interval(f"objective.{key}", getattr(self, key), open_low=False)
+        for key in ("sentence_permutation", "document_rotation"):
+            require_unit_interval(
+                f"objective.{key}", getattr(self, key), open_low=False, open_high=False
+            )
+        require(
+            self.poisson_lambda > 0,
+            "objective.poisson_lambda",
+            self.poisson_lambda,
+            "must be positive (mean span length in tokens)",
+        )
+
+
+def pad_rows(rows: list[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad 1-D int arrays to the longest, rounded up to a multiple of 8: returns
+    (ids (batch, L) int64, attention mask (batch, L) int64, 1 = real)."""
+    length = -(-max(len(r) for r in rows) // PAD_MULTIPLE) * PAD_MULTIPLE
+    ids = np.full((len(rows), length), pad_id, np.int64)
+    mask = np.zeros((len(rows), length), np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)] = row, 1
+    return ids, mask
+
+
+def seq2seq_batch(
+    batch: dict,
+    encoder_rows: list[np.ndarray],
+    decoder_rows: list[np.ndarray],
+    label_rows: list[np.ndarray],
+    pad_id: int,
+) -> dict:
+    """The model batch of an encoder-decoder objective: input_ids / attention_mask (encoder),
+    decoder_input_ids / decoder_attention_mask, labels (IGNORE_INDEX at padding and at
+    positions not predicted), plus the collated batch's keys and next_sentence_label."""
+    input_ids, attention_mask = pad_rows(encoder_rows, pad_id)
+    decoder_input_ids, decoder_attention_mask = pad_rows(decoder_rows, pad_id)
+    labels, _ = pad_rows(label_rows, IGNORE_INDEX)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "decoder_input_ids": decoder_input_ids,
+        "decoder_attention_mask": decoder_attention_mask,
+        "labels": labels,
+        "next_sentence_label": batch["next_sentence_label"],
+        "keys": batch["keys"],
+    }
+
+
+def real_rows(batch: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(token ids, sentence starts) of each collated row, without its padding."""
+    lengths = batch["attention_mask"].sum(axis=1)
+    starts = batch.get("sentence_starts", np.zeros_like(batch["input_ids"], dtype=bool))
+    return [(batch["input_ids"][i, :n], starts[i, :n]) for i, n in enumerate(lengths)]
+
+
+@dataclass(frozen=True)
+class DenoisingCorruption:
+    """(collated batch, epoch) -> encoder-decoder batch; see the module docstring."""
+
+    seed: int
+    pad_id: int
+    mask_id: int
+    start_id: int
+    max_length: int
+    noise: NoiseSettings = NoiseSettings()
+    masking: str = "dynamic"
+    dupe_factor: int = 10
+
+    def __call__(self, batch: dict, epoch: int) -> dict:
+        epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
+        encoder_rows, decoder_rows, label_rows = [], [], []
+        for key, (ids, starts) in zip(batch["keys"], real_rows(batch), strict=True):
+            rng = sequence_generator(self.seed, epoch, STREAM_NOISE, key)
+            noised = apply_noise(ids, starts, self.noise, self.mask_id, rng)
+            if len(noised) > self.max_length:  # insertions made it longer: keep the last token
+                noised = np.concatenate([noised[: self.max_length - 1], noised[-1:]])
+            encoder_rows.append(noised)
+            decoder_rows.append(np.concatenate([[self.start_id], ids[:-1]]))
+            label_rows.append(ids)
+        return seq2seq_batch(batch, encoder_rows, decoder_rows, label_rows, self.pad_id)
+
+
+class DenoisingAutoencoder(PretrainingModule):
+    """Encoder-decoder (`encoder`, e.g. `EncoderDecoder`) + the tied output projection
+    (`lm_head`); the loss is label-smoothed cross-entropy over the predicted target tokens."""
+
+    config_class = DenoisingConfig
+
+    def __init__(self, config: dict, vocab: Vocabulary):
+        super().__init__(config, vocab)
+        self.encoder = build_encoder(config["model"], vocab.size, vocab.pad)
+        self.lm_head = TiedLMHead(self.encoder.word_embeddings)
+        self.label_smoothing = float(config["objective"].get("label_smoothing", 0.0))
+
+    @classmethod
+    def build_corruption(cls, config: dict, vocab: Vocabulary) -> DenoisingCorruption:
+        objective = config["objective"]
+        names = {f.name for f in fields(NoiseSettings)}
+        return DenoisingCorruption(
+            seed=config["seed"],
+            pad_id=vocab.pad,
+            mask_id=vocab.mask,
+            start_id=vocab.sep,
+            max_length=config["data"]["max_seq_length"],
+            noise=NoiseSettings(**{k: v for k, v in objective.items() if k in names}),
+            masking=objective.get("masking", "dynamic"),
+            dupe_factor=objective.get("dupe_factor", 10),
+        )
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Losses and accuracy of one batch."""
+        hidden = self.encoder(
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["decoder_input_ids"],
+            batch["decoder_attention_mask"],
+        )  # (batch, tgt, d_model)
+        selected = batch["labels"] != IGNORE_INDEX
+        targets = batch["labels"][selected]  # (n_targets,)
+        logits = self.lm_head(hidden[selected]).float()  # (n_targets, vocab)
+        loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        with torch.no_grad():
+            nll = F.cross_entropy(logits, targets)
+            accuracy = (logits.argmax(-1) == targets).float().mean()
+        return {"loss": loss, "lm_loss": loss, "nll": nll, "accuracy": accuracy}
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self(batch)
+        self.log_step(out, batch)
+        return out["loss"]
+
+    def log_step(self, metrics: dict[str, torch.Tensor], batch: dict) -> None:
+        """As the base class; the run summary reports the reconstruction loss."""
+        super().log_step(metrics, batch)
+        self._last_mlm_loss = metrics["lm_loss"]
+
+    def prepare_generation(
+        self, token_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> GenerationSetup:
+        """Reconstruct noised encoder inputs (batch, src) (with their [CLS]/[SEP]): the
+        source is encoded once, the decoder starts from [SEP] and stops at [SEP]."""
+        device = self.lm_head.bias.device
+        token_ids = token_ids.long().to(device)
+        mask = None if attention_mask is None else attention_mask.to(device)
+        memory = self.encoder.encode(token_ids, mask)  # (batch, src, d_model)
+        prefix = torch.full(
+            (token_ids.shape[0], 1), self.vocab.sep, dtype=torch.long, device=device
+        )
+
+        def step(ids: torch.Tensor) -> torch.Tensor:
+            beams = ids.shape[0] // memory.shape[0]  # beam search runs batch x beams rows
+            source = memory.repeat_interleave(beams, dim=0)
+            source_mask = None if mask is None else mask.repeat_interleave(beams, dim=0)
+            hidden = self.encoder.decode(ids, source, source_mask)[:, -1]  # (rows, d_model)
+            return self.lm_head(hidden)  # (rows, vocab)
+
+        max_length = self.config["model"].get("max_position_embeddings")
+        return GenerationSetup(step, prefix, eos_id=self.vocab.sep, max_length=max_length)
+
+    @torch.no_grad()
+    def reconstruct(
+        self,
+        token_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        num_beams: int = 1,
+        max_new_tokens: int | None = None,
+    ) -> torch.Tensor:
+        """What the model makes of noised inputs (batch, src): greedy (num_beams=1) or beam
+        search. Returns (batch, n) generated ids after the start token, ending at [SEP]."""
+        was_training = self.training
+        self.eval()
+        setup = self.prepare_generation(token_ids, attention_mask)
+        limit = setup.max_length - 1 if setup.max_length else 2 * token_ids.shape[1]
+        new_tokens = min(max_new_tokens or limit, limit)
+        if num_beams == 1:
+            out = greedy_search(setup.step, setup.prefix, new_tokens, setup.eos_id, self.vocab.pad)
+        else:
+            out = beam_search(
+                setup.step, setup.prefix, num_beams, new_tokens, setup.eos_id, pad_id=self.vocab.pad
+            )
+        self.train(was_training)
+        return out[:, 1:]

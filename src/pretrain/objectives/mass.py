@@ -1,0 +1,79 @@
+"""MASS (Song et al., 2019): masked sequence-to-sequence pretraining.
+
+Corruption: a contiguous fragment of about `fragment_fraction` (50%) of each sequence's body
+is replaced by [MASK] in the encoder input; the decoder reads the fragment shifted right
+(its first position a [MASK], as in the paper's figure 1) with every other position [MASK],
+and predicts the fragment only (`pretrain.data.noise.mass_fragment`), keyed by (seed, epoch,
+sequence key). Model and loss are the denoising autoencoder's (`denoising.py`).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pretrain.config import require_unit_interval
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.noise import STREAM_MASS, mass_fragment, sequence_generator
+from pretrain.data.vocab import Vocabulary
+from pretrain.objectives.denoising import (
+    DenoisingAutoencoder,
+    Seq2SeqObjectiveConfig,
+    real_rows,
+    seq2seq_batch,
+)
+
+
+@dataclass
+class MassConfig(Seq2SeqObjectiveConfig):
+    """MASS settings: the fragment's share of the body's tokens."""
+
+    name: str = "mass"
+    _target_: str = "pretrain.objectives.mass.MaskedSeq2Seq"
+    fragment_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_unit_interval("objective.fragment_fraction", self.fragment_fraction)
+
+
+@dataclass(frozen=True)
+class MassCorruption:
+    """(collated batch, epoch) -> encoder-decoder batch with MASS's fragment masking."""
+
+    seed: int
+    pad_id: int
+    mask_id: int
+    fragment_fraction: float = 0.5
+    masking: str = "dynamic"
+    dupe_factor: int = 10
+
+    def __call__(self, batch: dict, epoch: int) -> dict:
+        epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
+        encoder_rows, decoder_rows, label_rows = [], [], []
+        for key, (ids, _) in zip(batch["keys"], real_rows(batch), strict=True):
+            rng = sequence_generator(self.seed, epoch, STREAM_MASS, key)
+            encoder, decoder, fragment = mass_fragment(
+                ids, self.fragment_fraction, self.mask_id, rng
+            )
+            encoder_rows.append(encoder)
+            decoder_rows.append(decoder)
+            label_rows.append(np.where(fragment, ids, IGNORE_INDEX))
+        return seq2seq_batch(batch, encoder_rows, decoder_rows, label_rows, self.pad_id)
+
+
+class MaskedSeq2Seq(DenoisingAutoencoder):
+    """MASS: the denoising autoencoder's model and loss on MASS's fragment corruption."""
+
+    config_class = MassConfig
+
+    @classmethod
+    def build_corruption(cls, config: dict, vocab: Vocabulary) -> MassCorruption:
+        objective = config["objective"]
+        return MassCorruption(
+            seed=config["seed"],
+            pad_id=vocab.pad,
+            mask_id=vocab.mask,
+            fragment_fraction=objective.get("fragment_fraction", 0.5),
+            masking=objective.get("masking", "dynamic"),
+            dupe_factor=objective.get("dupe_factor", 10),
+        )
