@@ -14,7 +14,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from data_pipelines.tokenizer import SPECIAL_TOKENS, TOKENIZER_KINDS
+from data_pipelines.tokenizer import BYTE_ALPHABET_SIZE, SPECIAL_TOKENS, TOKENIZER_KINDS
 from pretrain.paths import CONF_DIR
 
 CONFIG_NAME = "prepare"
@@ -36,9 +36,11 @@ SEGMENTERS = ("none", "jieba")
 
 @dataclass
 class TokenizerSettings:
-    """Train a WordPiece tokenizer (`vocab_size` in tokens, special tokens included), or use
-    the one in `path`. `kind`: `wordpiece` (BERT) or `chinese` (Chinese BERT: every CJK
-    character of the corpus is a whole token of the vocabulary, WordPiece for the rest)."""
+    """Train a tokenizer (`vocab_size` in tokens, special tokens included), or use the one in
+    `path`. `kind`: `wordpiece` (BERT), `chinese` (Chinese BERT: every CJK character of the
+    corpus is a whole token of the vocabulary, WordPiece for the rest), `unigram` (ALBERT:
+    SentencePiece-style Unigram; `min_frequency` unused) or `bytelevel_bpe` (GPT-2 / RoBERTa /
+    BART byte-level BPE; set lowercase=false for their cased vocabularies)."""
 
     path: str | None = None
     kind: str = "wordpiece"
@@ -59,6 +61,14 @@ class TokenizerSettings:
             self.vocab_size,
             f"must be more than the {len(SPECIAL_TOKENS)} special tokens and at most 2**32",
         )
+        if self.kind == "bytelevel_bpe":
+            _check(
+                self.vocab_size > len(SPECIAL_TOKENS) + BYTE_ALPHABET_SIZE,
+                "tokenizer.vocab_size",
+                self.vocab_size,
+                f"bytelevel_bpe needs more than {len(SPECIAL_TOKENS) + BYTE_ALPHABET_SIZE} "
+                "(special tokens and the 256 bytes); RoBERTa uses 50265",
+            )
         _check(
             self.min_frequency >= 1,
             "tokenizer.min_frequency",

@@ -6,12 +6,30 @@ from torch.nn import functional as F
 
 from pretrain.models.bert import init_bert_weights
 
+# Hugging Face `hidden_act` names -> functions: `gelu` is exact GELU (BERT), `gelu_new`
+# (ALBERT, GPT-2) and `gelu_pytorch_tanh` its tanh approximation.
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def activation_fn(name: str):
+    """The activation function of the Hugging Face `hidden_act` name (see ACTIVATIONS)."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"hidden_act = {name!r}: one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
 
 class MaskedLMHead(nn.Module):
-    """Masked-token prediction: transform (dense, GELU, LayerNorm), then a decoder to the vocabulary.
+    """Masked-token prediction: transform (dense, activation `hidden_act`: exact GELU by
+    default, LayerNorm), then a decoder to the vocabulary.
 
     The decoder's weight is the encoder's word-embedding weight (one shared Parameter, so an
-    optimizer step updates both); the decoder has its own (vocab,) bias, `bias`.
+    optimizer step updates both); the decoder has its own (vocab,) bias, `bias`. The transform
+    maps hidden_size to the embedding width E (E = hidden_size in BERT, smaller in ALBERT).
     """
 
     def __init__(
@@ -21,18 +39,22 @@ class MaskedLMHead(nn.Module):
         layer_norm_eps: float,
         word_embeddings: nn.Embedding,
         initializer_range: float = 0.02,
+        hidden_act: str = "gelu",
     ) -> None:
         super().__init__()
-        if tuple(word_embeddings.weight.shape) != (vocab_size, hidden_size):
+        activation_fn(hidden_act)  # fails early on an unknown name
+        self.hidden_act = hidden_act
+        if word_embeddings.weight.shape[0] != vocab_size:
             raise ValueError(
                 f"word_embeddings has shape {tuple(word_embeddings.weight.shape)} but the MLM head "
-                f"needs (vocab_size, hidden_size) = ({vocab_size}, {hidden_size})"
+                f"needs vocab_size = {vocab_size} rows"
             )
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        embedding_size = word_embeddings.weight.shape[1]
+        self.dense = nn.Linear(hidden_size, embedding_size)
+        self.norm = nn.LayerNorm(embedding_size, eps=layer_norm_eps)
         weight = word_embeddings.weight
         # The decoder's own weight is never used: build it on "meta" (no memory), then tie.
-        self.decoder = nn.Linear(hidden_size, vocab_size, bias=False, device="meta")
+        self.decoder = nn.Linear(embedding_size, vocab_size, bias=False, device="meta")
         self.bias = nn.Parameter(torch.zeros(vocab_size, dtype=weight.dtype, device=weight.device))
         self.apply(lambda module: init_bert_weights(module, initializer_range))
         self.decoder.weight = weight
@@ -42,7 +64,7 @@ class MaskedLMHead(nn.Module):
 
         Call it on the masked positions only, e.g. (N, hidden), to save the vocabulary projection.
         """
-        hidden = self.norm(F.gelu(self.dense(hidden)))
+        hidden = self.norm(activation_fn(self.hidden_act)(self.dense(hidden)))
         return F.linear(hidden, self.decoder.weight, self.bias)
 
 
