@@ -1,0 +1,146 @@
+"""The ELECTRA encoder (Clark et al., 2020): BERT's transformer over factorised embeddings.
+
+Word, position and token-type embeddings have their own width, `embedding_size` (E); when it
+differs from `hidden_size` (H) a Linear `embeddings_project` maps E -> H before the layers
+(Hugging Face's `ElectraModel`). The layers are BERT's (`pretrain.models.bert.BertLayer`).
+An ELECTRA generator and discriminator share one `embeddings` module: pass the other model's
+module as `embeddings` to the constructor.
+"""
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from pretrain.config import require
+from pretrain.models.bert import BertEmbeddings, BertEncoderConfig, BertLayer, init_bert_weights
+
+
+@dataclass
+class ElectraEncoderConfig(BertEncoderConfig):
+    """An ELECTRA encoder's settings (ElectraConfig's names): BERT's, plus the embedding width
+    `embedding_size` (features; equal to hidden_size for ELECTRA-base/large)."""
+
+    _target_: str = "pretrain.models.electra.ElectraEncoder"
+    embedding_size: int = 128
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            self.embedding_size > 0, "model.embedding_size", self.embedding_size, "must be positive"
+        )
+
+
+class ElectraEncoder(nn.Module):
+    """ELECTRA: (batch, seq) token ids -> (batch, seq, hidden_size) sequence output.
+
+    Sizes in features (embedding_size, hidden_size, intermediate_size), layers and heads;
+    dropout values are probabilities. `embeddings`: an existing module (of width
+    `embedding_size`) to share instead of building one (the generator uses the
+    discriminator's); it is neither re-initialised nor checked beyond its width.
+    """
+
+    config_class = ElectraEncoderConfig
+    hf_format = "pretrain.export.electra"
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embedding_size: int = 128,
+        hidden_size: int = 256,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 4,
+        intermediate_size: int = 1024,
+        max_position_embeddings: int = 512,
+        type_vocab_size: int = 2,
+        hidden_dropout_prob: float = 0.1,
+        attention_probs_dropout_prob: float = 0.1,
+        layer_norm_eps: float = 1e-12,
+        initializer_range: float = 0.02,
+        pad_token_id: int = 0,
+        embeddings: BertEmbeddings | None = None,
+    ) -> None:
+        super().__init__()
+        if not 0 <= pad_token_id < vocab_size:
+            raise ValueError(
+                f"pad_token_id ({pad_token_id}) must lie in [0, vocab_size = {vocab_size})"
+            )
+        self.hidden_size = hidden_size
+        self.embedding_size = embedding_size
+        self.initializer_range = initializer_range
+        self.layers = nn.ModuleList(
+            BertLayer(
+                hidden_size,
+                num_attention_heads,
+                intermediate_size,
+                hidden_dropout_prob,
+                attention_probs_dropout_prob,
+                layer_norm_eps,
+            )
+            for _ in range(num_hidden_layers)
+        )
+        self.embeddings_project = (
+            nn.Linear(embedding_size, hidden_size) if embedding_size != hidden_size else None
+        )
+        self.apply(lambda module: init_bert_weights(module, initializer_range))
+        if embeddings is None:
+            embeddings = BertEmbeddings(
+                vocab_size,
+                embedding_size,
+                max_position_embeddings,
+                type_vocab_size,
+                hidden_dropout_prob,
+                layer_norm_eps,
+                pad_token_id,
+            )
+            embeddings.apply(lambda module: init_bert_weights(module, initializer_range))
+        elif embeddings.word_embeddings.weight.shape != (vocab_size, embedding_size):
+            raise ValueError(
+                f"shared embeddings have shape {tuple(embeddings.word_embeddings.weight.shape)}; "
+                f"this encoder needs (vocab_size, embedding_size) = ({vocab_size}, {embedding_size})"
+            )
+        self.embeddings = embeddings
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        """The (vocab, embedding_size) token embedding table; MLM decoders tie to it."""
+        return self.embeddings.word_embeddings
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Encode a batch.
+
+        input_ids, token_type_ids: (batch, seq) integer ids (token types default to 0).
+        attention_mask: (batch, seq), 1 = real token, 0 = padding; None attends everywhere.
+        Returns the (batch, seq, hidden) sequence output (meaningless at padding positions).
+        """
+        attend = None
+        if attention_mask is not None:
+            real = attention_mask.bool()
+            real = real | ~real.any(dim=-1, keepdim=True)  # an all-padding row attends everywhere
+            attend = real[:, None, None, :]  # (batch, 1, 1, seq)
+        hidden = self.embeddings(input_ids, token_type_ids)  # (batch, seq, embedding)
+        if self.embeddings_project is not None:
+            hidden = self.embeddings_project(hidden)  # (batch, seq, hidden)
+        for layer in self.layers:
+            hidden = layer(hidden, attend)
+        return hidden
+
+
+class ReplacedTokenHead(nn.Module):
+    """ELECTRA's discriminator head: dense (H -> H), GELU, dense (H -> 1): one logit per token,
+    positive = the token was replaced by the generator (HF `discriminator_predictions`)."""
+
+    def __init__(self, hidden_size: int, initializer_range: float = 0.02) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.dense_prediction = nn.Linear(hidden_size, 1)
+        self.apply(lambda module: init_bert_weights(module, initializer_range))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """(..., hidden) hidden states -> (...) replaced-token logits."""
+        return self.dense_prediction(F.gelu(self.dense(hidden))).squeeze(-1)

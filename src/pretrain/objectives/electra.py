@@ -1,0 +1,267 @@
+"""ELECTRA's objective (Clark et al., 2020): replaced-token detection.
+
+A small generator (an MLM encoder, `objective.generator_size_fraction` of the discriminator's
+width) predicts the masked tokens; replacements are sampled from its output distribution
+(no gradient through the sampling); the discriminator (the `model` group) classifies every
+non-padding token as original or replaced. Both share one embeddings module (word, position,
+token type, LayerNorm), as in the paper. Loss = generator MLM + lambda * discriminator BCE,
+lambda = `objective.discriminator_weight` (50).
+
+Corruption (data-loader workers) is BERT's MLM selection: 15% of the non-special tokens, all
+replaced by [MASK] (the paper's text; the released code keeps 15% of them unchanged:
+`objective.mask_token_probability=0.85`).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pretrain.config import ConfigError, require
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.vocab import Vocabulary
+from pretrain.export.hf import HFModel
+from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
+from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead
+from pretrain.models.heads import MaskedLMHead
+from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.mlm import MaskedLMConfig, MaskedLMCorruption
+
+
+@dataclass
+class ElectraObjectiveConfig(MaskedLMConfig):
+    """ELECTRA's settings. Fractions are of the discriminator's sizes; `temperature` divides
+    the generator's logits before sampling; `discriminator_weight` is the paper's lambda."""
+
+    name: str = "electra"
+    _target_: str = "pretrain.objectives.electra.ElectraModule"
+    pair_task: str = "none"
+    mask_token_probability: float = 1.0
+    random_token_probability: float = 0.0
+    generator_size_fraction: float = 0.25
+    generator_layer_fraction: float = 1.0
+    discriminator_weight: float = 50.0
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            self.pair_task == "none",
+            "objective.pair_task",
+            self.pair_task,
+            "ELECTRA has no sentence task: must be 'none'",
+        )
+        for key in ("generator_size_fraction", "generator_layer_fraction"):
+            value = getattr(self, key)
+            require(0 < value <= 1, f"objective.{key}", value, "must lie in (0, 1]")
+        require(
+            self.discriminator_weight > 0,
+            "objective.discriminator_weight",
+            self.discriminator_weight,
+            "must be positive",
+        )
+        require(self.temperature > 0, "objective.temperature", self.temperature, "must be positive")
+
+
+def generator_config(model_cfg: Mapping[str, Any], objective: Mapping[str, Any]) -> dict:
+    """The generator's `model` group: the discriminator's, with hidden and intermediate sizes
+    scaled by `generator_size_fraction`, heads of the discriminator's head size (at least
+    one), layers scaled by `generator_layer_fraction` (ELECTRA's `get_generator_config`);
+    the embedding width is the shared one."""
+    fraction = objective.get("generator_size_fraction", 0.25)
+    hidden = round(model_cfg["hidden_size"] * fraction)
+    head_size = model_cfg["hidden_size"] // model_cfg["num_attention_heads"]
+    heads = max(1, hidden // head_size)
+    layers = round(model_cfg["num_hidden_layers"] * objective.get("generator_layer_fraction", 1.0))
+    if hidden < 1 or hidden % heads or layers < 1:
+        raise ConfigError(
+            f"objective.generator_size_fraction = {fraction!r}: gives a generator of hidden size "
+            f"{hidden}, {heads} heads, {layers} layers for model {model_cfg.get('name')}; choose "
+            "a fraction that makes hidden_size a positive multiple of the head size "
+            f"({head_size}) and at least one layer"
+        )
+    return {
+        **model_cfg,
+        "name": f"{model_cfg.get('name', 'electra')}_generator",
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "intermediate_size": round(model_cfg["intermediate_size"] * fraction),
+        "num_hidden_layers": layers,
+    }
+
+
+@torch.no_grad()
+def sample_replacements(
+    logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """One token per row drawn from softmax(logits / temperature): (n, vocab) -> (n,) int64.
+    No gradient flows through the draw."""
+    if logits.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long, device=logits.device)
+    probabilities = torch.softmax(logits.detach().float() / temperature, dim=-1)
+    return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
+
+
+def _mean_where(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` over `where` (0 when `where` is empty), without a host sync."""
+    where = where.float()
+    return (values.float() * where).sum() / where.sum().clamp(min=1)
+
+
+class ElectraModule(PretrainingModule):
+    """Generator (`generator`, `generator_head`) + discriminator (`encoder`,
+    `discriminator_head`) sharing `encoder.embeddings`."""
+
+    config_class = ElectraObjectiveConfig
+
+    def __init__(self, config: dict, vocab: Vocabulary):
+        super().__init__(config, vocab)
+        model, objective = config["model"], config["objective"]
+        self.encoder = build_encoder(model, vocab.size, vocab.pad)  # the discriminator
+        if not isinstance(self.encoder, ElectraEncoder):
+            raise ConfigError(
+                f"model._target_ = {model['_target_']!r}: objective=electra needs an ELECTRA "
+                "model (model=electra_small, electra_base, electra_large or electra_tiny)"
+            )
+        init = model["initializer_range"]
+        self.discriminator_head = ReplacedTokenHead(model["hidden_size"], init)
+        self.generator_model_config = generator_config(model, objective)
+        sizes = {
+            key: value
+            for key, value in self.generator_model_config.items()
+            if key not in (*DESCRIPTIVE_KEYS, "_target_")
+        }
+        self.generator = ElectraEncoder(
+            vocab.size, pad_token_id=vocab.pad, embeddings=self.encoder.embeddings, **sizes
+        )
+        self.generator_head = MaskedLMHead(
+            sizes["hidden_size"],
+            vocab.size,
+            model["layer_norm_eps"],
+            self.encoder.word_embeddings,
+            initializer_range=init,
+        )
+        self.temperature = float(objective.get("temperature", 1.0))
+        self.discriminator_weight = float(objective.get("discriminator_weight", 50.0))
+
+    @classmethod
+    def build_corruption(cls, config: dict, vocab: Vocabulary) -> MaskedLMCorruption:
+        """BERT's MLM selection with the objective's probabilities (see the module docstring)."""
+        names = {f.name for f in fields(MaskedLMCorruption)}
+        settings = {k: v for k, v in config["objective"].items() if k in names}
+        return MaskedLMCorruption(
+            seed=config["seed"],
+            vocab_size=vocab.size,
+            mask_token_id=vocab.mask,
+            special_ids=vocab.special_ids,
+            **settings,
+        )
+
+    def generate(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Generator logits at the masked positions, (n_masked, vocab), and the (batch, seq)
+        bool mask of those positions."""
+        hidden = self.generator(
+            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+        )  # (batch, seq, generator hidden)
+        selected = batch["labels"] != IGNORE_INDEX
+        return self.generator_head(hidden[selected]), selected
+
+    def replace(
+        self, batch: dict, logits: torch.Tensor, selected: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The discriminator's input, (batch, seq) ids with the masked positions filled by
+        tokens sampled from the generator, and its labels, (batch, seq) bool: True where that
+        input differs from the original text (only ever at masked positions)."""
+        original = torch.where(selected, batch["labels"], batch["input_ids"])
+        replaced = original.clone()
+        replaced[selected] = sample_replacements(logits, self.temperature)
+        return replaced, replaced != original
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Losses and metrics of one batch (see the module docstring)."""
+        logits, selected = self.generate(batch)  # (n_masked, vocab)
+        targets = batch["labels"][selected]
+        mlm_loss = F.cross_entropy(logits.float(), targets)
+        replaced_ids, is_replaced = self.replace(batch, logits, selected)
+        hidden = self.encoder(replaced_ids, batch["token_type_ids"], batch["attention_mask"])
+        detection = self.discriminator_head(hidden).float()  # (batch, seq) logits
+        real = batch["attention_mask"].bool()
+        discriminator_loss = F.binary_cross_entropy_with_logits(
+            detection[real], is_replaced[real].float()
+        )
+        correct = (detection > 0) == is_replaced
+        return {
+            "loss": mlm_loss + self.discriminator_weight * discriminator_loss,
+            "mlm_loss": mlm_loss,
+            "discriminator_loss": discriminator_loss,
+            "generator_accuracy": (logits.argmax(-1) == targets).float().mean(),
+            "replaced_fraction": is_replaced[selected].float().mean(),
+            "discriminator_accuracy_replaced": _mean_where(correct, is_replaced & real),
+            "discriminator_accuracy_original": _mean_where(correct, ~is_replaced & real),
+        }
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self(batch)
+        self.log_step(out, batch)
+        return out["loss"]
+
+    @classmethod
+    def hf_exports(cls, state_dict: dict, config: dict) -> dict[str, HFModel]:
+        """The discriminator as `ElectraForPreTraining` (the export directory itself) and the
+        generator as `ElectraForMaskedLM` (its `generator/` subdirectory)."""
+        from pretrain.export import electra
+
+        generator_state = {}
+        for key, tensor in state_dict.items():
+            key = key.replace("_orig_mod.", "")
+            if key.startswith("generator."):
+                generator_state["encoder." + key.removeprefix("generator.")] = tensor
+            elif key.startswith("generator_head."):
+                generator_state["mlm_head." + key.removeprefix("generator_head.")] = tensor
+        generator_cfg = generator_config(config["model"], config["objective"])
+        return {
+            "": electra.to_hf(state_dict, config),
+            "generator": electra.to_hf(generator_state, {**config, "model": generator_cfg}),
+        }
+
+    def load_pretrained(self, state_dict: dict[str, torch.Tensor], source: str) -> None:
+        """Initialise from a checkpoint of this objective, or from an ELECTRA export directory
+        (the discriminator; the generator too when `<source>/generator` exists, whose sizes
+        must match this run's and whose embeddings must equal the discriminator's)."""
+        state = dict(state_dict)
+        generator_dir = Path(source) / "generator"
+        if generator_dir.is_dir():
+            state.update(self._generator_weights(generator_dir, state))
+        for key, tensor in list(state.items()):  # the shared module, under its second name
+            if key.startswith("encoder.embeddings."):
+                state["generator." + key.removeprefix("encoder.")] = tensor
+        super().load_pretrained(state, source)
+
+    def _generator_weights(self, directory: Path, discriminator: dict) -> dict:
+        from pretrain.export import import_hf_model
+
+        model_cfg, weights = import_hf_model(directory)
+        for key, value in model_cfg.items():
+            ours = self.generator_model_config.get(key)
+            if key not in (*DESCRIPTIVE_KEYS, "_target_") and ours != value:
+                raise ConfigError(
+                    f"init_from={directory}: the generator's {key} is {value!r} there but "
+                    f"{ours!r} in this run; set objective.generator_size_fraction to match"
+                )
+        renamed = {}
+        for key, tensor in weights.items():
+            if key.startswith("encoder.embeddings."):
+                if key in discriminator and not torch.equal(tensor, discriminator[key]):
+                    raise ValueError(
+                        f"init_from={directory}: the generator's {key} differs from the "
+                        "discriminator's; ELECTRA shares its embeddings between them"
+                    )
+                continue
+            if key.startswith("encoder."):
+                renamed["generator." + key.removeprefix("encoder.")] = tensor
+            elif key.startswith("mlm_head."):
+                renamed["generator_head." + key.removeprefix("mlm_head.")] = tensor
+        return renamed
