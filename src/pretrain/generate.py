@@ -1,0 +1,126 @@
+"""`pretrain-generate CKPT_OR_HF_DIR --text "..." [--num-beams N] [--max-new-tokens N]`:
+what a trained model writes after (or, for a denoiser, reconstructs from) a text.
+
+Loads a `pretrain` checkpoint (.ckpt) or an exported Hugging Face directory, builds the
+objective module and asks it for a `GenerationSetup` (`module.prepare_generation(token_ids)`,
+token_ids (1, n) without special tokens): the step function, the prefix, the end token and
+the length limit. Any objective that defines `prepare_generation` works here: the causal LM
+continues the text; an encoder-decoder encodes it and decodes from its start token. An HF
+directory names its objective by config.json's `model_type` (`HF_OBJECTIVES`).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from hydra.utils import get_class
+from tokenizers import Tokenizer
+
+from pretrain.data.vocab import load_vocabulary
+from pretrain.export import ExportError, import_hf_model, read_checkpoint
+from pretrain.generation import beam_search, greedy_search
+
+# Hugging Face model_type -> the objective module that generates with that family.
+HF_OBJECTIVES = {"gpt2": "pretrain.objectives.causal_lm.CausalLanguageModel"}
+
+
+class GenerationError(RuntimeError):
+    """The model cannot generate; the message says why and what to do."""
+
+
+def load_for_generation(source: str | Path) -> tuple[torch.nn.Module, Tokenizer]:
+    """The objective module (eval mode, CPU) and the tokenizer of a .ckpt or HF directory."""
+    path = Path(source)
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise GenerationError(f"{config_path}: not found; is {path} an exported model?")
+        model_type = json.loads(config_path.read_text()).get("model_type")
+        if model_type not in HF_OBJECTIVES:
+            raise GenerationError(
+                f"{path / 'config.json'}: model_type {model_type!r} has no generating objective; "
+                f"supported: {', '.join(sorted(HF_OBJECTIVES))}"
+            )
+        model_cfg, state_dict = import_hf_model(path)
+        target = HF_OBJECTIVES[model_type]
+        config = {"seed": 0, "model": model_cfg, "objective": {"_target_": target}}
+        tokenizer_dir = path
+    else:
+        state_dict, config = read_checkpoint(path)
+        target = config["objective"]["_target_"]
+        tokenizer_dir = Path(config["data"]["tokenizer_dir"])
+    module_class = get_class(target)
+    if not hasattr(module_class, "prepare_generation"):
+        raise GenerationError(
+            f"{source}: objective {target} does not generate (it has no prepare_generation); "
+            "use a causal LM or encoder-decoder checkpoint"
+        )
+    try:
+        vocab = load_vocabulary(tokenizer_dir)
+    except ValueError as error:
+        raise GenerationError(str(error)) from error
+    module = module_class(config, vocab)
+    missing = module.load_state_dict(state_dict, strict=False).missing_keys
+    if missing:
+        raise GenerationError(f"{source}: lacks the weights {missing[:3]}")
+    return module.eval(), Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+
+
+@torch.no_grad()
+def generate_text(
+    module: torch.nn.Module,
+    tokenizer: Tokenizer,
+    text: str,
+    num_beams: int = 1,
+    max_new_tokens: int = 40,
+    length_penalty: float = 1.0,
+) -> str:
+    """The text the model generates for `text` (greedy for num_beams=1, else beam search);
+    special tokens are left out of the decoded text."""
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids], dtype=torch.long)
+    setup = module.prepare_generation(ids)
+    prompt_len = setup.prefix.shape[1]
+    if setup.max_length is not None:
+        max_new_tokens = min(max_new_tokens, setup.max_length - prompt_len)
+        if max_new_tokens < 1:
+            raise GenerationError(
+                f"the text is {prompt_len} tokens with its special tokens; the model takes "
+                f"{setup.max_length}: shorten it"
+            )
+    if num_beams == 1:
+        out = greedy_search(setup.step, setup.prefix, max_new_tokens, setup.eos_id)
+    else:
+        out = beam_search(
+            setup.step, setup.prefix, num_beams, max_new_tokens, setup.eos_id, length_penalty
+        )
+    return tokenizer.decode(out[0, prompt_len:].tolist(), skip_special_tokens=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit status (2 with a message on an error)."""
+    parser = argparse.ArgumentParser(prog="pretrain-generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("source", help="a .ckpt written by `pretrain` or an exported HF directory")
+    parser.add_argument("--text", action="append", required=True, help="prompt (repeatable)")
+    parser.add_argument("--num-beams", type=int, default=1, help="1 = greedy search")
+    parser.add_argument("--max-new-tokens", type=int, default=40)
+    parser.add_argument("--length-penalty", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    if args.num_beams < 1 or args.max_new_tokens < 1:
+        parser.error("--num-beams and --max-new-tokens must be at least 1")
+    try:
+        module, tokenizer = load_for_generation(args.source)
+        for text in args.text:
+            out = generate_text(
+                module, tokenizer, text, args.num_beams, args.max_new_tokens, args.length_penalty
+            )
+            print(f"{text} => {out}")
+    except (GenerationError, ExportError) as error:
+        print(f"pretrain-generate: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

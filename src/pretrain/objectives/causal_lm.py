@@ -1,0 +1,112 @@
+"""GPT's objective: causal (left-to-right) language modelling, next-token prediction.
+
+Data: FULL-SENTENCES packing (`data=full_sentences`, RoBERTa §4.2) fills every sequence with
+contiguous sentences, crossing documents. The packed sequences keep their special tokens,
+which serve the causal LM as GPT-2's <|endoftext|> does: [CLS] opens each sequence (BOS, never
+a target: nothing precedes it) and [SEP] ends each document inside a sequence and the sequence
+itself (EOS: predicted, so the model learns where documents end and generation can stop
+there). `data=doc_sentences` (no sequence spans two documents) works too.
+
+Corruption: none; the data-loader transform only writes `labels` = the input ids at real
+tokens and IGNORE_INDEX at padding, unshifted, as `transformers`' `GPT2LMHeadModel(labels=)`.
+Loss: cross-entropy of the logits at position t against the label at t + 1, averaged over
+every non-padding target token (the tied LM head projects to the vocabulary only there).
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from pretrain.config import ConfigError, DataConfig, ObjectiveConfig
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.vocab import Vocabulary
+from pretrain.generation import GenerationSetup
+from pretrain.models import build_encoder
+from pretrain.models.gpt import CachedDecoderStep
+from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.mlm import classification_metrics
+
+CAUSAL_FORMATS = ("full_sentences", "doc_sentences")
+
+
+@dataclass
+class CausalLMConfig(ObjectiveConfig):
+    """Causal LM settings: none of its own beyond the objective's name."""
+
+    name: str = "causal_lm"
+    _target_: str = "pretrain.objectives.causal_lm.CausalLanguageModel"
+
+    def check_data(self, data: DataConfig) -> None:
+        if data.format not in CAUSAL_FORMATS:
+            raise ConfigError(
+                f"data.format = {data.format!r}: the causal LM reads single-segment sequences; "
+                "use data=full_sentences (GPT-2 style packing) or data=doc_sentences"
+            )
+
+
+@dataclass(frozen=True)
+class CausalLMCorruption:
+    """(batch, epoch) -> batch with `labels` (batch, seq): input ids at real tokens,
+    IGNORE_INDEX at padding. Nothing is corrupted; the shift happens in the loss."""
+
+    predicts_next_token: ClassVar[bool] = True  # `pretrain-data preview` shows plain text
+
+    def __call__(self, batch: dict, epoch: int) -> dict:
+        real = batch["attention_mask"].astype(bool)
+        batch["labels"] = np.where(real, batch["input_ids"], IGNORE_INDEX).astype(np.int64)
+        return batch
+
+
+class CausalLanguageModel(PretrainingModule):
+    """A decoder-only model (`encoder`, e.g. GPTModel) + its tied LM head, trained to predict
+    every next token."""
+
+    config_class = CausalLMConfig
+
+    def __init__(self, config: dict, vocab: Vocabulary):
+        super().__init__(config, vocab)
+        self.encoder = build_encoder(config["model"], vocab.size, vocab.pad)
+        if not getattr(self.encoder, "is_causal", False):
+            raise ConfigError(
+                f"model._target_ = {config['model']['_target_']!r}: objective=causal_lm needs a "
+                "decoder-only model that sees only the past (model=gpt_tiny, gpt_small)"
+            )
+
+    @classmethod
+    def build_corruption(cls, config: dict, vocab: Vocabulary) -> CausalLMCorruption:
+        return CausalLMCorruption()
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Next-token loss, accuracy and perplexity of one batch (targets: non-padding tokens
+        after the first)."""
+        hidden = self.encoder(batch["input_ids"], attention_mask=batch["attention_mask"])
+        targets = batch["labels"][:, 1:]  # (batch, seq - 1): the token after each position
+        predicted = targets != IGNORE_INDEX
+        logits = self.encoder.logits(hidden[:, :-1][predicted])  # (n_targets, vocab)
+        out = classification_metrics("lm", logits, targets[predicted])
+        out["lm_perplexity"] = out["lm_loss"].detach().exp()
+        out["loss"] = out["lm_loss"]
+        return out
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self(batch)
+        self.log_step(out, batch)
+        return out["loss"]
+
+    def log_step(self, metrics: dict[str, torch.Tensor], batch: dict) -> None:
+        """As the base class; the run summary reports the LM loss."""
+        super().log_step(metrics, batch)
+        self._last_mlm_loss = metrics["lm_loss"]
+
+    def prepare_generation(self, token_ids: torch.Tensor) -> GenerationSetup:
+        """Continue a text: the prefix is [CLS] + its (1, n) token ids (no special tokens);
+        generation stops at [SEP], the end of a document."""
+        device = self.encoder.word_embeddings.weight.device
+        bos = torch.full((token_ids.shape[0], 1), self.vocab.cls, dtype=torch.long)
+        prefix = torch.cat([bos, token_ids.long()], dim=1).to(device)
+
+        max_length = self.encoder.embeddings.position_embeddings.num_embeddings
+        step = CachedDecoderStep(self.encoder)  # (rows, t) ids -> (rows, vocab) logits
+        return GenerationSetup(step, prefix, eos_id=self.vocab.sep, max_length=max_length)
