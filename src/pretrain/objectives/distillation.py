@@ -1,0 +1,219 @@
+"""DistilBERT's objective (Sanh et al., 2019): masked LM plus distillation from a frozen teacher.
+
+The student (usually `model=distilbert`) starts from the teacher, unless
+`objective.init_from_teacher` is false: its embeddings, its MLM head and one layer in two
+(student layer i <- teacher layer i * stride, stride = teacher layers // student layers:
+0, 2, 4 ...). A BERT teacher's token-type row 0 (added to every
+token of a single-segment input) is folded into the student's position embeddings, so a
+student without token types embeds exactly as the teacher does.
+
+The teacher (a `pretrain` .ckpt or a Hugging Face directory, `objective.teacher`) stays in
+eval mode without gradients; it is not a submodule, so it is neither optimised nor saved in
+the student's checkpoints, nor exported. Loss, as in Hugging Face's distiller with MLM:
+
+    alpha_ce * KL(teacher || student, both softmax(logits / T)) * T^2   over masked positions
+  + alpha_mlm * cross-entropy of the student's MLM                     over masked positions
+  + alpha_cos * mean(1 - cos(student hidden, teacher hidden))         over real tokens
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pretrain.config import ConfigError, require
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.vocab import Vocabulary
+from pretrain.models import build_encoder
+from pretrain.models.heads import MaskedLMHead
+from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, classification_metrics
+
+
+@dataclass
+class DistillationConfig(MaskedLMConfig):
+    """MLM settings plus the teacher (path) and the loss weights; temperature T > 0."""
+
+    pair_task: str = "none"
+    teacher: str | None = None
+    temperature: float = 2.0
+    alpha_ce: float = 5.0
+    alpha_mlm: float = 2.0
+    alpha_cos: float = 1.0
+    # false: the student keeps its random initialisation (the paper's ablation, Table 4)
+    init_from_teacher: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            self.pair_task == "none",
+            "objective.pair_task",
+            self.pair_task,
+            "must be 'none': DistilBERT has no sentence task",
+        )
+        require(self.temperature > 0, "objective.temperature", self.temperature, "must be positive")
+        for key in ("alpha_ce", "alpha_mlm", "alpha_cos"):
+            require(getattr(self, key) >= 0, f"objective.{key}", getattr(self, key), "must be >= 0")
+        total = self.alpha_ce + self.alpha_mlm + self.alpha_cos
+        require(
+            total > 0, "objective.alpha_ce", self.alpha_ce, "the three alphas sum to 0: no loss"
+        )
+
+
+class Teacher(nn.Module):
+    """A frozen encoder + MLM head in eval mode: (ids, types, mask) -> (hidden, ...)."""
+
+    def __init__(self, model_cfg: dict, state_dict: dict, vocab: Vocabulary, source: str) -> None:
+        super().__init__()
+        self.model_cfg = model_cfg
+        self.encoder = build_encoder(model_cfg, vocab.size, vocab.pad)
+        self.mlm_head = MaskedLMHead(
+            model_cfg["hidden_size"],
+            vocab.size,
+            model_cfg["layer_norm_eps"],
+            self.encoder.word_embeddings,
+            initializer_range=model_cfg.get("initializer_range", 0.02),
+        )
+        weights = {k: v for k, v in state_dict.items() if k.startswith(("encoder.", "mlm_head."))}
+        rows = weights.get("encoder.embeddings.word_embeddings.weight")
+        if rows is not None and rows.shape[0] != vocab.size:
+            raise ConfigError(
+                f"objective.teacher={source}: the teacher's vocabulary has {rows.shape[0]} tokens, "
+                f"the run's tokenizer {vocab.size}; distil with the teacher's tokenizer (its shards)"
+            )
+        if "mlm_head.bias" not in weights:
+            raise ConfigError(
+                f"objective.teacher={source}: the teacher has no MLM head; give a model trained "
+                "with an MLM objective (or a *ForMaskedLM / *ForPreTraining export)"
+            )
+        self.load_state_dict(weights, strict=True)
+        self.requires_grad_(False)
+        self.eval()
+
+    def train(self, mode: bool = True) -> "Teacher":
+        """Always eval mode (no dropout), whatever the caller asks."""
+        return super().train(False)
+
+
+def load_teacher(source: str | None, vocab: Vocabulary) -> Teacher:
+    """The teacher of `objective.teacher`: a Hugging Face directory or a `pretrain` .ckpt."""
+    from pretrain.export import import_hf_model, read_checkpoint
+
+    if not source:
+        raise ConfigError(
+            "objective.teacher is not set: pass objective.teacher=<a pretrain .ckpt or a Hugging "
+            "Face directory> of a model trained with the run's tokenizer"
+        )
+    path = Path(source)
+    if path.is_dir():
+        model_cfg, state_dict = import_hf_model(path)
+    elif path.is_file():
+        state_dict, saved = read_checkpoint(path)
+        model_cfg = saved["model"]
+    else:
+        raise ConfigError(
+            f"objective.teacher={source}: no such file or directory; give a .ckpt or a HF directory"
+        )
+    return Teacher(model_cfg, state_dict, vocab, source)
+
+
+def initialise_student(student: MaskedLanguageModel, teacher: Teacher) -> None:
+    """Copy the teacher's embeddings, MLM head and every `stride`-th layer into the student
+    (student layer i <- teacher layer i * stride); a teacher's token-type row 0 is folded
+    into the student's position embeddings when the student has no token types."""
+    source = student.config["objective"]["teacher"]
+    student_layers, teacher_layers = student.encoder.layers, teacher.encoder.layers
+    if len(teacher_layers) < len(student_layers):
+        raise ConfigError(
+            f"model.num_hidden_layers = {len(student_layers)}: the student cannot have more "
+            f"layers than the teacher ({len(teacher_layers)}, objective.teacher={source})"
+        )
+    stride = len(teacher_layers) // len(student_layers)
+    student_embeddings = student.encoder.embeddings.state_dict()
+    teacher_embeddings = teacher.encoder.embeddings.state_dict()
+    copied = {}
+    for name, tensor in student_embeddings.items():
+        if name not in teacher_embeddings:
+            raise ConfigError(
+                f"objective.teacher={source}: the teacher has no {name} to initialise the "
+                "student's embeddings from; use a teacher of the student's family"
+            )
+        copied[name] = teacher_embeddings[name][: tensor.shape[0]]
+    folded = "token_type_embeddings.weight"
+    if folded in teacher_embeddings and folded not in student_embeddings:
+        copied["position_embeddings.weight"] = (
+            copied["position_embeddings.weight"] + teacher_embeddings[folded][0]
+        )
+    with torch.no_grad():
+        try:
+            student.encoder.embeddings.load_state_dict(copied)
+            for index, layer in enumerate(student_layers):
+                layer.load_state_dict(teacher_layers[index * stride].state_dict())
+            student.mlm_head.load_state_dict(teacher.mlm_head.state_dict())
+        except RuntimeError as error:
+            raise ConfigError(
+                f"model.hidden_size = {student.config['model']['hidden_size']}: the student's "
+                f"sizes must match the teacher's (objective.teacher={source}): {error}"
+            ) from error
+
+
+def cosine_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """mean(1 - cos) of (n, hidden) vector pairs (CosineEmbeddingLoss with target 1), in fp32."""
+    return (1 - F.cosine_similarity(student.float(), teacher.float(), dim=-1)).mean()
+
+
+def distillation_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """KL(teacher || student) of (n, vocab) logits softened by `temperature`, averaged over the
+    n positions and scaled by T^2 (Hinton et al., 2015), in fp32."""
+    log_student = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    teacher_probs = F.softmax(teacher_logits.float() / temperature, dim=-1)
+    return F.kl_div(log_student, teacher_probs, reduction="batchmean") * temperature**2
+
+
+class DistillationModule(MaskedLanguageModel):
+    """Student encoder + tied MLM head, distilled from a frozen teacher (see module docstring)."""
+
+    config_class = DistillationConfig
+
+    def __init__(self, config: dict, vocab: Vocabulary):
+        super().__init__(config, vocab)
+        objective = config["objective"]
+        teacher = load_teacher(objective.get("teacher"), vocab)
+        # Not a submodule: kept out of parameters(), state_dict() and train()/eval().
+        object.__setattr__(self, "teacher", teacher)
+        if objective.get("init_from_teacher", True):
+            initialise_student(self, teacher)
+
+    def _teacher_on(self, reference: torch.Tensor) -> Teacher:
+        """The teacher on the device and in the dtype of the student's weights."""
+        first = next(self.teacher.parameters())
+        if first.device != reference.device or first.dtype != reference.dtype:
+            self.teacher.to(device=reference.device, dtype=reference.dtype)
+        return self.teacher
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Losses (`loss`, `mlm_loss`, `kl_loss`, `cos_loss`) and metrics of one batch."""
+        objective = self.config["objective"]
+        inputs = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        hidden = self.encoder(*inputs)  # (batch, seq, hidden)
+        selected = batch["labels"] != IGNORE_INDEX
+        targets = batch["labels"][selected]  # (n_masked,)
+        logits = self.mlm_head(hidden[selected])  # (n_masked, vocab)
+        teacher = self._teacher_on(self.encoder.word_embeddings.weight)
+        with torch.no_grad():
+            teacher_hidden = teacher.encoder(*inputs)
+            teacher_logits = teacher.mlm_head(teacher_hidden[selected])
+        out = classification_metrics("mlm", logits, targets)
+        real = batch["attention_mask"].bool()
+        out["kl_loss"] = distillation_kl(logits, teacher_logits, objective["temperature"])
+        out["cos_loss"] = cosine_loss(hidden[real], teacher_hidden[real])
+        out["loss"] = (
+            objective["alpha_ce"] * out["kl_loss"]
+            + objective["alpha_mlm"] * out["mlm_loss"]
+            + objective["alpha_cos"] * out["cos_loss"]
+        )
+        out["teacher_mlm_accuracy"] = (teacher_logits.argmax(-1) == targets).float().mean()
+        return out
