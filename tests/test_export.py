@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pretrain.export import ExportError, bert_to_hf_state_dict, export_checkpoint
+from pretrain.export import ExportError, export_checkpoint
+from pretrain.export.bert import bert_to_hf_state_dict
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 
@@ -109,7 +110,10 @@ def make_checkpoint(
         "model": dict(MODEL_CFG),
         "model_runtime": {"vocab_size": len(WORDS), "pad_token_id": PAD_ID},
         "data": {"tokenizer_dir": str(tokenizer_dir), "max_seq_length": 20},
-        "objective": {"name": "mlm_nsp" if nsp else "mlm", "nsp": nsp},
+        "objective": {
+            "name": "mlm_nsp" if nsp else "mlm",
+            "_target_": "pretrain.objectives.mlm.MaskedLanguageModel",
+        },
     }
     torch.save(
         {"state_dict": module.state_dict(), "config": config, "global_step": 7, "epoch": 0}, path

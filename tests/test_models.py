@@ -4,9 +4,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pretrain.config import ModelConfig
 from pretrain.models import build_encoder, count_parameters
-from pretrain.models.bert import BertEncoder
+from pretrain.models.bert import BertEncoder, BertEncoderConfig
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.paths import CONF_DIR
 
@@ -225,7 +224,9 @@ def test_model_configs_match_google_sizes_and_schema(name):
     assert cfg.num_attention_heads == hidden // 64
     assert cfg.intermediate_size == 4 * hidden
     assert cfg.max_position_embeddings == 512
-    ModelConfig(**OmegaConf.to_container(cfg))  # the lead's schema accepts every key and value
+    BertEncoderConfig(
+        **OmegaConf.to_container(cfg)
+    )  # the lead's schema accepts every key and value
     with torch.device("meta"):
         encoder = build_encoder(cfg, vocab_size=1000, pad_token_id=0)
     assert isinstance(encoder, BertEncoder)
@@ -271,5 +272,5 @@ def test_build_encoder_takes_runtime_values_from_arguments():
         build_encoder({**cfg, "vocab_size": 10}, vocab_size=55, pad_token_id=4)
     with pytest.raises(KeyError, match="_target_"):
         build_encoder(SMALL, vocab_size=55, pad_token_id=4)
-    dataclass_cfg = ModelConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64)
+    dataclass_cfg = BertEncoderConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64)
     assert build_encoder(dataclass_cfg, vocab_size=55, pad_token_id=0).hidden_size == 32

@@ -1,12 +1,13 @@
-"""Checkpoint -> Hugging Face format (config.json, model.safetensors, tokenizer files)."""
+"""Checkpoint <-> Hugging Face format (config.json, model.safetensors, tokenizer files)."""
 
-from pretrain.export.bert import bert_to_hf_state_dict, export_checkpoint, hf_config
 from pretrain.export.checkpoint import ExportError, read_checkpoint
+from pretrain.export.hf import HFModel, export_checkpoint, import_hf_model, read_hf_model
 
 __all__ = [
     "ExportError",
-    "bert_to_hf_state_dict",
+    "HFModel",
     "export_checkpoint",
-    "hf_config",
+    "import_hf_model",
     "read_checkpoint",
+    "read_hf_model",
 ]

@@ -1,23 +1,19 @@
-"""Export a BERT checkpoint of `pretrain` to a Hugging Face `BertForPreTraining` directory.
+"""BERT weights <-> Hugging Face `BertForPreTraining` / `BertForMaskedLM` / `BertModel`.
 
-The directory holds config.json (written here as a plain dict, so `transformers` is not
-needed to export), model.safetensors and the run's tokenizer files, and loads with
-`transformers.AutoModel*.from_pretrained` / `AutoTokenizer.from_pretrained`.
+`to_hf` renames a checkpoint's weights and writes BertConfig as a plain dict (so `transformers`
+is not needed to export); `from_hf` is its inverse, for initialising from a HF directory.
 """
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from pretrain.config import ModelConfig
-from pretrain.export.checkpoint import ExportError, read_checkpoint
-from pretrain.export.output_dir import copy_tokenizer_files, write_directory
+from pretrain.export.checkpoint import ExportError
+from pretrain.export.hf import HFModel
+from pretrain.models.bert import BertEncoderConfig
 
 PREFIXES = ("encoder.", "mlm_head.", "nsp_head.")
 
@@ -115,8 +111,12 @@ def architecture(hf_state_dict: Mapping[str, torch.Tensor]) -> str:
     return "BertForMaskedLM" if has_mlm else "BertModel"
 
 
-# BertEncoder's settings carry BertConfig's names: all of ModelConfig but its name and target.
-SIZE_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("name", "_target_"))
+# BertEncoder's settings carry BertConfig's names: all of BertEncoderConfig but those of ModelConfig.
+SIZE_KEYS = tuple(
+    f.name
+    for f in fields(BertEncoderConfig)
+    if f.name not in ("name", "_target_", "reference_vocab_size")
+)
 
 
 def hf_config(
@@ -146,33 +146,66 @@ def hf_config(
     }
 
 
-def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
-    """Write the HF directory for a `pretrain` checkpoint; returns the directory's path.
-
-    Writes config.json, model.safetensors (weights in the checkpoint's dtype) and the files of
-    `config.data.tokenizer_dir`. A non-empty `out_dir` is replaced only with `overwrite`.
-    """
-    state_dict, config = read_checkpoint(ckpt_path)
-    try:
-        weights = bert_to_hf_state_dict(state_dict)
-    except ValueError as error:
-        raise ExportError(f"{ckpt_path}: {error}") from error
+def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> HFModel:
+    """A checkpoint's BERT weights and run config -> the Hugging Face BERT model they make
+    (BertForPreTraining, BertForMaskedLM or BertModel, by the heads present)."""
+    weights = bert_to_hf_state_dict(state_dict)
     runtime = config["model_runtime"]
     model_config = hf_config(
         config["model"], runtime["vocab_size"], runtime["pad_token_id"], (architecture(weights),)
     )
-    embeddings = weights["bert.embeddings.word_embeddings.weight"]
-    if embeddings.shape[0] != model_config["vocab_size"]:
-        raise ExportError(
-            f"{ckpt_path}: config.model_runtime.vocab_size is {model_config['vocab_size']} but the word "
-            f"embeddings have {embeddings.shape[0]} rows"
+    return HFModel(model_config, weights)
+
+
+def _inverse(pattern: str, replacement: str) -> tuple[str, str]:
+    """Swap a (our regex, HF replacement) rule into (HF regex, our replacement)."""
+    groups = iter(re.findall(r"\(.*?\)", pattern))
+    hf_pattern = re.sub(r"\\(\d)", lambda _: next(groups), re.escape(replacement))
+    hf_pattern = hf_pattern.replace(r"\(", "(").replace(r"\)", ")").replace(r"\|", "|")
+    hf_pattern = hf_pattern.replace(r"\\d\+", r"\d+")
+    count = iter(range(1, 10))
+    ours = re.sub(r"\(.*?\)", lambda _: f"\\{next(count)}", pattern).replace("\\.", ".")
+    return hf_pattern, ours
+
+
+INVERSE_RENAMES = [_inverse(pattern, replacement) for pattern, replacement in RENAMES]
+HF_QKV = re.compile(
+    r"bert\.encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)"
+)
+
+
+def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A Hugging Face BERT model -> (our `model` config group, state_dict under our names:
+    `encoder.*`, plus `mlm_head.*` / `nsp_head.*` when the model has those heads).
+    The inverse of `to_hf`: export -> import -> export gives the same weights and config."""
+    missing = [key for key in SIZE_KEYS if key not in hf_model.config]
+    if missing:
+        raise ExportError(f"config.json lacks {missing[0]!r}: not a BERT config")
+    model_cfg = {
+        "name": "bert_imported",
+        "_target_": "pretrain.models.bert.BertEncoder",
+        **{key: hf_model.config[key] for key in SIZE_KEYS},
+    }
+    ours: dict[str, torch.Tensor] = {}
+    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+    for name, tensor in hf_model.weights.items():
+        fused = HF_QKV.fullmatch(name)
+        if fused:
+            layer, part, kind = fused.groups()
+            qkv.setdefault((layer, kind), {})[part] = tensor
+            continue
+        for pattern, replacement in INVERSE_RENAMES:
+            if re.fullmatch(pattern, name):
+                ours[re.sub(pattern, replacement, name)] = tensor
+                break
+    for (layer, kind), parts in qkv.items():
+        ours[f"encoder.layers.{layer}.attention.qkv.{kind}"] = torch.cat(
+            [parts["query"], parts["key"], parts["value"]], dim=0
         )
-    model_config["dtype"] = str(embeddings.dtype).removeprefix("torch.")
-    tokenizer_dir = Path(config["data"]["tokenizer_dir"])
-
-    def fill(directory: Path) -> None:
-        (directory / "config.json").write_text(json.dumps(model_config, indent=2) + "\n")
-        save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
-        copy_tokenizer_files(tokenizer_dir, directory)
-
-    return write_directory(out_dir, fill, overwrite=overwrite, keep=(ckpt_path, tokenizer_dir))
+    if WORD_EMBEDDINGS not in ours:
+        raise ExportError(
+            "the weights lack bert.embeddings.word_embeddings.weight: not a BERT model"
+        )
+    if "mlm_head.bias" in ours:
+        ours[TIED_DECODER] = ours[WORD_EMBEDDINGS]
+    return model_cfg, ours

@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from pretrain.export.bert import export_checkpoint
 from pretrain.export.checkpoint import ExportError
+from pretrain.export.hf import export_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 RUNTIME_KEYS = ("vocab_size", "pad_token_id")
+DESCRIPTIVE_KEYS = ("name", "reference_vocab_size")  # of ModelConfig, not constructor arguments
 
 
 def _plain(model_cfg: Any) -> dict:
@@ -29,11 +30,12 @@ def _plain(model_cfg: Any) -> dict:
 def build_encoder(model_cfg: Mapping, vocab_size: int, pad_token_id: int) -> nn.Module:
     """Instantiate the encoder named by `model_cfg["_target_"]` (a `conf/model/*.yaml` group).
 
-    The key `name` is dropped; `vocab_size` and `pad_token_id` come from the tokenizer at run
+    The keys `name` and `reference_vocab_size` are dropped; `vocab_size` and `pad_token_id` come from the tokenizer at run
     time and must not be in the config. Accepts a DictConfig, a dict or the ModelConfig dataclass.
     """
     kwargs = _plain(model_cfg)
-    kwargs.pop("name", None)
+    for key in DESCRIPTIVE_KEYS:
+        kwargs.pop(key, None)
     if "_target_" not in kwargs:
         raise KeyError(
             "model._target_ is missing: the model config must name the encoder class, "

@@ -7,9 +7,49 @@ fastest kernel for the device. The query, key and value projections are one fuse
 export splits it into BERT's three matrices.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+from pretrain.config import ModelConfig, require, require_unit_interval
+
+
+@dataclass
+class BertEncoderConfig(ModelConfig):
+    """A BERT encoder's settings (BertConfig's names); sizes in features, layers and heads."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
+            require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
+        require(
+            self.hidden_size % self.num_attention_heads == 0,
+            "model.hidden_size",
+            self.hidden_size,
+            f"must be divisible by model.num_attention_heads ({self.num_attention_heads})",
+        )
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            require_unit_interval(f"model.{key}", getattr(self, key), open_low=False)
 
 
 def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
@@ -53,8 +93,12 @@ class BertEmbeddings(nn.Module):
         self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         self.dropout = nn.Dropout(hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """Embed (batch, seq) token ids; positions are 0..seq-1. Returns (batch, seq, hidden)."""
+    def position_vectors(self, input_ids: Tensor) -> Tensor:
+        """The position embeddings to add to (batch, seq) ids: positions 0..seq-1, (seq, hidden).
+
+        Subclasses with other position ids (RoBERTa's, offset past the padding index) override
+        this and may return (batch, seq, hidden).
+        """
         seq_len = input_ids.shape[1]
         max_positions = self.position_embeddings.num_embeddings
         if seq_len > max_positions:
@@ -62,12 +106,16 @@ class BertEmbeddings(nn.Module):
                 f"input_ids has {seq_len} positions but the model has max_position_embeddings = "
                 f"{max_positions}; shorten data.max_seq_length or use a model with more positions"
             )
+        return self.position_embeddings.weight[:seq_len]
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """Embed (batch, seq) token ids (positions from `position_vectors`). Returns (batch, seq, hidden)."""
         hidden = self.word_embeddings(input_ids)  # (batch, seq, hidden)
         if token_type_ids is None:
             hidden = hidden + self.token_type_embeddings.weight[0]
         else:
             hidden = hidden + self.token_type_embeddings(token_type_ids)
-        hidden = hidden + self.position_embeddings.weight[:seq_len]  # (seq, hidden) broadcast
+        hidden = hidden + self.position_vectors(input_ids)  # (seq or batch, seq, hidden)
         return self.dropout(self.norm(hidden))
 
 
@@ -140,6 +188,10 @@ class BertEncoder(nn.Module):
     initialisation and receiving no gradient from the embedding lookup (as in BERT/HF).
     """
 
+    config_class = BertEncoderConfig
+    hf_format = "pretrain.export.bert"  # the module whose to_hf/from_hf convert the weights
+    embeddings_class = BertEmbeddings  # subclasses change positions or token types
+
     def __init__(
         self,
         vocab_size: int,
@@ -162,7 +214,7 @@ class BertEncoder(nn.Module):
             )
         self.hidden_size = hidden_size
         self.initializer_range = initializer_range
-        self.embeddings = BertEmbeddings(
+        self.embeddings = self.embeddings_class(
             vocab_size,
             hidden_size,
             max_position_embeddings,

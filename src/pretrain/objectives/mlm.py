@@ -146,6 +146,7 @@ class MaskedLanguageModel(PretrainingModule):
             model["layer_norm_eps"],
             self.encoder.word_embeddings,
             initializer_range=init,
+            hidden_act=model.get("hidden_act", "gelu"),
         )
         self.pair_task = config["objective"].get("pair_task", "none")
         head = None

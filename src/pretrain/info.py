@@ -1,0 +1,78 @@
+"""`pretrain-info model=NAME [overrides] [vocab_size=N] [--format json]`: a model's parameter
+count (total, embeddings, the rest), the way the ALBERT paper's tables size models.
+
+The model is built on the meta device, so no weights are allocated: even xxlarge sizes print
+in a second. The vocabulary is the paper's (`model.reference_vocab_size`) unless
+`vocab_size=N` is given. Objective heads (MLM, NSP) are not counted.
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+
+from pretrain.config import ConfigError, component_config, compose_config
+from pretrain.models import build_encoder, count_parameters
+
+
+def parameter_counts(model_cfg: dict, vocab_size: int, pad_token_id: int = 0) -> dict[str, int]:
+    """{"total", "embeddings", "rest"} parameter counts of the encoder `model_cfg` describes
+    (shared parameters counted once); `embeddings` is the encoder's `embeddings` submodule."""
+    with torch.device("meta"):
+        encoder = build_encoder(model_cfg, vocab_size, pad_token_id)
+    total = count_parameters(encoder)
+    embeddings = count_parameters(encoder.embeddings) if hasattr(encoder, "embeddings") else 0
+    return {"total": total, "embeddings": embeddings, "rest": total - embeddings}
+
+
+def model_info(overrides: list[str], vocab_size: int | None = None) -> dict:
+    """Compose the `model` group with Hydra `overrides`, check it, and count its parameters."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_config(overrides)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    checked = component_config("model", model)
+    vocab = vocab_size or checked.reference_vocab_size
+    if vocab is None:
+        raise ConfigError(
+            f"model.reference_vocab_size of {checked.name} is not set; pass vocab_size=N"
+        )
+    return {"model": checked.name, "vocab_size": vocab, **parameter_counts(model, vocab)}
+
+
+def format_table(info: dict) -> str:
+    """The counts as an aligned text table, in millions and exactly."""
+    rows = [("parameters", "millions", "count")]
+    rows += [
+        (key, f"{info[key] / 1e6:.2f}M", f"{info[key]:,}")
+        for key in ("total", "embeddings", "rest")
+    ]
+    width = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [f"model {info['model']} (vocabulary {info['vocab_size']:,} tokens)"]
+    lines += [
+        "  ".join(cell.rjust(width[i]) if i else cell.ljust(width[i]) for i, cell in enumerate(row))
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit status (2 on a config error)."""
+    parser = argparse.ArgumentParser(prog="pretrain-info", description=__doc__.split("\n\n")[0])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=albert_base")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    args = parser.parse_args(argv)
+    vocab = [o for o in args.overrides if o.startswith("vocab_size=")]
+    overrides = [o for o in args.overrides if not o.startswith("vocab_size=")]
+    try:
+        info = model_info(overrides, int(vocab[-1].split("=", 1)[1]) if vocab else None)
+    except (ConfigError, ValueError) as error:
+        print(f"pretrain-info: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(info) if args.format == "json" else format_table(info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
