@@ -57,6 +57,12 @@ def preview_records(overrides: list[str], n: int) -> tuple[list[dict], str, str]
                 if name != "keys" and values.ndim == 2:
                     record[name] = values[row, :length].tolist()
             record["next_sentence_label"] = int(batch["next_sentence_label"][row])
+            if "decoder_input_ids" in batch:  # encoder-decoder: decoder side has its own length
+                target_length = int(batch["decoder_attention_mask"][row].sum())
+                for name in ("decoder_input_ids", "decoder_attention_mask", "labels"):
+                    record[name] = batch[name][row, :target_length].tolist()
+            if getattr(spec.corruption, "predicts_next_token", False):  # causal LM
+                record["next_token_prediction"] = True
             records.append(record)
             if len(records) == n:
                 break
@@ -65,10 +71,50 @@ def preview_records(overrides: list[str], n: int) -> tuple[list[dict], str, str]
     return records, config["data"]["tokenizer_dir"], spec.pair_task
 
 
+def render_seq2seq(record: dict, tokenizer: Tokenizer) -> str:
+    """An encoder-decoder sample: the (noised) encoder input, then the decoder's targets
+    (positions not predicted, as MASS's outside its fragment, written `_`)."""
+    token = tokenizer.id_to_token
+    targets = [token(i) if i != IGNORE_INDEX else "_" for i in record["labels"]]
+    predicted = sum(i != IGNORE_INDEX for i in record["labels"])
+    header = (
+        f"[batch {record['batch']}] {record['key']}  ({len(record['input_ids'])} encoder "
+        f"tokens, {predicted} target tokens)"
+    )
+    encoder = " ".join(token(i) for i in record["input_ids"])
+    return f"{header}\n  encoder: {encoder}\n  target:  {' '.join(targets)}"
+
+
+def render_permutation(record: dict, tokenizer: Tokenizer) -> str:
+    """An XLNet sample: targets written <token#k>, k = its place in the factorization order
+    among the targets (the other tokens are the context, visible to every target)."""
+    token = tokenizer.id_to_token
+    ranks = np.array(record["target_rank"])
+    targets = np.flatnonzero(ranks >= 0)
+    place = {int(i): n + 1 for n, i in enumerate(targets[np.argsort(ranks[targets])])}
+    words = [
+        f"<{token(t)}#{place[i]}>" if i in place else token(t)
+        for i, t in enumerate(record["input_ids"])
+    ]
+    header = (
+        f"[batch {record['batch']}] {record['key']}  ({len(words)} tokens, {len(place)} "
+        "predicted by the query stream, in the order #1, #2, ...)"
+    )
+    return header + "\n  " + " ".join(words)
+
+
 def render(record: dict, tokenizer: Tokenizer, pair_task: str = "nsp") -> str:
     """One sequence as text: predicted positions <shown|label>, shuffled ones {shown|original},
     SpanBERT spans opened by `⟦` and closed by `⟧`."""
     token = tokenizer.id_to_token
+    if "target_rank" in record:  # XLNet: factorization order of the targets
+        return render_permutation(record, tokenizer)
+    if "decoder_input_ids" in record:  # BART / MASS: encoder input vs decoder target
+        return render_seq2seq(record, tokenizer)
+    if record.get("next_token_prediction"):  # causal LM: every token after the first is a target
+        targets = int(np.sum(np.array(record["labels"][1:]) != IGNORE_INDEX))
+        header = f"[batch {record['batch']}] {record['key']}  ({len(record['input_ids'])} tokens, {targets} next-token targets; [CLS] = start, [SEP] = end of a document)"
+        return header + "\n  " + " ".join(token(i) for i in record["input_ids"])
     shuffled = record.get("shuffle_labels", [IGNORE_INDEX] * len(record["input_ids"]))
     words = []
     for shown, label, original in zip(record["input_ids"], record["labels"], shuffled, strict=True):

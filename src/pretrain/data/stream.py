@@ -90,6 +90,19 @@ def shuffle_documents(
 
 def format_documents(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Iterator[dict]:
     """Apply the input format named by `spec.format`."""
+    if spec.format == "xlnet_pair":  # A [SEP] B [SEP] [CLS] (xlnet_format.py)
+        from pretrain.data.xlnet_format import make_xlnet_pairs
+
+        return make_xlnet_pairs(
+            documents,
+            spec.max_seq_length,
+            spec.vocab,
+            seed=spec.seed,
+            epoch=epoch,
+            short_seq_probability=spec.short_seq_probability,
+            random_probability=spec.nsp_random_probability,
+            pool_size=spec.random_document_pool,
+        )
     if spec.format in ("segment_pair", "sentence_pair"):
         return make_segment_pairs(
             documents,
@@ -109,7 +122,7 @@ def format_documents(documents: Iterable[dict], spec: StreamSpec, epoch: int) ->
 
 def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
     """Pad a list of sequences to the longest (rounded up to `multiple_of`) as numpy arrays:
-    input_ids, token_type_ids, attention_mask, word_starts, phrases (batch, seq); next_sentence_label
+    input_ids, token_type_ids, attention_mask, word_starts, phrases, sentence_starts (batch, seq); next_sentence_label
     (batch,); keys (list of str)."""
     length = max(len(s["input_ids"]) for s in sequences)
     length = math.ceil(length / multiple_of) * multiple_of
@@ -119,6 +132,7 @@ def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
         "attention_mask": np.zeros((len(sequences), length), np.int64),
         "word_starts": np.zeros((len(sequences), length), bool),
         "phrases": np.zeros((len(sequences), length), np.uint8),
+        "sentence_starts": np.zeros((len(sequences), length), bool),
     }
     for row, s in enumerate(sequences):
         n = len(s["input_ids"])
@@ -127,6 +141,8 @@ def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
         batch["attention_mask"][row, :n] = 1
         batch["word_starts"][row, :n] = s["word_starts"]
         batch["phrases"][row, :n] = s["phrases"]
+        if "sentence_starts" in s:  # first token of each sentence (formats.py)
+            batch["sentence_starts"][row, :n] = s["sentence_starts"]
     batch["next_sentence_label"] = np.array([s["next_sentence_label"] for s in sequences], np.int64)
     batch["keys"] = [s["key"] for s in sequences]
     return batch
@@ -155,6 +171,10 @@ def to_model_batch(batches: Iterable[list[dict]], spec: StreamSpec, epoch: int) 
 
 def training_stream(spec: StreamSpec, epoch: int, skip_batches: int = 0) -> wds.DataPipeline:
     """The pipeline of one epoch, as an IterableDataset of whole batches."""
+    if spec.format == "xlnet_memory":  # per-slot consecutive segments (xlnet_format.py)
+        from pretrain.data.xlnet_format import MemoryStream
+
+        return MemoryStream(spec, epoch, skip_batches)
     return wds.DataPipeline(
         partial(read_split, spec, epoch, skip_batches),
         partial(_shuffle_stage, spec=spec, epoch=epoch, skip_batches=skip_batches),

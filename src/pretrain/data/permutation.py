@@ -1,0 +1,125 @@
+"""Factorization orders for XLNet's permutation language modelling, with partial prediction.
+
+Per sequence, a factorization order of its real tokens is drawn, keyed by (seed, epoch,
+sample key). Partial prediction (XLNet §2.3): only the last 1/K of the order is predicted,
+round(n / K) of the n candidate tokens (non-special, non-padding), at least one. As in the
+paper's implementation, the tokens before the cut (the context) form one group that sees
+itself bidirectionally and never sees a target; a target sees the context and the targets
+before it in the order. `order="uniform"`: the order is a uniform random permutation, so the
+targets are a uniform random subset. `order="span"` (the released code / HF's
+DataCollatorForPermutationLanguageModeling): the targets are spans of 1..max_span_length
+tokens, the order among them uniform.
+
+`perm_mask[b, i, j] = True` means token i may NOT see token j (HF's convention; the query
+stream uses it as is, the content stream also lets a token see itself).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pretrain.data.keyed_rng import keyed_generator, keyed_uniform
+from pretrain.data.masking import IGNORE_INDEX
+
+STREAM_PERMUTATION = 30  # keyed_rng stream of the factorization orders
+STREAM_PERMUTATION_SPANS = 31
+ORDERS = ("uniform", "span")
+CONTEXT_RANK = -1
+
+
+@dataclass(frozen=True)
+class Permutation:
+    """rank (batch, seq) int64: position of each token in the factorization order, CONTEXT_RANK
+    for the context and padding; targets (batch, seq) bool."""
+
+    rank: np.ndarray
+    targets: np.ndarray
+
+
+def num_targets(candidates: np.ndarray, k: float) -> np.ndarray:
+    """(batch,) number of targets per row: round(candidates / K), at least 1 when any."""
+    count = candidates.sum(axis=1)
+    return np.where(count > 0, np.maximum(1, np.rint(count / k)), 0).astype(np.int64)
+
+
+def uniform_order(
+    candidates: np.ndarray, hashes: np.ndarray, *, seed: int, epoch: int, k: float
+) -> Permutation:
+    """A uniform random order of each row's candidates (its last 1/K are the targets),
+    vectorised: the order sorts keyed uniforms (a uniform random permutation)."""
+    uniform = keyed_uniform(seed, epoch, STREAM_PERMUTATION, hashes, candidates.shape[1])
+    uniform = np.where(candidates, uniform, -1.0)  # non-candidates sort first
+    order = np.argsort(uniform, axis=1, kind="stable")  # (batch, seq) positions by rank
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(order.shape[1])[None, :], axis=1)
+    targets = rank >= order.shape[1] - num_targets(candidates, k)[:, None]
+    return Permutation(np.where(targets, rank, CONTEXT_RANK), targets)
+
+
+def span_order(
+    candidates: np.ndarray,
+    keys: list[str],
+    *,
+    seed: int,
+    epoch: int,
+    k: float,
+    max_span_length: int = 5,
+) -> Permutation:
+    """Targets in spans (HF's collator): a span of L ~ U{1..max_span_length} tokens starts at
+    a uniform offset of a window of round(L * K) tokens, windows tiling the row, until
+    round(n / K) candidates are targets; the order among the targets is uniform."""
+    batch, seq = candidates.shape
+    targets = np.zeros_like(candidates)
+    rank = np.full((batch, seq), CONTEXT_RANK, np.int64)
+    budgets = num_targets(candidates, k)
+    for row in range(batch):
+        rng = keyed_generator(seed, epoch, STREAM_PERMUTATION_SPANS, keys[row])
+        positions = np.flatnonzero(candidates[row])
+        chosen = np.zeros(len(positions), bool)
+        budget, start = int(budgets[row]), 0
+        while chosen.sum() < budget and start < len(positions):
+            length = int(rng.integers(1, max_span_length + 1))
+            window = max(length, int(round(length * k)))
+            offset = start + int(rng.integers(0, window - length + 1))
+            chosen[offset : offset + min(length, budget - int(chosen.sum()))] = True
+            start += window
+        missing = budget - int(chosen.sum())
+        if missing > 0:  # a short row: top up with random candidates
+            free = np.flatnonzero(~chosen)
+            chosen[rng.choice(free, missing, replace=False)] = True
+        picked = positions[chosen]
+        targets[row, picked] = True
+        rank[row, picked] = rng.permutation(len(picked))
+    return Permutation(rank, targets)
+
+
+def perm_mask_from(permutation: Permutation) -> np.ndarray:
+    """(batch, seq, seq) bool, True = token i may not see token j: j is a target not before i.
+    Context tokens (rank CONTEXT_RANK) see each other and no target; padding is left to the
+    attention mask."""
+    rank, targets = permutation.rank, permutation.targets
+    return targets[:, None, :] & (rank[:, None, :] >= rank[:, :, None])
+
+
+def target_mapping_from(
+    permutation: Permutation, input_ids: np.ndarray, num_predict: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(target_mapping (batch, num_predict, seq) float32 one-hot rows, target_labels (batch,
+    num_predict) int64 (IGNORE_INDEX for unused rows), target_positions (batch, num_predict)
+    int64, -1 for unused). Targets are listed left to right; num_predict defaults to the most
+    targets of any row."""
+    targets = permutation.targets
+    counts = targets.sum(axis=1)
+    width = int(counts.max(initial=0)) if num_predict is None else num_predict
+    if counts.max(initial=0) > width:
+        raise ValueError(f"a row has {counts.max()} targets but num_predict = {width}")
+    batch, seq = targets.shape
+    mapping = np.zeros((batch, width, seq), np.float32)
+    labels = np.full((batch, width), IGNORE_INDEX, np.int64)
+    positions = np.full((batch, width), -1, np.int64)
+    rows, cols = np.nonzero(targets)  # row-major: left to right within each row
+    slot = np.arange(len(rows)) - np.searchsorted(rows, rows)  # index among the row's targets
+    mapping[rows, slot, cols] = 1.0
+    labels[rows, slot] = input_ids[rows, cols]
+    positions[rows, slot] = cols
+    return mapping, labels, positions

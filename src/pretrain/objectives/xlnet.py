@@ -1,0 +1,184 @@
+"""XLNet's objective: permutation language modelling with partial prediction.
+
+Corruption (data-loader workers, `PermutationCorruption`): the input is left as it is; a
+factorization order is drawn per sequence (pretrain.data.permutation) and becomes
+`perm_mask` (batch, seq, seq), `target_mapping` (batch, num_predict, seq) and
+`target_labels` (batch, num_predict); `labels` (batch, seq) and `target_rank` (batch, seq)
+are kept for previews. Loss: cross-entropy of the query stream's predictions at the targets
+(the last 1/K of the order, K = 6).
+
+Memory (data.format=xlnet_memory): the module keeps the encoder's memory between training
+steps (detached, per batch slot) and masks a slot's memory when the batch flags
+`new_document` for it; the memory is not saved in checkpoints (a resumed run starts with an
+empty one). Other formats train without memory.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pretrain.config import ConfigError, DataConfig, ObjectiveConfig, require
+from pretrain.data.keyed_rng import key_hashes
+from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.permutation import (
+    ORDERS,
+    perm_mask_from,
+    span_order,
+    target_mapping_from,
+    uniform_order,
+)
+from pretrain.data.vocab import Vocabulary
+from pretrain.models import build_encoder
+from pretrain.models.xlnet import XLNetLMHead
+from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.mlm import classification_metrics
+
+XLNET_FORMATS = ("xlnet_pair", "xlnet_memory", "full_sentences", "doc_sentences")
+
+
+@dataclass
+class PermutationLMConfig(ObjectiveConfig):
+    """`partial_prediction_k`: K, 1/K of each sequence's candidate tokens are predicted;
+    `order`: "uniform" (the paper) or "span" (targets in spans of 1..max_span_length tokens,
+    the released code / HF's collator)."""
+
+    name: str = "xlnet"
+    _target_: str = "pretrain.objectives.xlnet.PermutationLanguageModel"
+    partial_prediction_k: float = 6.0
+    order: str = "uniform"
+    max_span_length: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            self.partial_prediction_k >= 1,
+            "objective.partial_prediction_k",
+            self.partial_prediction_k,
+            "must be at least 1 (1 = predict every token)",
+        )
+        require(self.order in ORDERS, "objective.order", self.order, f"must be one of {ORDERS}")
+        require(
+            self.max_span_length >= 1,
+            "objective.max_span_length",
+            self.max_span_length,
+            "must be at least 1 token",
+        )
+
+    def check_data(self, data: DataConfig) -> None:
+        if data.format not in XLNET_FORMATS:
+            raise ConfigError(
+                f"data.format = {data.format!r}: XLNet needs one of {', '.join(XLNET_FORMATS)} "
+                "(xlnet_pair: A [SEP] B [SEP] [CLS] as in the paper; xlnet_memory: the same with "
+                "a memory carried across batches)"
+            )
+
+
+@dataclass(frozen=True)
+class PermutationCorruption:
+    """(batch, epoch) -> batch + perm_mask, target_mapping, target_labels, labels, target_rank.
+    Draws are keyed by (seed, epoch, sequence key); static masking uses epoch % dupe_factor.
+    `reuse_len` is read by the xlnet_memory stream (model.reuse_len)."""
+
+    seed: int
+    special_ids: tuple[int, ...]
+    partial_prediction_k: float = 6.0
+    order: str = "uniform"
+    max_span_length: int = 5
+    masking: str = "dynamic"
+    dupe_factor: int = 10
+    reuse_len: int | None = None
+
+    def __call__(self, batch: dict, epoch: int) -> dict:
+        epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
+        ids = batch["input_ids"]
+        candidates = batch["attention_mask"].astype(bool) & ~np.isin(ids, self.special_ids)
+        k = self.partial_prediction_k
+        if self.order == "uniform":
+            hashes = key_hashes(batch["keys"])
+            perm = uniform_order(candidates, hashes, seed=self.seed, epoch=epoch, k=k)
+        else:
+            perm = span_order(
+                candidates, batch["keys"], seed=self.seed, epoch=epoch, k=k,
+                max_span_length=self.max_span_length,
+            )  # fmt: skip
+        batch["perm_mask"] = perm_mask_from(perm)
+        mapping, target_labels, _ = target_mapping_from(perm, ids)
+        batch["target_mapping"], batch["target_labels"] = mapping, target_labels
+        batch["labels"] = np.where(perm.targets, ids, IGNORE_INDEX)
+        batch["target_rank"] = perm.rank
+        return batch
+
+
+class PermutationLanguageModel(PretrainingModule):
+    """XLNet encoder + tied LM head on the query stream; loss over the targets only."""
+
+    config_class = PermutationLMConfig
+
+    def __init__(self, config: dict, vocab: Vocabulary):
+        super().__init__(config, vocab)
+        self.encoder = build_encoder(config["model"], vocab.size, vocab.pad)
+        self.lm_head = XLNetLMHead(vocab.size)
+        self.use_memory = config.get("data", {}).get("format") == "xlnet_memory"
+        self._mems: list[torch.Tensor] | None = None
+        self._mems_mask: torch.Tensor | None = None
+
+    @classmethod
+    def build_corruption(cls, config: dict, vocab: Vocabulary) -> PermutationCorruption:
+        objective = config["objective"]
+        return PermutationCorruption(
+            seed=config["seed"],
+            special_ids=vocab.special_ids,
+            partial_prediction_k=objective.get("partial_prediction_k", 6.0),
+            order=objective.get("order", "uniform"),
+            max_span_length=objective.get("max_span_length", 5),
+            masking=objective.get("masking", "dynamic"),
+            dupe_factor=objective.get("dupe_factor", 10),
+            reuse_len=config["model"].get("reuse_len"),
+        )
+
+    def carried_memory(self, batch: dict) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
+        """The memory for this batch: the last step's, with the slots that start a new
+        document masked out; None at the start or when the batch size changed."""
+        if not self.use_memory or self._mems is None:
+            return None, None
+        if self._mems[0].shape[0] != batch["input_ids"].shape[0]:
+            return None, None
+        mask = self._mems_mask
+        if "new_document" in batch:
+            mask = mask & ~batch["new_document"].bool()[:, None]
+        return self._mems, mask
+
+    def reset_memory(self) -> None:
+        """Forget the carried memory (a new epoch, a resumed run)."""
+        self._mems, self._mems_mask = None, None
+
+    def on_train_epoch_start(self) -> None:
+        self.reset_memory()
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Loss and accuracy of one batch; with memory, updates the carried memory."""
+        mems, mems_mask = self.carried_memory(batch)
+        out = self.encoder(
+            batch["input_ids"],
+            batch["token_type_ids"],
+            batch["attention_mask"],
+            perm_mask=batch["perm_mask"],
+            target_mapping=batch["target_mapping"],
+            mems=mems,
+            mems_mask=mems_mask,
+            use_mems=self.use_memory,
+        )
+        if self.use_memory:
+            self._mems, self._mems_mask = out.mems, out.mems_mask
+        labels = batch["target_labels"]  # (batch, num_predict)
+        selected = labels != IGNORE_INDEX
+        logits = self.lm_head(out.query[selected], self.encoder.word_embeddings.weight)
+        metrics = classification_metrics("plm", logits, labels[selected])  # (n_targets, vocab)
+        metrics["loss"] = metrics["plm_loss"]
+        return metrics
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        out = self(batch)
+        self.log_step(out, batch)
+        return out["loss"]
