@@ -9,7 +9,7 @@ DEMO_EXPORT := exports/demo-bert
 comma := ,
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
-.PHONY: setup demo demo-chinese test lint clean
+.PHONY: setup demo demo-chinese demo-families test lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,28 @@ data/chinese/manifest.json: | $(STAMP)
 	$(VENV)/bin/pretrain-data prepare "inputs=[$(CHINESE_INPUTS)]" out_dir=data/chinese \
 		tokenizer.kind=chinese segmenter=jieba docs_per_shard=16
 
+# The built-in corpus with the other tokenizer kinds: GPT-2-style byte-level BPE (RoBERTa, BART,
+# GPT) and SentencePiece-style unigram (ALBERT).
+data/builtin-bpe/manifest.json: | $(STAMP)
+	$(VENV)/bin/pretrain-data prepare inputs=[builtin] out_dir=data/builtin-bpe docs_per_shard=64 \
+		tokenizer.kind=bytelevel_bpe tokenizer.lowercase=false
+
+data/builtin-unigram/manifest.json: | $(STAMP)
+	$(VENV)/bin/pretrain-data prepare inputs=[builtin] out_dir=data/builtin-unigram docs_per_shard=64 \
+		tokenizer.kind=unigram
+
+# Every model family's demo on the built-in corpus, FAMILY_STEPS optimizer steps each; each run
+# prints its loss at the first and last logged step. DistilBERT distils the `make demo` BERT.
+FAMILY_STEPS ?= 200
+FAMILY_DEMOS ?= albert_demo roberta_demo electra_demo xlnet_demo bart_demo mass_demo transformer_demo gpt_demo distilbert_demo
+demo-families: $(STAMP) data/builtin/manifest.json data/builtin-bpe/manifest.json data/builtin-unigram/manifest.json
+	test -f $(DEMO_RUN)/checkpoints/last.ckpt || $(MAKE) demo
+	set -e; for name in $(FAMILY_DEMOS); do \
+		echo "== $$name"; \
+		$(VENV)/bin/pretrain experiment=$$name trainer.max_steps=$(FAMILY_STEPS) resume=never logger=csv \
+			trainer.enable_progress_bar=false 2>&1 | grep -E "loss:|Run directory|rror"; \
+	done
+
 # Chinese BERT-wwm in miniature: show the whole-word masks, then train.
 demo-chinese: $(STAMP) data/chinese/manifest.json
 	$(VENV)/bin/pretrain-data preview experiment=demo_chinese n=3
@@ -46,4 +68,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src data_pipelines tests benchmarks
 
 clean:
-	rm -rf runs exports data/builtin data/chinese
+	rm -rf runs exports data/builtin data/builtin-bpe data/builtin-unigram data/chinese

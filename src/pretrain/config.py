@@ -14,7 +14,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 FORMATS = ("full_sentences", "doc_sentences", "segment_pair", "sentence_pair")
+FORMATS += ("xlnet_pair", "xlnet_memory")  # XLNet (pretrain.data.xlnet_format)
 PAIR_FORMATS = ("segment_pair", "sentence_pair")
+LR_SCALINGS = ("none", "linear", "sqrt")
+STRATEGIES = ("auto", "ddp", "deepspeed")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
 
 
@@ -38,39 +41,27 @@ def require_unit_interval(
 
 @dataclass
 class ModelConfig:
-    """A BERT-style encoder; sizes in units of features, layers and heads."""
+    """What every model config has. Each model class subclasses it with its sizes (its
+    `config_class`, e.g. `BertEncoderConfig`), checked when the run config is validated."""
 
     name: str = "bert_tiny"
     _target_: str = "pretrain.models.bert.BertEncoder"
-    hidden_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 2
-    intermediate_size: int = 512
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
+    # Vocabulary size (tokens) of the paper's tokenizer: used by `pretrain-info` and the
+    # parameter-count checks; training takes the size of the run's own tokenizer.
+    reference_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
-        for key in (
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
-            require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
         require(
-            self.hidden_size % self.num_attention_heads == 0,
-            "model.hidden_size",
-            self.hidden_size,
-            f"must be divisible by model.num_attention_heads ({self.num_attention_heads})",
+            self.reference_vocab_size is None or self.reference_vocab_size > 0,
+            "model.reference_vocab_size",
+            self.reference_vocab_size,
+            "must be positive or null",
         )
-        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            require_unit_interval(f"model.{key}", getattr(self, key), open_low=False)
+
+    @property
+    def max_sequence_tokens(self) -> int | None:
+        """The longest input the model accepts (tokens), or None when unbounded."""
+        return getattr(self, "max_position_embeddings", None)
 
 
 @dataclass
@@ -98,9 +89,10 @@ class ObjectiveConfig:
         """Cross-check with the data config (e.g. a sentence task needs a pair format)."""
 
 
-def objective_config(values: Any) -> ObjectiveConfig:
-    """Build and check the config dataclass of the objective named by `values["_target_"]`:
-    types are converted and checked by OmegaConf, values by the dataclass; errors name the key."""
+def component_config(group: str, values: Any) -> Any:
+    """Build and check the config dataclass of the class named by `values["_target_"]` (its
+    `config_class`) for the config group `group` ("model", "objective"): types are converted
+    and checked by OmegaConf, values by the dataclass; errors name the key."""
     from hydra.utils import get_class
 
     values = OmegaConf.create(values) if not isinstance(values, DictConfig) else values
@@ -109,20 +101,20 @@ def objective_config(values: Any) -> ObjectiveConfig:
         schema = get_class(target).config_class
     except Exception as error:
         raise ConfigError(
-            f"objective._target_ = {target!r}: not an objective module class ({error})"
+            f"{group}._target_ = {target!r}: not a {group} class with a config_class ({error})"
         ) from error
     known = {f.name for f in fields(schema)}
     unknown = sorted(set(values) - known)
     require(
         not unknown,
-        f"objective.{unknown[0] if unknown else ''}",
+        f"{group}.{unknown[0] if unknown else ''}",
         values.get(unknown[0]) if unknown else None,
         f"not a setting of {target} (its settings: {', '.join(sorted(known))})",
     )
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
     except OmegaConfBaseException as error:
-        raise ConfigError(f"objective.{error.full_key}: {error.msg}") from error
+        raise ConfigError(f"{group}.{error.full_key}: {error.msg}") from error
 
 
 @dataclass
@@ -140,6 +132,9 @@ class DataConfig:
     shuffle_buffer_documents: int = 1000
     random_document_pool: int = 100
     holdout_shards: int = 0
+    # Samples per optimizer step over all ranks; null = batch_size x accumulation x ranks.
+    # When set, trainer.accumulate_grad_batches is derived from it (pretrain.batching).
+    global_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -172,6 +167,12 @@ class DataConfig:
             self.random_document_pool,
             "must be at least 1",
         )
+        require(
+            self.global_batch_size is None or self.global_batch_size >= 1,
+            "data.global_batch_size",
+            self.global_batch_size,
+            "must be at least 1, or null (batch_size x accumulation x ranks)",
+        )
 
 
 @dataclass
@@ -190,10 +191,35 @@ class OptimConfig:
     )
     schedule: str = "linear"
     warmup_steps: int = 10000
+    # Warm-up in samples instead of optimizer steps (null: use warmup_steps); the same
+    # samples of warm-up whatever the global batch size.
+    warmup_samples: int | None = None
+    # optimizer.lr is the rate at reference_batch_size samples per step; the run's rate is
+    # scaled by (global batch / reference) for linear, its square root for sqrt.
+    lr_scaling: str = "none"
+    reference_batch_size: int = 256
 
     def __post_init__(self) -> None:
         lr = self.optimizer.get("lr", 0)
         require(lr > 0, "optim.optimizer.lr", lr, "must be positive")
+        require(
+            self.lr_scaling in LR_SCALINGS,
+            "optim.lr_scaling",
+            self.lr_scaling,
+            f"must be one of {', '.join(LR_SCALINGS)}",
+        )
+        require(
+            self.reference_batch_size >= 1,
+            "optim.reference_batch_size",
+            self.reference_batch_size,
+            "must be at least 1 (samples per optimizer step)",
+        )
+        require(
+            self.warmup_samples is None or self.warmup_samples >= 0,
+            "optim.warmup_samples",
+            self.warmup_samples,
+            "must be 0 or more, or null (use optim.warmup_steps)",
+        )
         require(
             self.schedule in ("linear", "constant"),
             "optim.schedule",
@@ -212,7 +238,6 @@ class TrainerConfig:
     accelerator: str = "auto"
     devices: Any = 1
     num_nodes: int = 1
-    strategy: str = "auto"
     precision: str = "32-true"
     max_steps: int = 1000
     accumulate_grad_batches: int = 1
@@ -221,8 +246,20 @@ class TrainerConfig:
     checkpoint_every_n_steps: int = 500
     keep_checkpoints: int = 2
     enable_progress_bar: bool = True
+    # A non-finite loss or gradient on any rank: skip the optimizer step (counted in
+    # train/skipped_steps) or stop the run with an error.
+    nonfinite: str = "skip"
+    # Signal that means "save last.ckpt at the next step boundary, requeue, stop" (sbatch
+    # --signal / the launcher's); SIGTERM always saves and stops. null: SIGTERM only.
+    preemption_signal: str | None = "USR1"
 
     def __post_init__(self) -> None:
+        require(
+            self.nonfinite in ("skip", "stop"),
+            "trainer.nonfinite",
+            self.nonfinite,
+            "must be 'skip' or 'stop'",
+        )
         require(
             self.precision in PRECISIONS,
             "trainer.precision",
@@ -263,6 +300,46 @@ class TrainerConfig:
 
 
 @dataclass
+class StrategyConfig:
+    """How training spreads over processes: Lightning's `auto` (one device), `ddp`, or
+    `deepspeed` ZeRO (stage 1: optimizer states, 2: + gradients, 3: + parameters partitioned
+    over ranks), optionally offloading optimizer states / parameters to CPU memory."""
+
+    name: str = "auto"
+    process_group_backend: str | None = None  # null: nccl on GPUs, gloo on CPU
+    find_unused_parameters: bool = False  # ddp only
+    zero_stage: int = 2
+    offload_optimizer: bool = False
+    offload_parameters: bool = False
+    # Extra DeepSpeed JSON merged over the generated one (checked by DeepSpeed's parser).
+    deepspeed: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require(
+            self.name in STRATEGIES,
+            "strategy.name",
+            self.name,
+            f"must be one of {', '.join(STRATEGIES)}",
+        )
+        require(
+            self.zero_stage in (0, 1, 2, 3), "strategy.zero_stage", self.zero_stage, "must be 0-3"
+        )
+        offloads = self.offload_optimizer or self.offload_parameters
+        require(
+            self.name == "deepspeed" or not offloads,
+            "strategy.offload_optimizer",
+            self.offload_optimizer,
+            "offload needs strategy.name=deepspeed (use strategy=deepspeed_zero2_offload ...)",
+        )
+        require(
+            not self.offload_parameters or self.zero_stage == 3,
+            "strategy.offload_parameters",
+            self.offload_parameters,
+            "parameter offload needs strategy.zero_stage=3",
+        )
+
+
+@dataclass
 class LoggerConfig:
     """CSV metrics are always written; wandb too when `wandb` is true."""
 
@@ -284,7 +361,7 @@ class LoggerConfig:
 class TrainConfig:
     """The whole run. `run_dir` is derived from names, never a timestamp, so requeued jobs find it."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: Any = field(default_factory=lambda: {"_target_": "pretrain.models.bert.BertEncoder"})
     objective: Any = field(
         default_factory=lambda: {"_target_": "pretrain.objectives.mlm.MaskedLanguageModel"}
     )
@@ -292,20 +369,26 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
     seed: int = 1234
     experiment_name: str = "default"
     run_name: str = "${model.name}-${objective.name}-${data.format}"
     run_dir: str = "runs/${experiment_name}/${run_name}"
     resume: str = "auto"
+    # A Hugging Face directory or a `pretrain` .ckpt whose weights initialise a new run
+    # (continued pretraining); ignored when the run resumes from its own checkpoint.
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
-        self.objective = objective_config(self.objective)
+        self.model = component_config("model", self.model)
+        self.objective = component_config("objective", self.objective)
         self.objective.check_data(self.data)
+        longest = self.model.max_sequence_tokens
         require(
-            self.data.max_seq_length <= self.model.max_position_embeddings,
+            longest is None or self.data.max_seq_length <= longest,
             "data.max_seq_length",
             self.data.max_seq_length,
-            f"must not exceed model.max_position_embeddings ({self.model.max_position_embeddings}) of model {self.model.name}",
+            f"must not exceed the {longest} positions of model {self.model.name}",
         )
         require(
             self.resume in ("auto", "never") or self.resume.endswith(".ckpt"),
@@ -313,6 +396,11 @@ class TrainConfig:
             self.resume,
             "must be 'auto', 'never' or the path of a .ckpt file",
         )
+        from pretrain.batching import check_batching  # late: batching builds on this module
+        from pretrain.strategies import check_strategy
+
+        check_batching(self)
+        check_strategy(self)
 
 
 def register_schemas() -> None:

@@ -7,12 +7,15 @@ import lightning as L
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from pretrain.batching import batch_plan
+from pretrain.batching import describe as describe_batching
 from pretrain.checkpointing import config_changes, find_resume_checkpoint, saved_config
 from pretrain.config import ConfigError, validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
 from pretrain.data.shards import ShardError
 from pretrain.data.stream import StreamSpec
-from pretrain.objectives.base import PretrainingModule
+from pretrain.export.checkpoint import ExportError
+from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.trainer import build_trainer
 
 
@@ -66,13 +69,38 @@ def train(cfg: DictConfig) -> Path:
                 "warning: the config differs from the checkpoint's:\n  " + "\n  ".join(changes),
                 flush=True,
             )
+    elif config.get("init_from"):
+        initialise_from(module, config["init_from"])
     trainer = build_trainer(config, run_dir)
+    if trainer.is_global_zero:
+        print(describe_batching(config, batch_plan(config, ranks=trainer.world_size)), flush=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(config)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     if trainer.is_global_zero:
         print(summary(module, run_dir), flush=True)
     return run_dir
+
+
+def initialise_from(module: PretrainingModule, source: str) -> None:
+    """Load the weights of a Hugging Face directory or a `pretrain` checkpoint into `module`;
+    the model sizes must match the run's (a mismatch names the key)."""
+    from pretrain.export import import_hf_model, read_checkpoint
+
+    if Path(source).is_dir():
+        model_cfg, state_dict = import_hf_model(source)
+    else:
+        state_dict, saved = read_checkpoint(source)
+        model_cfg = saved["model"]
+    ours = module.config["model"]
+    for key, value in model_cfg.items():
+        if key not in ("name", "reference_vocab_size") and ours.get(key) != value:
+            raise ConfigError(
+                f"init_from={source}: model.{key} is {value!r} there but {ours.get(key)!r} in "
+                "this run; choose the matching model config"
+            )
+    module.load_pretrained(state_dict, source)
+    print(f"Initialised from {source}", flush=True)
 
 
 def summary(module: PretrainingModule, run_dir: Path) -> str:
@@ -88,9 +116,13 @@ def summary(module: PretrainingModule, run_dir: Path) -> str:
 
 
 def run_or_exit(cfg: DictConfig) -> Path:
-    """`train`, turning config and data errors into a clear message and exit status 2."""
+    """`train`, turning config and data errors into a clear message and exit status 2, a
+    non-finite loss under trainer.nonfinite=stop into exit status 3."""
     try:
         return train(cfg)
-    except (ConfigError, ShardError, FileNotFoundError) as error:
+    except (ConfigError, ShardError, ExportError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(3)

@@ -1,4 +1,5 @@
-"""Builds the Lightning Trainer of a run: loggers, checkpointing, precision, accumulation."""
+"""Builds the Lightning Trainer of a run: loggers, checkpointing, precision, strategy
+(pretrain.strategies) and accumulation (derived from the global batch, pretrain.batching)."""
 
 import hashlib
 import os
@@ -9,7 +10,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
+from pretrain.batching import batch_plan
 from pretrain.checkpointing import AtomicCheckpointIO, checkpoint_dir
+from pretrain.preemption import preemption_callbacks, slurm_plugins
+from pretrain.strategies import build_strategy
 
 
 class StepCheckpoint(ModelCheckpoint):
@@ -91,19 +95,18 @@ def build_trainer(config: dict, run_dir: Path) -> L.Trainer:
         accelerator=t["accelerator"],
         devices=t["devices"],
         num_nodes=t["num_nodes"],
-        strategy=t["strategy"],
+        strategy=build_strategy(config),
         precision=t["precision"],
         max_steps=t["max_steps"],
         max_epochs=-1,
-        accumulate_grad_batches=t["accumulate_grad_batches"],
+        accumulate_grad_batches=batch_plan(config).accumulate_grad_batches,
         gradient_clip_val=t["gradient_clip_val"],
         log_every_n_steps=t["log_every_n_steps"],
         enable_progress_bar=t["enable_progress_bar"],
-        callbacks=[checkpoints, StepProgressBar(refresh_rate=5)]
-        if t["enable_progress_bar"]
-        else [checkpoints],
+        callbacks=[checkpoints, *preemption_callbacks(config)]
+        + ([StepProgressBar(refresh_rate=5)] if t["enable_progress_bar"] else []),
         logger=loggers,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(), *slurm_plugins()],
         reload_dataloaders_every_n_epochs=1,
         num_sanity_val_steps=0,
         limit_val_batches=0,

@@ -28,20 +28,68 @@ def read_checkpoint(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dic
 
     Checks that the file exists, loads with `weights_only=True`, and that it holds
     `state_dict` (with `encoder.` keys), `config.model`, `config.model_runtime.vocab_size`,
-    `config.model_runtime.pad_token_id` and `config.data.tokenizer_dir`.
+    `config.model_runtime.pad_token_id` and `config.data.tokenizer_dir`. A DeepSpeed ZeRO
+    checkpoint directory is first consolidated to one fp32 state (`consolidate_zero_checkpoint`).
     """
     path = Path(ckpt_path)
-    if not path.is_file():
+    if path.is_dir():
+        checkpoint = consolidate_zero_checkpoint(path)
+    elif not path.is_file():
         raise ExportError(
             f"{path}: checkpoint file not found; pass the path of a .ckpt written by `pretrain`"
         )
+    else:
+        checkpoint = _load_file(path)
+    return _check_checkpoint(path, checkpoint)
+
+
+def consolidate_zero_checkpoint(path: Path, output_file: str | Path | None = None) -> dict:
+    """Gather the partitions of a DeepSpeed ZeRO checkpoint directory (any stage, written with
+    any number of ranks) into one fp32 checkpoint dict: Lightning's client state (our
+    `config`, `rng`, loops) plus `state_dict`. Written to `output_file` too when given, else
+    to a temporary file. Uses Lightning's `convert_zero_checkpoint_to_fp32_state_dict`
+    (DeepSpeed's zero_to_fp32); reads the directory's pickles, so only use directories
+    written by `pretrain`."""
+    import tempfile
+
+    from pretrain.checkpointing import is_deepspeed_checkpoint
+
+    if not is_deepspeed_checkpoint(path):
+        raise ExportError(
+            f"{path}: a directory but not a complete DeepSpeed checkpoint (no 'latest' file); "
+            "pass a .ckpt file, or a ZeRO checkpoint directory written by `pretrain`"
+        )
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        from lightning.pytorch.utilities.deepspeed import (
+            convert_zero_checkpoint_to_fp32_state_dict,
+        )
+
+        if output_file is not None:
+            return convert_zero_checkpoint_to_fp32_state_dict(path, output_file)
+        with tempfile.TemporaryDirectory() as scratch:
+            return convert_zero_checkpoint_to_fp32_state_dict(path, Path(scratch) / "fp32.ckpt")
+    except (ImportError, ModuleNotFoundError) as error:
+        raise ExportError(f"{path}: reading a ZeRO checkpoint needs DeepSpeed ({error})") from error
+    except Exception as error:
+        raise ExportError(
+            f"{path}: cannot consolidate the ZeRO checkpoint ({type(error).__name__}: {error}); "
+            "is it complete?"
+        ) from error
+
+
+def _load_file(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # pickle, zip and torch errors all mean: not a loadable checkpoint
         raise ExportError(
             f"{path}: cannot read the checkpoint with torch.load(weights_only=True) ({type(error).__name__}: "
             f"{error}); is it a complete .ckpt written by `pretrain`?"
         ) from error
+
+
+def _check_checkpoint(
+    path: Path, checkpoint: Any
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if not isinstance(checkpoint, Mapping):
         raise ExportError(
             f"{path}: expected a checkpoint dict, found a {type(checkpoint).__name__}"

@@ -1,5 +1,6 @@
 """What every objective's LightningModule shares: the optimizer recipe and schedule, the
-composed config and random-number state in checkpoints, and throughput logging."""
+composed config and random-number state in checkpoints, throughput logging, and the handling
+of non-finite losses and gradients (`trainer.nonfinite`)."""
 
 import random
 import time
@@ -11,7 +12,10 @@ import torch
 from hydra.utils import instantiate
 from torch.optim.lr_scheduler import LambdaLR
 
+from pretrain.batching import batch_plan, learning_rate, warmup_steps
+from pretrain.config import ConfigError
 from pretrain.data.vocab import Vocabulary
+from pretrain.export.hf import HFModel, family_module
 
 
 def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
@@ -26,6 +30,10 @@ def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Cal
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
     return factor
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient was NaN or infinite and `trainer.nonfinite` is `stop`."""
 
 
 def rng_state() -> dict:
@@ -68,11 +76,31 @@ class PretrainingModule(L.LightningModule):
         self._last_log_time = time.perf_counter()
         self._last_mlm_loss: torch.Tensor | None = None
         self.loss_history: list[tuple[int, float]] = []
+        self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
+        self._nonfinite_loss: torch.Tensor | None = None  # any micro-batch of this step
+        self._last_step_applied = True
 
     @classmethod
     def build_corruption(cls, config: dict, vocab: Vocabulary) -> Callable[[dict, int], dict]:
         """The picklable transform data-loader workers apply to each batch: (batch, epoch) -> batch."""
         raise NotImplementedError
+
+    @classmethod
+    def hf_exports(cls, state_dict: dict, config: dict) -> dict[str, "HFModel"]:
+        """The Hugging Face models a checkpoint of this objective holds, by subdirectory of
+        the export ("" = the export directory itself): by default the one model of
+        `config.model`, converted by its family's `to_hf`."""
+        return {"": family_module(config["model"]).to_hf(state_dict, config)}
+
+    def load_pretrained(self, state_dict: dict[str, torch.Tensor], source: str) -> None:
+        """Initialise from weights under our names (`encoder.*`, heads): every weight of the
+        encoder must be there; heads missing from `state_dict` keep their initialisation."""
+        result = self.load_state_dict(state_dict, strict=False)
+        missing = [key for key in result.missing_keys if key.startswith("encoder.")]
+        if missing:
+            raise ValueError(f"init_from={source}: lacks the encoder weights {missing[:3]}")
+        if result.missing_keys:
+            print(f"init_from={source}: freshly initialised: {', '.join(result.missing_keys)}")
 
     def configure_optimizers(self) -> dict:
         optim = self.config["optim"]
@@ -80,11 +108,19 @@ class PretrainingModule(L.LightningModule):
         no_decay = [
             p for p in self.parameters() if p.requires_grad and p.ndim < 2
         ]  # biases, LayerNorm
-        optimizer = instantiate(optim["optimizer"])(
+        trainer = self._trainer
+        plan = batch_plan(self.config, ranks=trainer.world_size if trainer else None)
+        if trainer is not None and trainer.accumulate_grad_batches != plan.accumulate_grad_batches:
+            raise ConfigError(
+                f"trainer.devices = {self.config['trainer']['devices']!r}: the run has "
+                f"{trainer.world_size} ranks, not the {plan.world_size} the batch plan assumed; "
+                "give trainer.devices as a number"
+            )
+        optimizer = instantiate(optim["optimizer"], lr=learning_rate(self.config, plan))(
             [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         )
         factor = warmup_then_decay(
-            optim["warmup_steps"], self.config["trainer"]["max_steps"], optim["schedule"]
+            warmup_steps(self.config, plan), self.config["trainer"]["max_steps"], optim["schedule"]
         )
         return {
             "optimizer": optimizer,
@@ -92,13 +128,95 @@ class PretrainingModule(L.LightningModule):
         }
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        for name, parameter in self.named_parameters():
+            local = getattr(parameter, "ds_tensor", parameter)  # ZeRO-3: this rank's partition
+            if not torch.isfinite(local.detach()).all():
+                raise NonFiniteError(
+                    f"parameter {name} is not finite at step {self.global_step}: refusing to "
+                    "write a checkpoint of a diverged model"
+                )
         checkpoint["config"] = self.config
         checkpoint["rng"] = rng_state()
+        checkpoint["skipped_steps"] = self.skipped_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Applied at the first batch, after the data loaders have been built, exactly where
         # the interrupted run stood when it saved.
         self._restored_rng = checkpoint.get("rng")
+        self.skipped_steps = checkpoint.get("skipped_steps", 0)
+
+    def on_train_start(self) -> None:
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        if isinstance(self.trainer.strategy, DeepSpeedStrategy):
+            # DeepSpeed skips a step whose gradients hold inf/NaN (its overflow check, on by
+            # default only for fp16); turn it on for every precision, ZeRO 1-2 (ZeRO-3 always
+            # skips a step with a non-finite gradient norm)
+            engine_optimizer = self.trainer.strategy.deepspeed_engine.optimizer
+            if hasattr(engine_optimizer, "check_grad_overflow"):
+                engine_optimizer.check_grad_overflow = True
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Remember (on the device, no sync) whether any micro-batch of this step had a
+        non-finite loss."""
+        bad = ~torch.isfinite(loss.detach())
+        self._nonfinite_loss = bad if self._nonfinite_loss is None else self._nonfinite_loss | bad
+
+    def _ranks_with_nonfinite(self) -> int:
+        """Ranks whose loss (any micro-batch of this step) or gradients are not finite,
+        agreed by all ranks (an all-reduce of one number per optimizer step). Under fp16
+        mixed precision gradients are left to the loss scaler, which skips such steps itself."""
+        bad = torch.zeros((), dtype=torch.bool, device=self.device)
+        if self._nonfinite_loss is not None:
+            bad = bad | self._nonfinite_loss.to(self.device)
+        if self.trainer.precision not in ("16-mixed", "16"):
+            for parameter in self.parameters():
+                if parameter.grad is not None:
+                    bad = bad | ~torch.isfinite(parameter.grad).all()
+        self._nonfinite_loss = None
+        return int(self.trainer.strategy.reduce(bad.float(), reduce_op="sum").item())
+
+    def _on_skipped_step(self, ranks: int | None) -> None:
+        where = "DeepSpeed's overflow check" if ranks is None else f"{ranks} rank(s)"
+        if self.config["trainer"].get("nonfinite", "skip") == "stop":
+            raise NonFiniteError(
+                f"step {self.global_step}: non-finite loss or gradient ({where}); "
+                "trainer.nonfinite=stop. Lower optim.optimizer.lr or check the data, or set "
+                "trainer.nonfinite=skip to skip such steps"
+            )
+        self.skipped_steps += 1
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """Apply the step only when every rank's loss and gradients are finite; else skip it
+        (weights, optimizer state and learning-rate schedule untouched; counted in
+        `train/skipped_steps`; trainer.max_steps still counts it) or raise NonFiniteError, per
+        `trainer.nonfinite`. Under DeepSpeed the engine decides, by its own overflow check on
+        the gradients of all ranks: a NaN loss whose gradients stay finite is not caught there."""
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        strategy = self.trainer.strategy
+        if isinstance(strategy, DeepSpeedStrategy):  # called every micro-batch; the engine
+            engine = strategy.deepspeed_engine  # steps at the accumulation boundary
+            before = engine.skipped_steps
+            optimizer.step(closure=optimizer_closure)
+            self._nonfinite_loss = None
+            self._last_step_applied = engine.skipped_steps == before
+        else:
+            loss = optimizer_closure()  # forward and backward of the step's last micro-batch
+            bad_ranks = self._ranks_with_nonfinite()
+            self._last_step_applied = bad_ranks == 0
+            if self._last_step_applied:
+                optimizer.step(closure=lambda: loss)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+        if not self._last_step_applied:
+            self._on_skipped_step(None if isinstance(strategy, DeepSpeedStrategy) else bad_ranks)
+        self.log("train/skipped_steps", float(self.skipped_steps))
+
+    def lr_scheduler_step(self, scheduler, metric=None) -> None:
+        """The schedule advances only on applied optimizer steps."""
+        if self._last_step_applied:
+            super().lr_scheduler_step(scheduler, metric)
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
         if self._restored_rng is not None:

@@ -1,0 +1,171 @@
+"""Lightning strategies of a run, built from the `strategy` config group.
+
+`ddp` is Lightning's DDPStrategy. `deepspeed` is Lightning's DeepSpeedStrategy with a DeepSpeed
+JSON generated from the run config (`deepspeed_config`) and checked by DeepSpeed's own parser
+when the config is validated, so a bad value fails before a job is queued. On a CPU
+accelerator, `CPUDeepSpeedStrategy` runs ZeRO 1-3 with the gloo backend (Lightning's strategy
+refuses anything but CUDA; DeepSpeed itself runs on CPU). Offload keeps the configured
+optimizer (`zero_force_ds_cpu_optimizer: false`), so it runs without compiled ops (tested on
+CPU: ZeRO-3 with optimizer and parameter offload); on GPUs DeepSpeedCPUAdam would be faster.
+"""
+
+import copy
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
+
+from pretrain.batching import BatchPlan, batch_plan
+from pretrain.checkpointing import PARTIAL_SUFFIX, replace_directory
+from pretrain.config import ConfigError
+
+
+def _deep_merge(base: dict, extra: Mapping) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _get(section: Any, key: str) -> Any:
+    return section[key] if isinstance(section, Mapping) else getattr(section, key)
+
+
+def deepspeed_config(config: Any, plan: BatchPlan | None = None) -> dict:
+    """The DeepSpeed JSON of a run (plain dict config or TrainConfig): micro-batch per rank,
+    gradient clipping, precision and the ZeRO section from `strategy`, with
+    `strategy.deepspeed` merged over it. Without `gradient_accumulation_steps`, which
+    Lightning fills in from the Trainer (it refuses the key in the JSON)."""
+    strategy, trainer = _get(config, "strategy"), _get(config, "trainer")
+    plan = plan or batch_plan(config)
+    zero: dict[str, Any] = {"stage": _get(strategy, "zero_stage")}
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_clipping": _get(trainer, "gradient_clip_val") or 0.0,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": zero,
+    }
+    if _get(strategy, "offload_optimizer"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        # keep the configured optimizer (AdamW, LAMB) rather than requiring DeepSpeedCPUAdam,
+        # which needs compiled ops
+        ds["zero_force_ds_cpu_optimizer"] = False
+    if _get(strategy, "offload_parameters"):
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    precision = str(_get(trainer, "precision"))
+    if precision.startswith("bf16"):
+        ds["bf16"] = {"enabled": True}
+    elif precision.startswith("16"):
+        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    extra = _get(strategy, "deepspeed") or {}
+    if "gradient_accumulation_steps" in extra or "train_batch_size" in extra:
+        raise ConfigError(
+            "strategy.deepspeed: do not set gradient_accumulation_steps or train_batch_size; "
+            "set data.global_batch_size (accumulation is derived from it)"
+        )
+    return _deep_merge(ds, extra)
+
+
+def check_deepspeed_config(ds_config: dict, accumulation: int) -> None:
+    """Parse `ds_config` with DeepSpeed's own `DeepSpeedConfig` (as one rank, with the
+    derived accumulation); raises ConfigError naming `strategy` with DeepSpeed's message."""
+    os.environ.setdefault("DS_BUILD_OPS", "0")
+    try:
+        from deepspeed.runtime.config import DeepSpeedConfig
+    except ImportError as error:
+        raise ConfigError(
+            f"strategy.name = 'deepspeed': DeepSpeed is not installed ({error}); "
+            "pip install deepspeed"
+        ) from error
+    try:
+        DeepSpeedConfig({**ds_config, "gradient_accumulation_steps": accumulation})
+    except Exception as error:  # pydantic ValidationError, AssertionError, DeepSpeedConfigError
+        raise ConfigError(
+            f"strategy (DeepSpeed JSON from conf/strategy + strategy.deepspeed) is rejected by "
+            f"DeepSpeed's config parser: {type(error).__name__}: {error}"
+        ) from error
+
+
+def check_strategy(config: Any) -> None:
+    """Validation hook of TrainConfig: for DeepSpeed, build and parse the JSON now."""
+    if _get(_get(config, "strategy"), "name") != "deepspeed":
+        return
+    plan = batch_plan(config)
+    check_deepspeed_config(deepspeed_config(config, plan), plan.accumulate_grad_batches)
+
+
+class PretrainDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy, but a checkpoint directory is written aside
+    (`NAME.partial/`) and renamed into place after every rank has written its shard
+    (DeepSpeed's save ends with a barrier), so a half-written one is never resumed from."""
+
+    def save_checkpoint(
+        self, checkpoint: dict, filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        final = Path(self.broadcast(str(filepath)))
+        partial = final.with_name(final.name + PARTIAL_SUFFIX)
+        if self.is_global_zero and partial.exists():
+            shutil.rmtree(partial)
+        self.barrier()
+        super().save_checkpoint(checkpoint, partial, storage_options)
+        if self.is_global_zero:
+            replace_directory(partial, final)
+        self.barrier()
+
+
+class CPUDeepSpeedStrategy(PretrainDeepSpeedStrategy):
+    """DeepSpeedStrategy on CPU processes (gloo): skips Lightning's two CUDA-only checks and
+    gives each rank `cpu:<local_rank>` as root device (DeepSpeed reads the index as its rank)."""
+
+    def setup_environment(self) -> None:
+        # DeepSpeedStrategy.setup_environment only adds the CUDA check to DDP's
+        DDPStrategy.setup_environment(self)
+
+    def setup_distributed(self) -> None:
+        from lightning.fabric.utilities.seed import reset_seed
+
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    @property
+    def root_device(self) -> torch.device:
+        return torch.device("cpu", self.local_rank)
+
+
+def is_cpu_run(trainer: Mapping) -> bool:
+    """True when the run's accelerator is the CPU (`cpu`, or `auto` without CUDA)."""
+    accelerator = trainer["accelerator"]
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
+def build_strategy(config: Mapping) -> Strategy | str:
+    """The Lightning strategy of a run (plain dict config): 'auto', a DDPStrategy, or a
+    DeepSpeed strategy (the CPU subclass when the accelerator is the CPU)."""
+    strategy, trainer = config["strategy"], config["trainer"]
+    name = strategy["name"]
+    cpu = is_cpu_run(trainer)
+    backend = strategy.get("process_group_backend") or ("gloo" if cpu else None)
+    if name == "auto":
+        return "auto"
+    if name == "ddp":
+        return DDPStrategy(
+            process_group_backend=backend,
+            find_unused_parameters=strategy.get("find_unused_parameters", False),
+        )
+    if name == "deepspeed":
+        os.environ.setdefault("DS_BUILD_OPS", "0")
+        plan = batch_plan(config)
+        strategy_class = CPUDeepSpeedStrategy if cpu else PretrainDeepSpeedStrategy
+        return strategy_class(
+            config=deepspeed_config(config, plan),
+            process_group_backend=backend,
+        )
+    raise ConfigError(f"strategy.name = {name!r}: must be auto, ddp or deepspeed")
