@@ -125,7 +125,7 @@ def test_pretrain_console_script_saves_config_in_run_dir(prepared_corpus, tmp_pa
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "MLM loss:" in result.stdout
+    assert "mlm loss:" in result.stdout
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 

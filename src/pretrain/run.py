@@ -83,11 +83,13 @@ def train(cfg: DictConfig) -> Path:
 
 
 def initialise_from(module: PretrainingModule, source: str) -> None:
-    """Load the weights of a Hugging Face directory or a `pretrain` checkpoint into `module`;
+    """Load the weights of a Hugging Face directory or a `pretrain` checkpoint (a file, or a
+    DeepSpeed ZeRO directory) into `module`;
     the model sizes must match the run's (a mismatch names the key)."""
+    from pretrain.checkpointing import is_deepspeed_checkpoint
     from pretrain.export import import_hf_model, read_checkpoint
 
-    if Path(source).is_dir():
+    if Path(source).is_dir() and not is_deepspeed_checkpoint(source):
         model_cfg, state_dict = import_hf_model(source)
     else:
         state_dict, saved = read_checkpoint(source)
@@ -104,13 +106,15 @@ def initialise_from(module: PretrainingModule, source: str) -> None:
 
 
 def summary(module: PretrainingModule, run_dir: Path) -> str:
-    """The MLM loss at the first and the last logged step of this launch."""
+    """The objective's summary loss (MLM, LM, ...) at the first and last logged step of this launch."""
     history = module.loss_history
     lines = [f"Run directory: {run_dir}", f"Checkpoints: {run_dir / 'checkpoints'}"]
     if history:
         (first_step, first), (last_step, last) = history[0], history[-1]
         lines.insert(
-            0, f"MLM loss: {first:.3f} at step {first_step} -> {last:.3f} at step {last_step}"
+            0,
+            f"{module.summary_metric.replace('_', ' ')}: {first:.3f} at step {first_step} -> "
+            f"{last:.3f} at step {last_step}",
         )
     return "\n".join(lines)
 

@@ -67,6 +67,8 @@ class PretrainingModule(L.LightningModule):
     """Base of the objective modules. `config` is the composed run config as plain dicts;
     subclasses build model and heads in __init__ and define `build_corruption`."""
 
+    summary_metric = "mlm_loss"  # the loss the run summary reports, first and last logged
+
     def __init__(self, config: dict, vocab: Vocabulary):
         super().__init__()
         self.config = config
@@ -74,7 +76,7 @@ class PretrainingModule(L.LightningModule):
         self._restored_rng: dict | None = None
         self._tokens_since_log = 0
         self._last_log_time = time.perf_counter()
-        self._last_mlm_loss: torch.Tensor | None = None
+        self._last_summary_loss: torch.Tensor | None = None
         self.loss_history: list[tuple[int, float]] = []
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self._nonfinite_loss: torch.Tensor | None = None  # any micro-batch of this step
@@ -116,9 +118,9 @@ class PretrainingModule(L.LightningModule):
                 f"{trainer.world_size} ranks, not the {plan.world_size} the batch plan assumed; "
                 "give trainer.devices as a number"
             )
-        optimizer = instantiate(optim["optimizer"], lr=learning_rate(self.config, plan))(
-            [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-        )
+        optimizer = instantiate(
+            optim["optimizer"], lr=learning_rate(self.config, plan), _convert_="all"
+        )([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
         factor = warmup_then_decay(
             warmup_steps(self.config, plan), self.config["trainer"]["max_steps"], optim["schedule"]
         )
@@ -230,15 +232,15 @@ class PretrainingModule(L.LightningModule):
         self.log("loss", metrics["loss"], prog_bar=True, logger=False, batch_size=batch_size)
         # device tensors, read back only on log steps: never a host sync per step
         self._tokens_since_log = self._tokens_since_log + batch["attention_mask"].sum()
-        self._last_mlm_loss = metrics.get("mlm_loss")
+        self._last_summary_loss = metrics.get(self.summary_metric)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer step (after all accumulated micro-batches): the learning rate,
-        and on log steps the MLM loss for the summary and tokens/s since the last log."""
+        and on log steps the summary loss (`summary_metric`) and tokens/s since the last log."""
         self.log("train/lr", optimizer.param_groups[0]["lr"])
         every = self.trainer.log_every_n_steps
-        if self.global_step % every == 0 and self._last_mlm_loss is not None:
-            self.loss_history.append((self.global_step, float(self._last_mlm_loss.detach())))
+        if self.global_step % every == 0 and self._last_summary_loss is not None:
+            self.loss_history.append((self.global_step, float(self._last_summary_loss.detach())))
         if (self.global_step + 1) % every == 0:
             now = time.perf_counter()
             rate = float(self._tokens_since_log) / max(now - self._last_log_time, 1e-9)

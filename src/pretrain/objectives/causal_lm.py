@@ -63,6 +63,8 @@ class CausalLanguageModel(PretrainingModule):
     """A decoder-only model (`encoder`, e.g. GPTModel) + its tied LM head, trained to predict
     every next token."""
 
+    summary_metric = "lm_loss"
+
     config_class = CausalLMConfig
 
     def __init__(self, config: dict, vocab: Vocabulary):
@@ -94,11 +96,6 @@ class CausalLanguageModel(PretrainingModule):
         out = self(batch)
         self.log_step(out, batch)
         return out["loss"]
-
-    def log_step(self, metrics: dict[str, torch.Tensor], batch: dict) -> None:
-        """As the base class; the run summary reports the LM loss."""
-        super().log_step(metrics, batch)
-        self._last_mlm_loss = metrics["lm_loss"]
 
     def prepare_generation(self, token_ids: torch.Tensor) -> GenerationSetup:
         """Continue a text: the prefix is [CLS] + its (1, n) token ids (no special tokens);

@@ -150,6 +150,8 @@ class DenoisingAutoencoder(PretrainingModule):
     """Encoder-decoder (`encoder`, e.g. `EncoderDecoder`) + the tied output projection
     (`lm_head`); the loss is label-smoothed cross-entropy over the predicted target tokens."""
 
+    summary_metric = "lm_loss"
+
     config_class = DenoisingConfig
 
     def __init__(self, config: dict, vocab: Vocabulary):
@@ -194,11 +196,6 @@ class DenoisingAutoencoder(PretrainingModule):
         out = self(batch)
         self.log_step(out, batch)
         return out["loss"]
-
-    def log_step(self, metrics: dict[str, torch.Tensor], batch: dict) -> None:
-        """As the base class; the run summary reports the reconstruction loss."""
-        super().log_step(metrics, batch)
-        self._last_mlm_loss = metrics["lm_loss"]
 
     def prepare_generation(
         self, token_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

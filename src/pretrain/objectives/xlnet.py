@@ -113,6 +113,8 @@ class PermutationCorruption:
 class PermutationLanguageModel(PretrainingModule):
     """XLNet encoder + tied LM head on the query stream; loss over the targets only."""
 
+    summary_metric = "plm_loss"
+
     config_class = PermutationLMConfig
 
     def __init__(self, config: dict, vocab: Vocabulary):
