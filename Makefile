@@ -60,8 +60,10 @@ demo-chinese: $(STAMP) data/chinese/manifest.json
 	rm -rf runs/demo_chinese
 	$(VENV)/bin/pretrain experiment=demo_chinese logger=csv
 
+# One torch thread per process: the tests run tiny models, often several processes at once
+# (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
 test: $(STAMP)
-	$(VENV)/bin/pytest -q
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src data_pipelines tests benchmarks

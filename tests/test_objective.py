@@ -3,7 +3,9 @@
 import pytest
 import torch
 from conftest import tiny_module_config
+from omegaconf import OmegaConf
 
+from pretrain.config import compose_config
 from pretrain.data.vocab import Vocabulary
 from pretrain.objectives.base import warmup_then_decay
 from pretrain.objectives.mlm import MaskedLanguageModel
@@ -12,6 +14,7 @@ VOCAB = Vocabulary(size=300, pad=0, unk=1, cls=2, sep=3, mask=4)
 
 
 def make_module(nsp: bool = True) -> MaskedLanguageModel:
+    defaults = OmegaConf.to_container(compose_config(), resolve=True)
     config = tiny_module_config(
         {"pair_task": "nsp" if nsp else "none"},
         optim={
@@ -26,7 +29,9 @@ def make_module(nsp: bool = True) -> MaskedLanguageModel:
             "schedule": "linear",
             "warmup_steps": 10,
         },
-        trainer={"max_steps": 100},
+        trainer={**defaults["trainer"], "max_steps": 100},
+        data=defaults["data"],
+        strategy=defaults["strategy"],
     )
     return MaskedLanguageModel(config, VOCAB)
 

@@ -372,7 +372,7 @@ class TrainConfig:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     seed: int = 1234
     experiment_name: str = "default"
-    run_name: str = "${model.name}-${objective.name}-${data.format}"
+    run_name: str = "${model.name}-${objective.name}-${data.format}${sweep_suffix:}"
     run_dir: str = "runs/${experiment_name}/${run_name}"
     resume: str = "auto"
     # A Hugging Face directory or a `pretrain` .ckpt whose weights initialise a new run
@@ -403,10 +403,29 @@ class TrainConfig:
         check_strategy(self)
 
 
+def sweep_suffix() -> str:
+    """`-<the job's overrides>` inside a job of a Hydra sweep (`pretrain -m ...`), else "".
+
+    The default `run_name` ends with it, so every point of a sweep gets its own run directory
+    (the same one again when the job is requeued) instead of resuming another point's run.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return ""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN or not hydra_cfg.job.override_dirname:
+        return ""
+    return "-" + hydra_cfg.job.override_dirname
+
+
 def register_schemas() -> None:
-    """Register the schemas so `conf/train.yaml` can name them in its defaults list."""
+    """Register the schemas so `conf/train.yaml` can name them in its defaults list, and the
+    `${sweep_suffix:}` resolver."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    OmegaConf.register_new_resolver("sweep_suffix", sweep_suffix, replace=True)
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
