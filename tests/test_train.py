@@ -130,6 +130,33 @@ def test_pretrain_console_script_saves_config_in_run_dir(prepared_corpus, tmp_pa
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_sweep_points_get_their_own_run_directories(prepared_corpus, tmp_path):
+    """`pretrain -m` with the default run_name: each point trains in its own directory (named
+    by its overrides), so no point resumes another's checkpoint."""
+    overrides = [o for o in tiny_overrides(prepared_corpus, tmp_path) if "run_dir" not in o]
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "pretrain"),
+            "-m",
+            *overrides,
+            f"run_dir={tmp_path}/runs/${{run_name}}",
+            f"hydra.sweep.dir={tmp_path}/sweep",
+            "trainer.max_steps=2",
+            "optim.optimizer.lr=1e-3,2e-3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Resuming" not in result.stdout
+    runs = sorted(path.name for path in (tmp_path / "runs").iterdir())
+    assert len(runs) == 2 and runs[0] != runs[1], runs
+    assert all("optim.optimizer.lr=" in name for name in runs), runs
+    for name in runs:
+        assert (tmp_path / "runs" / name / "checkpoints" / "last.ckpt").is_file()
+
+
 @pytest.mark.slow
 def test_bf16_accumulation_and_clipping(prepared_corpus, tmp_path):
     run_dir = tmp_path / "bf16"

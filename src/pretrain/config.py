@@ -417,7 +417,7 @@ def sweep_suffix() -> str:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.MULTIRUN or not hydra_cfg.job.override_dirname:
         return ""
-    return "-" + hydra_cfg.job.override_dirname
+    return "-" + hydra_cfg.job.override_dirname.replace("/", "_")  # one directory level
 
 
 def register_schemas() -> None:
