@@ -15,23 +15,24 @@ import sys
 USAGE = __doc__.split("\n", 1)[1]
 
 
-def _prepare(overrides: list[str]) -> int:
-    from data_pipelines.config import PrepareConfigError, compose_prepare_config
-    from data_pipelines.prepare import PrepareError, prepare
+def _prepare_errors() -> tuple[type[Exception], ...]:
+    """The errors of preparing a corpus that name what the user should fix (exit status 2)."""
+    from data_pipelines.config import PrepareConfigError
+    from data_pipelines.prepare import PrepareError
     from data_pipelines.sources import SourceError
     from data_pipelines.spans import EntityFileError
     from data_pipelines.tokenizer import TokenizerError
 
+    return (PrepareConfigError, PrepareError, SourceError, TokenizerError, EntityFileError)
+
+
+def _prepare(overrides: list[str]) -> int:
+    from data_pipelines.config import compose_prepare_config
+    from data_pipelines.prepare import prepare
+
     try:
-        cfg = compose_prepare_config(overrides)
-        out_dir = prepare(cfg)
-    except (
-        PrepareConfigError,
-        PrepareError,
-        SourceError,
-        TokenizerError,
-        EntityFileError,
-    ) as error:
+        out_dir = prepare(compose_prepare_config(overrides))
+    except _prepare_errors() as error:
         print(f"pretrain-data prepare: {error}", file=sys.stderr)
         return 2
     return _info([str(out_dir)])
@@ -115,11 +116,8 @@ def _preview(overrides: list[str]) -> int:
 def _sliced(step: str, overrides: list[str]) -> int:
     """`prepare-tokenizer`, `prepare-slice I N` and `merge` (see data_pipelines.slices)."""
     from data_pipelines import slices
-    from data_pipelines.config import PrepareConfigError, compose_prepare_config
+    from data_pipelines.config import compose_prepare_config
     from data_pipelines.prepare import PrepareError
-    from data_pipelines.sources import SourceError
-    from data_pipelines.spans import EntityFileError
-    from data_pipelines.tokenizer import TokenizerError
 
     try:
         if step == "prepare-slice":
@@ -137,13 +135,7 @@ def _sliced(step: str, overrides: list[str]) -> int:
             print(f"slice {index} of {count}: {slices.prepare_slice(cfg, index, count)}")
             return 0
         out_dir = slices.merge_slices(cfg)
-    except (
-        PrepareConfigError,
-        PrepareError,
-        SourceError,
-        TokenizerError,
-        EntityFileError,
-    ) as error:
+    except _prepare_errors() as error:
         print(f"pretrain-data {step}: {error}", file=sys.stderr)
         return 2
     return _info([str(out_dir)])

@@ -9,7 +9,7 @@ only with `overwrite=true`, and only once its replacement is complete.
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -170,23 +170,18 @@ def _move_into_place(partial: Path, out_dir: Path) -> None:
     shutil.rmtree(old)
 
 
-def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
-    """Prepare a corpus as `cfg` says; returns the shards directory (`cfg.out_dir`, absolute).
-    Raises PrepareError / SourceError / TokenizerError naming the path or key at fault."""
-    out_dir = Path(cfg.out_dir).resolve()
-    names = expand_inputs(cfg.inputs)
-    _check_out_dir(out_dir, cfg.overwrite, names)
-    if cfg.entities.path and not Path(cfg.entities.path).is_file():
-        raise PrepareError(
-            f"entities.path={cfg.entities.path}: no such file; point it at a UTF-8 file with "
-            "one entity a line, or set entities.path=null"
-        )
+def write_prepared(
+    cfg: PrepareConfig, out_dir: Path, write: Callable[[Path], tuple[Tokenizer, dict]]
+) -> Path:
+    """Write a prepared corpus to `out_dir` atomically; returns out_dir. `write(partial)` fills
+    the partial directory with the tokenizer and shards and returns (tokenizer, corpus record
+    with `counts`, `sources`, `shards`); span annotations (as `cfg` says) and the manifest
+    are added, then the directory is moved into place. On failure nothing is left behind."""
     partial = out_dir.with_name(f".{out_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted run
     partial.mkdir(parents=True)
     try:
-        tokenizer = make_tokenizer(cfg, names, partial / TOKENIZER_DIR)
-        corpus = write_corpus(cfg, names, tokenizer, partial, progress)
+        tokenizer, corpus = write(partial)
         corpus["annotations"] = (
             annotate_corpus(
                 cfg,
@@ -207,3 +202,22 @@ def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out_dir
+
+
+def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
+    """Prepare a corpus as `cfg` says; returns the shards directory (`cfg.out_dir`, absolute).
+    Raises PrepareError / SourceError / TokenizerError naming the path or key at fault."""
+    out_dir = Path(cfg.out_dir).resolve()
+    names = expand_inputs(cfg.inputs)
+    _check_out_dir(out_dir, cfg.overwrite, names)
+    if cfg.entities.path and not Path(cfg.entities.path).is_file():
+        raise PrepareError(
+            f"entities.path={cfg.entities.path}: no such file; point it at a UTF-8 file with "
+            "one entity a line, or set entities.path=null"
+        )
+
+    def write(partial: Path) -> tuple[Tokenizer, dict]:
+        tokenizer = make_tokenizer(cfg, names, partial / TOKENIZER_DIR)
+        return tokenizer, write_corpus(cfg, names, tokenizer, partial, progress)
+
+    return write_prepared(cfg, out_dir, write)

@@ -24,16 +24,14 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from data_pipelines.annotate import annotate_corpus
 from data_pipelines.config import EntitySettings, PhraseSettings, PrepareConfig
 from data_pipelines.prepare import (
     TOKENIZER_DIR,
     PrepareError,
     _check_out_dir,
-    _move_into_place,
-    build_manifest,
     make_tokenizer,
     prepare,
+    write_prepared,
 )
 from data_pipelines.shards import ShardWriter, TokenizedDocument
 from data_pipelines.sources import expand_inputs
@@ -150,10 +148,8 @@ def merge_slices(cfg: PrepareConfig) -> Path:
     slices = _slices(cfg)
     names = expand_inputs(cfg.inputs)
     _check_out_dir(out_dir, cfg.overwrite, names)
-    partial = out_dir.with_name(f".{out_dir.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
+
+    def write(partial: Path) -> tuple[Tokenizer, dict]:
         source_tokenizer = work_dir(cfg) / TOKENIZER_DIR
         tokenizer: Tokenizer = copy_tokenizer(source_tokenizer, partial / TOKENIZER_DIR)
         dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
@@ -171,19 +167,8 @@ def merge_slices(cfg: PrepareConfig) -> Path:
                 counts["documents"] += 1
                 counts["sentences"] += len(document.sents)
                 counts["tokens"] += len(document.ids)
-        corpus = {"counts": counts, "sources": sources, "shards": writer.shards}
-        corpus["annotations"] = (
-            annotate_corpus(cfg, tokenizer, partial, corpus["shards"], dtype)
-            if cfg.annotates_spans
-            else None
-        )
-        manifest = build_manifest(cfg, tokenizer, partial / TOKENIZER_DIR, corpus)
-        (partial / MANIFEST_FILE).write_text(
-            json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-        )
-        _move_into_place(partial, out_dir)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+        return tokenizer, {"counts": counts, "sources": sources, "shards": writer.shards}
+
+    write_prepared(cfg, out_dir, write)
     shutil.rmtree(work_dir(cfg))
     return out_dir

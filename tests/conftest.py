@@ -106,6 +106,25 @@ def prepared_annotated_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+def cpu_run_overrides(
+    shards_dir: Path, run_dir: Path, *extra: str, batch_size: int = 8
+) -> list[str]:
+    """Hydra overrides of a tiny CPU training run: `model=bert_tiny` on `shards_dir`, batches
+    of `batch_size` sequences of 64 tokens, CSV logs in `run_dir`, no progress bar; then `extra`."""
+    return [
+        f"data.shards_dir={shards_dir}",
+        f"run_dir={run_dir}",
+        "logger=csv",
+        "trainer=cpu",
+        "model=bert_tiny",
+        "data.max_seq_length=64",
+        f"data.batch_size={batch_size}",
+        "data.shuffle_buffer_documents=50",
+        "trainer.enable_progress_bar=false",
+        *extra,
+    ]
+
+
 def tiny_module_config(objective: dict, **sections: dict) -> dict:
     """A plain run config for building an objective module directly: a 2-layer, 32-wide
     encoder without dropout, the given `objective` settings, and optional extra sections."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import cpu_run_overrides
 from dist_helpers import read_records
 from torch.utils.data import DataLoader
 
@@ -33,28 +34,22 @@ NAN_STEP = STEPS - 1  # the last step: rank 1's loss is NaN, every rank must ski
 
 
 def overrides(shards_dir: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        f"data.shards_dir={shards_dir}",
-        f"run_dir={run_dir}",
-        "logger=csv",
-        "trainer=cpu",
-        "model=bert_tiny",
+    return cpu_run_overrides(
+        shards_dir,
+        run_dir,
         "model.hidden_dropout_prob=0",
         "model.attention_probs_dropout_prob=0",
         "objective=mlm",
         "objective._target_=dist_helpers.RecordingMLM",
         "data=full_sentences",
-        "data.max_seq_length=64",
-        "data.batch_size=4",
-        "data.shuffle_buffer_documents=50",
-        "trainer.enable_progress_bar=false",
         "trainer.log_every_n_steps=1",
         f"trainer.max_steps={STEPS}",
         "trainer.checkpoint_every_n_steps=3",
         "optim.warmup_steps=2",
         "optim.optimizer.lr=2e-3",
         *extra,
-    ]
+        batch_size=4,
+    )
 
 
 def record_env(record_dir: Path) -> dict[str, str]:

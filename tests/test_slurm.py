@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import small_english_documents, write_text_corpus
+from conftest import cpu_run_overrides, small_english_documents, write_text_corpus
 
 from data_pipelines.config import PrepareConfig, TokenizerSettings
 from data_pipelines.prepare import prepare
@@ -74,11 +74,15 @@ def sbatch(env: dict, *args: str) -> str:
     return result.stdout.strip().split(";")[0]
 
 
-def job_field(env: dict, job_id: str, name: str) -> str:
-    out = subprocess.run(
+def show_job(env: dict, job_id: str) -> str:
+    """`scontrol show job -o`: one line of `Name=value` fields per job (or array task)."""
+    return subprocess.run(
         ["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True
     ).stdout
-    match = re.search(rf"\b{name}=(\S+)", out)
+
+
+def job_field(env: dict, job_id: str, name: str) -> str:
+    match = re.search(rf"\b{name}=(\S+)", show_job(env, job_id))
     return match.group(1) if match else ""
 
 
@@ -86,10 +90,7 @@ def wait_for_job(env: dict, job_id: str, timeout_s: float = 150) -> str:
     """The job's final state (every task of an array done), polled each 0.5 s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True
-        ).stdout
-        states = re.findall(r"\bJobState=(\S+)", out)
+        states = re.findall(r"\bJobState=(\S+)", show_job(env, job_id))
         if states and all(s in TERMINAL for s in states):
             return "COMPLETED" if all(s == "COMPLETED" for s in states) else ",".join(states)
         time.sleep(0.5)
@@ -98,19 +99,7 @@ def wait_for_job(env: dict, job_id: str, timeout_s: float = 150) -> str:
 
 
 def tiny_run(shards: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        f"data.shards_dir={shards}",
-        f"run_dir={run_dir}",
-        "logger=csv",
-        "trainer=cpu",
-        "model=bert_tiny",
-        "data.max_seq_length=64",
-        "data.batch_size=8",
-        "data.shuffle_buffer_documents=50",
-        "trainer.enable_progress_bar=false",
-        "trainer.log_every_n_steps=1",
-        *extra,
-    ]
+    return cpu_run_overrides(shards, run_dir, "trainer.log_every_n_steps=1", *extra)
 
 
 def last_checkpoint(run_dir: Path) -> dict:

@@ -8,26 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import cpu_run_overrides
 
 from pretrain.config import compose_config
 from pretrain.run import train
 
 
 def tiny_overrides(shards_dir: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        f"data.shards_dir={shards_dir}",
-        f"run_dir={run_dir}",
-        "logger=csv",
-        "trainer=cpu",
-        "model=bert_tiny",
-        "data.max_seq_length=64",
-        "data.batch_size=8",
-        "data.shuffle_buffer_documents=50",
-        "trainer.enable_progress_bar=false",
-        "optim.warmup_steps=5",
-        "optim.optimizer.lr=1e-3",
-        *extra,
-    ]
+    """`cpu_run_overrides` with a 5-step warmup to lr 1e-3, then `extra`."""
+    return cpu_run_overrides(
+        shards_dir, run_dir, "optim.warmup_steps=5", "optim.optimizer.lr=1e-3", *extra
+    )
 
 
 def step_losses(run_dir: Path) -> dict[int, float]:

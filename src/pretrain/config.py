@@ -6,6 +6,7 @@ checks values and cross-group constraints, so a bad value fails before training 
 an error that names the key.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -37,6 +38,39 @@ def require_unit_interval(
     high_ok = value < 1 if open_high else value <= 1
     lo, hi = "(" if open_low else "[", ")" if open_high else "]"
     require(low_ok and high_ok, key, value, f"must lie in {lo}0, 1{hi}")
+
+
+def require_positive(config: Any, keys: Iterable[str], group: str = "model") -> None:
+    """Check that each attribute `keys` of `config` (a size, a count) is > 0; errors name
+    `group.key`."""
+    for key in keys:
+        value = getattr(config, key)
+        require(value > 0, f"{group}.{key}", value, "must be positive")
+
+
+def require_probabilities(config: Any, keys: Iterable[str], group: str = "model") -> None:
+    """Check that each attribute `keys` of `config` (a dropout, a noise rate) lies in [0, 1);
+    errors name `group.key`."""
+    for key in keys:
+        require_unit_interval(f"{group}.{key}", getattr(config, key), open_low=False)
+
+
+def require_choice(config: Any, key: str, choices: Iterable[str], group: str = "model") -> None:
+    """Check that attribute `key` of `config` is one of `choices`; the error lists them."""
+    value = getattr(config, key)
+    require(value in choices, f"{group}.{key}", value, f"must be one of {', '.join(choices)}")
+
+
+def require_divisible(config: Any, key: str, by: str, group: str = "model") -> None:
+    """Check that attribute `key` of `config` (a width) is a multiple of attribute `by` (a
+    head count), as multi-head attention needs; the error names both keys."""
+    value, divisor = getattr(config, key), getattr(config, by)
+    require(
+        value % divisor == 0,
+        f"{group}.{key}",
+        value,
+        f"must be divisible by {group}.{by} ({divisor})",
+    )
 
 
 @dataclass

@@ -6,7 +6,6 @@ attention-only and feed-forward-only sharing of our encoder have no HF counterpa
 refused with an ExportError. The fused qkv projection is split into query/key/value.
 """
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +13,17 @@ import torch
 
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import HFModel
+from pretrain.export.naming import (
+    FusedQKV,
+    check_tied,
+    cpu_copies,
+    invert,
+    renamed,
+    require_hf_keys,
+    require_model_keys,
+    to_hf_names,
+    without_compile_prefix,
+)
 
 ENCODER = "pretrain.models.albert.AlbertEncoder"
 SIZE_KEYS = (
@@ -30,53 +40,41 @@ SIZE_KEYS = (
     "layer_norm_eps",
     "initializer_range",
 )
-GROUP = "albert.encoder.albert_layer_groups.{g}.albert_layers.0."
-# Our names (with {} for the block index where there is one) -> HF AlbertForPreTraining names.
-RENAMES = {
-    "encoder.embeddings.word_embeddings.weight": "albert.embeddings.word_embeddings.weight",
-    "encoder.embeddings.position_embeddings.weight": "albert.embeddings.position_embeddings.weight",
-    "encoder.embeddings.token_type_embeddings.weight": (
-        "albert.embeddings.token_type_embeddings.weight"
+GROUP = r"albert.encoder.albert_layer_groups.\1.albert_layers.0."
+# Our names (with the checkpoint's module prefix; a block index where there is one) -> HF
+# AlbertForPreTraining names.
+RENAMES = [
+    (
+        r"encoder\.embeddings\.(word|position|token_type)_embeddings\.weight",
+        r"albert.embeddings.\1_embeddings.weight",
     ),
-    "encoder.embeddings.norm.{kind}": "albert.embeddings.LayerNorm.{kind}",
-    "encoder.embedding_projection.{kind}": "albert.encoder.embedding_hidden_mapping_in.{kind}",
-    "encoder.attention_blocks.{g}.attention.output.{kind}": GROUP + "attention.dense.{kind}",
-    "encoder.attention_blocks.{g}.norm.{kind}": GROUP + "attention.LayerNorm.{kind}",
-    "encoder.ffn_blocks.{g}.intermediate.{kind}": GROUP + "ffn.{kind}",
-    "encoder.ffn_blocks.{g}.output.{kind}": GROUP + "ffn_output.{kind}",
-    "encoder.ffn_blocks.{g}.norm.{kind}": GROUP + "full_layer_layer_norm.{kind}",
-    "mlm_head.dense.{kind}": "predictions.dense.{kind}",
-    "mlm_head.norm.{kind}": "predictions.LayerNorm.{kind}",
-    "mlm_head.bias": "predictions.bias",
-    "nsp_head.pooler.{kind}": "albert.pooler.{kind}",
-    "nsp_head.classifier.{kind}": "sop_classifier.classifier.{kind}",
-}
-QKV_OURS = "encoder.attention_blocks.{g}.attention.qkv.{kind}"
-QKV_HF = GROUP + "attention.{part}.{kind}"
-QKV_PARTS = ("query", "key", "value")
+    (r"encoder\.embeddings\.norm\.(weight|bias)", r"albert.embeddings.LayerNorm.\1"),
+    (
+        r"encoder\.embedding_projection\.(weight|bias)",
+        r"albert.encoder.embedding_hidden_mapping_in.\1",
+    ),
+    (
+        r"encoder\.attention_blocks\.(\d+)\.attention\.output\.(weight|bias)",
+        GROUP + r"attention.dense.\2",
+    ),
+    (r"encoder\.attention_blocks\.(\d+)\.norm\.(weight|bias)", GROUP + r"attention.LayerNorm.\2"),
+    (r"encoder\.ffn_blocks\.(\d+)\.intermediate\.(weight|bias)", GROUP + r"ffn.\2"),
+    (r"encoder\.ffn_blocks\.(\d+)\.output\.(weight|bias)", GROUP + r"ffn_output.\2"),
+    (r"encoder\.ffn_blocks\.(\d+)\.norm\.(weight|bias)", GROUP + r"full_layer_layer_norm.\2"),
+    (r"mlm_head\.dense\.(weight|bias)", r"predictions.dense.\1"),
+    (r"mlm_head\.norm\.(weight|bias)", r"predictions.LayerNorm.\1"),
+    (r"mlm_head\.bias", r"predictions.bias"),
+    (r"nsp_head\.pooler\.(weight|bias)", r"albert.pooler.\1"),
+    (r"nsp_head\.classifier\.(weight|bias)", r"sop_classifier.classifier.\1"),
+]
+INVERSE_RENAMES = invert(RENAMES)
+QKV = FusedQKV(
+    "encoder.attention_blocks.{layer}.attention.qkv.{kind}",
+    "albert.encoder.albert_layer_groups.{layer}.albert_layers.0.attention.{part}.{kind}",
+)
 WORD_EMBEDDINGS = "encoder.embeddings.word_embeddings.weight"
 TIED_DECODER = "mlm_head.decoder.weight"
 PREFIXES = ("encoder.", "mlm_head.", "nsp_head.")
-
-
-def _pattern(template: str) -> re.Pattern:
-    escaped = re.escape(
-        template.replace("{g}", "\0G").replace("{kind}", "\0K").replace("{part}", "\0P")
-    )
-    escaped = escaped.replace("\0G", r"(?P<g>\d+)").replace("\0K", r"(?P<kind>weight|bias)")
-    return re.compile(escaped.replace("\0P", r"(?P<part>query|key|value)"))
-
-
-FORWARD = [(_pattern(ours), hf) for ours, hf in RENAMES.items()]
-BACKWARD = [(_pattern(hf), ours) for ours, hf in RENAMES.items()]
-
-
-def _rename(name: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
-    for pattern, template in rules:
-        match = pattern.fullmatch(name)
-        if match:
-            return template.format(**match.groupdict())
-    return None
 
 
 def num_hidden_groups(model_cfg: Mapping[str, Any]) -> int:
@@ -100,33 +98,22 @@ def albert_to_hf_state_dict(
     names (keys outside `encoder.`, `mlm_head.`, `nsp_head.` are ignored; an unknown key
     inside them raises ValueError). Returns contiguous, unshared tensors."""
     num_hidden_groups(model_cfg)
-    state_dict = {key.replace("_orig_mod.", ""): value for key, value in state_dict.items()}
-    hf: dict[str, torch.Tensor] = {}
-    qkv = _pattern(QKV_OURS)
-    for key, tensor in state_dict.items():
-        if not key.startswith(PREFIXES):
-            continue
-        if key == TIED_DECODER:
-            if WORD_EMBEDDINGS in state_dict and not torch.equal(
-                tensor, state_dict[WORD_EMBEDDINGS]
-            ):
-                raise ValueError(f"{TIED_DECODER} differs from {WORD_EMBEDDINGS}; cannot export")
-            continue
-        fused = qkv.fullmatch(key)
-        if fused:
-            for part, piece in zip(QKV_PARTS, tensor.chunk(3, dim=0), strict=True):
-                hf[QKV_HF.format(part=part, **fused.groupdict())] = piece
-            continue
-        name = _rename(key, FORWARD)
-        if name is None:
-            raise ValueError(f"state_dict key {key!r} has no Hugging Face ALBERT counterpart")
-        hf[name] = tensor
+    state_dict = without_compile_prefix(state_dict)
+    check_tied(state_dict, TIED_DECODER, WORD_EMBEDDINGS, "cannot export")
+    hf = to_hf_names(
+        state_dict,
+        RENAMES,
+        PREFIXES,
+        "state_dict key {key!r} has no Hugging Face ALBERT counterpart",
+        QKV,
+        skip=(TIED_DECODER,),
+    )
     if "albert.embeddings.word_embeddings.weight" not in hf:
         raise ValueError(f"state_dict lacks {WORD_EMBEDDINGS}: not an AlbertEncoder checkpoint")
     if "predictions.bias" in hf:
         hf["predictions.decoder.weight"] = hf["albert.embeddings.word_embeddings.weight"]
         hf["predictions.decoder.bias"] = hf["predictions.bias"]
-    return {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in hf.items()}
+    return cpu_copies(hf)
 
 
 def architecture(hf_state_dict: Mapping[str, torch.Tensor]) -> str:
@@ -141,9 +128,7 @@ def hf_config(
     model_cfg: Mapping[str, Any], vocab_size: int, pad_token_id: int, architectures: tuple[str, ...]
 ) -> dict[str, Any]:
     """The config.json dict of `transformers.AlbertConfig` for our `model` config group."""
-    missing = [key for key in SIZE_KEYS if key not in model_cfg]
-    if missing:
-        raise ExportError(f"config.model lacks the key {missing[0]!r}, needed for config.json")
+    require_model_keys(model_cfg, SIZE_KEYS)
     return {
         "architectures": list(architectures),
         "model_type": "albert",
@@ -171,9 +156,7 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
     """A Hugging Face ALBERT model -> (our `model` config group, state_dict under our names).
     The inverse of `to_hf`; ExportError for groups of several layers or inner groups."""
     config = hf_model.config
-    missing = [key for key in SIZE_KEYS if key not in config]
-    if missing:
-        raise ExportError(f"config.json lacks {missing[0]!r}: not an ALBERT config")
+    require_hf_keys(config, SIZE_KEYS, "an ALBERT")
     layers, groups = config["num_hidden_layers"], config.get("num_hidden_groups", 1)
     if config.get("inner_group_num", 1) != 1 or groups not in (1, layers):
         raise ExportError(
@@ -187,19 +170,8 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
         **{key: config[key] for key in SIZE_KEYS},
         "share_layers": "all" if groups == 1 else "none",
     }
-    ours: dict[str, torch.Tensor] = {}
-    qkv_hf = _pattern(QKV_HF)
-    fused: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    for name, tensor in hf_model.weights.items():
-        match = qkv_hf.fullmatch(name)
-        if match:
-            fused.setdefault((match["g"], match["kind"]), {})[match["part"]] = tensor
-            continue
-        key = _rename(name, BACKWARD)
-        if key is not None:
-            ours[key] = tensor
-    for (group, kind), parts in fused.items():
-        ours[QKV_OURS.format(g=group, kind=kind)] = torch.cat([parts[p] for p in QKV_PARTS])
+    ours = renamed(hf_model.weights, INVERSE_RENAMES)
+    ours.update(QKV.join(hf_model.weights))
     if WORD_EMBEDDINGS not in ours:
         raise ExportError("the weights lack albert.embeddings.word_embeddings.weight")
     if "mlm_head.bias" in ours:

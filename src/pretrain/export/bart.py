@@ -6,7 +6,6 @@ learned positions, a LayerNorm on the embeddings, LayerNorm eps 1e-5. The sinuso
 Transformer has no Hugging Face BART counterpart and raises ExportError.
 """
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,16 @@ import torch
 
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import HFModel
+from pretrain.export.naming import (
+    check_tied,
+    cpu_copies,
+    invert,
+    renamed,
+    require_hf_keys,
+    require_model_keys,
+    to_hf_names,
+    without_compile_prefix,
+)
 
 WORD_EMBEDDINGS = "encoder.embeddings.word_embeddings.weight"
 TIED_DECODER = "lm_head.decoder.weight"
@@ -30,17 +39,7 @@ RENAMES = [
     (r"encoder\.encoder_layers\.(\d+)\.(.+)", r"model.encoder.layers.\1.\2"),
     (r"encoder\.decoder_layers\.(\d+)\.(.+)", r"model.decoder.layers.\1.\2"),
 ]
-INVERSE_RENAMES = [
-    (r"model\.shared\.weight", WORD_EMBEDDINGS),
-    (r"model\.encoder\.embed_positions\.weight", "encoder.embeddings.encoder_positions.weight"),
-    (r"model\.decoder\.embed_positions\.weight", "encoder.embeddings.decoder_positions.weight"),
-    (r"model\.encoder\.layernorm_embedding\.(weight|bias)", r"encoder.embeddings.encoder_norm.\1"),
-    (r"model\.decoder\.layernorm_embedding\.(weight|bias)", r"encoder.embeddings.decoder_norm.\1"),
-    (r"model\.encoder\.layers\.(\d+)\.(fc1|fc2)\.(.+)", r"encoder.encoder_layers.\1.ffn.\2.\3"),
-    (r"model\.decoder\.layers\.(\d+)\.(fc1|fc2)\.(.+)", r"encoder.decoder_layers.\1.ffn.\2.\3"),
-    (r"model\.encoder\.layers\.(\d+)\.(.+)", r"encoder.encoder_layers.\1.\2"),
-    (r"model\.decoder\.layers\.(\d+)\.(.+)", r"encoder.decoder_layers.\1.\2"),
-]
+INVERSE_RENAMES = invert(RENAMES)
 # Our config keys that BartConfig names alike.
 SAME_KEYS = (
     "d_model",
@@ -61,13 +60,6 @@ SAME_KEYS = (
 BART_SHAPE = {"position_embedding": "learned", "layernorm_embedding": True, "layer_norm_eps": 1e-5}
 
 
-def _rename(key: str, rules: list[tuple[str, str]]) -> str | None:
-    for pattern, replacement in rules:
-        if re.fullmatch(pattern, key):
-            return re.sub(pattern, replacement, key)
-    return None
-
-
 def check_bart_shape(model_cfg: Mapping[str, Any]) -> None:
     """Raise ExportError unless `model_cfg` is an encoder-decoder BART can hold."""
     for key, value in BART_SHAPE.items():
@@ -77,9 +69,7 @@ def check_bart_shape(model_cfg: Mapping[str, Any]) -> None:
                 f"model {model_cfg.get('name')!r} (e.g. the sinusoidal Transformer) has no BART "
                 "counterpart, so it cannot be exported (its checkpoint stays usable with `pretrain`)"
             )
-    missing = [key for key in (*SAME_KEYS, "activation") if key not in model_cfg]
-    if missing:
-        raise ExportError(f"config.model lacks the key {missing[0]!r}, needed for config.json")
+    require_model_keys(model_cfg, (*SAME_KEYS, "activation"))
 
 
 def special_token_ids(config: Mapping[str, Any]) -> dict[str, int]:
@@ -128,28 +118,21 @@ def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> 
     model_config = hf_config(
         config["model"], runtime["vocab_size"], runtime["pad_token_id"], special_token_ids(config)
     )
-    state_dict = {key.replace("_orig_mod.", ""): value for key, value in state_dict.items()}
-    hf: dict[str, torch.Tensor] = {}
-    for key, tensor in state_dict.items():
-        if key == TIED_DECODER:
-            embeddings = state_dict.get(WORD_EMBEDDINGS)
-            if embeddings is not None and not torch.equal(tensor, embeddings):
-                raise ValueError(f"{TIED_DECODER} differs from {WORD_EMBEDDINGS}; BART ties them")
-            continue
-        if key == "lm_head.bias":
-            hf["final_logits_bias"] = tensor[None, :]  # (1, vocab)
-            continue
-        if not key.startswith("encoder."):
-            continue
-        name = _rename(key, RENAMES)
-        if name is None:
-            raise ValueError(f"state_dict key {key!r} has no Hugging Face BART counterpart")
-        hf[name] = tensor
+    state_dict = without_compile_prefix(state_dict)
+    check_tied(state_dict, TIED_DECODER, WORD_EMBEDDINGS, "BART ties them")
+    hf = to_hf_names(
+        state_dict,
+        RENAMES,
+        ("encoder.",),
+        "state_dict key {key!r} has no Hugging Face BART counterpart",
+    )
     if "model.shared.weight" not in hf:
         raise ValueError(f"state_dict lacks {WORD_EMBEDDINGS}: not an encoder-decoder checkpoint")
-    hf.setdefault("final_logits_bias", torch.zeros(1, hf["model.shared.weight"].shape[0]))
+    bias = state_dict.get("lm_head.bias")
+    vocab = hf["model.shared.weight"].shape[0]
+    hf["final_logits_bias"] = torch.zeros(1, vocab) if bias is None else bias[None, :]  # (1, vocab)
     hf["lm_head.weight"] = hf["model.shared.weight"]
-    weights = {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in hf.items()}
+    weights = cpu_copies(hf)
     return HFModel(model_config, weights)
 
 
@@ -157,9 +140,7 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
     """A Hugging Face BART model -> (our `model` config group, state_dict under our names:
     `encoder.*` and `lm_head.*`). The inverse of `to_hf`."""
     config = hf_model.config
-    missing = [key for key in SAME_KEYS if key not in config]
-    if missing:
-        raise ExportError(f"config.json lacks {missing[0]!r}: not a BART config")
+    require_hf_keys(config, SAME_KEYS, "a BART")
     model_cfg = {
         "name": "bart_imported",
         "_target_": "pretrain.models.seq2seq.EncoderDecoder",
@@ -167,11 +148,7 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
         "activation": config.get("activation_function", "gelu"),
         **BART_SHAPE,
     }
-    ours: dict[str, torch.Tensor] = {}
-    for name, tensor in hf_model.weights.items():
-        key = _rename(name, INVERSE_RENAMES)
-        if key is not None:
-            ours[key] = tensor
+    ours = renamed(hf_model.weights, INVERSE_RENAMES)
     if WORD_EMBEDDINGS not in ours:
         raise ExportError("the weights lack model.shared.weight: not a BART model")
     vocab = ours[WORD_EMBEDDINGS].shape[0]

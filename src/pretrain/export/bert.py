@@ -4,7 +4,6 @@
 is not needed to export); `from_hf` is its inverse, for initialising from a HF directory.
 """
 
-import re
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
@@ -13,12 +12,23 @@ import torch
 
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import HFModel
+from pretrain.export.naming import (
+    FusedQKV,
+    check_tied,
+    cpu_copies,
+    invert,
+    renamed,
+    require_hf_keys,
+    require_model_keys,
+    to_hf_names,
+    without_compile_prefix,
+)
 from pretrain.models.bert import BertEncoderConfig
 
 PREFIXES = ("encoder.", "mlm_head.", "nsp_head.")
 
-# Our parameter names (without the `encoder.`/`mlm_head.`/`nsp_head.` module prefix of the
-# checkpoint, which is part of the pattern) -> HF BertForPreTraining names.
+# Our parameter names (with the checkpoint's `encoder.`/`mlm_head.`/`nsp_head.` module prefix)
+# -> HF BertForPreTraining names.
 RENAMES = [
     (
         r"encoder\.embeddings\.(word|position|token_type)_embeddings\.weight",
@@ -48,16 +58,13 @@ RENAMES = [
     (r"nsp_head\.pooler\.(weight|bias)", r"bert.pooler.dense.\1"),
     (r"nsp_head\.classifier\.(weight|bias)", r"cls.seq_relationship.\1"),
 ]
-FUSED_QKV = re.compile(r"encoder\.layers\.(\d+)\.attention\.qkv\.(weight|bias)")
+QKV = FusedQKV(
+    "encoder.layers.{layer}.attention.qkv.{kind}",
+    "bert.encoder.layer.{layer}.attention.self.{part}.{kind}",
+)
+INVERSE_RENAMES = invert(RENAMES)
 TIED_DECODER = "mlm_head.decoder.weight"
 WORD_EMBEDDINGS = "encoder.embeddings.word_embeddings.weight"
-
-
-def _hf_name(key: str) -> str | None:
-    for pattern, replacement in RENAMES:
-        if re.fullmatch(pattern, key):
-            return re.sub(pattern, replacement, key)
-    return None
 
 
 def bert_to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -68,38 +75,22 @@ def bert_to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, t
     weight (tied to the word embeddings) and bias are written under both of HF's tied names
     (`cls.predictions.decoder.*`, `cls.predictions.bias`). Returns contiguous, unshared tensors.
     """
-    hf: dict[str, torch.Tensor] = {}
-    # torch.compile wraps modules as `_orig_mod`; its keys name the same weights.
-    state_dict = {key.replace("_orig_mod.", ""): value for key, value in state_dict.items()}
-    for key, tensor in state_dict.items():
-        if not key.startswith(PREFIXES):
-            continue
-        if key == TIED_DECODER:
-            embeddings = state_dict.get(WORD_EMBEDDINGS)
-            if embeddings is not None and not torch.equal(tensor, embeddings):
-                raise ValueError(
-                    f"{TIED_DECODER} differs from {WORD_EMBEDDINGS}; BERT ties them, cannot export"
-                )
-            continue
-        fused = FUSED_QKV.fullmatch(key)
-        if fused:
-            layer, kind = fused.groups()
-            for part, name in zip(tensor.chunk(3, dim=0), ("query", "key", "value"), strict=True):
-                hf[f"bert.encoder.layer.{layer}.attention.self.{name}.{kind}"] = part
-            continue
-        name = _hf_name(key)
-        if name is None:
-            raise ValueError(
-                f"state_dict key {key!r} has no Hugging Face BERT counterpart; cannot export it"
-            )
-        hf[name] = tensor
+    state_dict = without_compile_prefix(state_dict)
+    check_tied(state_dict, TIED_DECODER, WORD_EMBEDDINGS, "BERT ties them, cannot export")
+    hf = to_hf_names(
+        state_dict,
+        RENAMES,
+        PREFIXES,
+        "state_dict key {key!r} has no Hugging Face BERT counterpart; cannot export it",
+        QKV,
+        skip=(TIED_DECODER,),
+    )
     if "bert.embeddings.word_embeddings.weight" not in hf:
         raise ValueError(f"state_dict lacks {WORD_EMBEDDINGS}: not a BertEncoder checkpoint")
     if "cls.predictions.bias" in hf:
         hf["cls.predictions.decoder.weight"] = hf["bert.embeddings.word_embeddings.weight"]
         hf["cls.predictions.decoder.bias"] = hf["cls.predictions.bias"]
-    # safetensors refuses shared or strided storage: give every name its own contiguous copy.
-    return {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in hf.items()}
+    return cpu_copies(hf)
 
 
 def architecture(hf_state_dict: Mapping[str, torch.Tensor]) -> str:
@@ -124,15 +115,17 @@ def hf_config(
     vocab_size: int,
     pad_token_id: int,
     architectures: tuple[str, ...] = ("BertForPreTraining",),
+    model_type: str = "bert",
+    size_keys: tuple[str, ...] = SIZE_KEYS,
 ) -> dict[str, Any]:
-    """The config.json dict of `transformers.BertConfig` for our `model` config group."""
-    missing = [key for key in SIZE_KEYS if key not in model_cfg]
-    if missing:
-        raise ExportError(f"config.model lacks the key {missing[0]!r}, needed for config.json")
-    sizes = {key: model_cfg[key] for key in SIZE_KEYS}
+    """The config.json dict of `transformers.BertConfig` for our `model` config group; the
+    families that share BERT's config (`model_type` roberta, electra) pass their own
+    `size_keys`, the `model` keys copied as they are."""
+    require_model_keys(model_cfg, size_keys)
+    sizes = {key: model_cfg[key] for key in size_keys}
     return {
         "architectures": list(architectures),
-        "model_type": "bert",
+        "model_type": model_type,
         "vocab_size": int(vocab_size),
         "pad_token_id": int(pad_token_id),
         **sizes,
@@ -157,51 +150,18 @@ def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> 
     return HFModel(model_config, weights)
 
 
-def _inverse(pattern: str, replacement: str) -> tuple[str, str]:
-    """Swap a (our regex, HF replacement) rule into (HF regex, our replacement)."""
-    groups = iter(re.findall(r"\(.*?\)", pattern))
-    hf_pattern = re.sub(r"\\(\d)", lambda _: next(groups), re.escape(replacement))
-    hf_pattern = hf_pattern.replace(r"\(", "(").replace(r"\)", ")").replace(r"\|", "|")
-    hf_pattern = hf_pattern.replace(r"\\d\+", r"\d+")
-    count = iter(range(1, 10))
-    ours = re.sub(r"\(.*?\)", lambda _: f"\\{next(count)}", pattern).replace("\\.", ".")
-    return hf_pattern, ours
-
-
-INVERSE_RENAMES = [_inverse(pattern, replacement) for pattern, replacement in RENAMES]
-HF_QKV = re.compile(
-    r"bert\.encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)"
-)
-
-
 def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """A Hugging Face BERT model -> (our `model` config group, state_dict under our names:
     `encoder.*`, plus `mlm_head.*` / `nsp_head.*` when the model has those heads).
     The inverse of `to_hf`: export -> import -> export gives the same weights and config."""
-    missing = [key for key in SIZE_KEYS if key not in hf_model.config]
-    if missing:
-        raise ExportError(f"config.json lacks {missing[0]!r}: not a BERT config")
+    require_hf_keys(hf_model.config, SIZE_KEYS, "a BERT")
     model_cfg = {
         "name": "bert_imported",
         "_target_": "pretrain.models.bert.BertEncoder",
         **{key: hf_model.config[key] for key in SIZE_KEYS},
     }
-    ours: dict[str, torch.Tensor] = {}
-    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    for name, tensor in hf_model.weights.items():
-        fused = HF_QKV.fullmatch(name)
-        if fused:
-            layer, part, kind = fused.groups()
-            qkv.setdefault((layer, kind), {})[part] = tensor
-            continue
-        for pattern, replacement in INVERSE_RENAMES:
-            if re.fullmatch(pattern, name):
-                ours[re.sub(pattern, replacement, name)] = tensor
-                break
-    for (layer, kind), parts in qkv.items():
-        ours[f"encoder.layers.{layer}.attention.qkv.{kind}"] = torch.cat(
-            [parts["query"], parts["key"], parts["value"]], dim=0
-        )
+    ours = renamed(hf_model.weights, INVERSE_RENAMES)
+    ours.update(QKV.join(hf_model.weights))
     if WORD_EMBEDDINGS not in ours:
         raise ExportError(
             "the weights lack bert.embeddings.word_embeddings.weight: not a BERT model"

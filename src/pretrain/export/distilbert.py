@@ -6,15 +6,24 @@ projection is split into q_lin/k_lin/v_lin; the MLM decoder (`vocab_projector`) 
 the word embeddings and keeps its own bias.
 """
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from pretrain.export.bert import FUSED_QKV, TIED_DECODER, WORD_EMBEDDINGS, _inverse
+from pretrain.export.bert import TIED_DECODER, WORD_EMBEDDINGS
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import HFModel
+from pretrain.export.naming import (
+    FusedQKV,
+    cpu_copies,
+    invert,
+    renamed,
+    require_hf_keys,
+    require_model_keys,
+    to_hf_names,
+    without_compile_prefix,
+)
 from pretrain.models.distilbert import DISTILBERT_LAYER_NORM_EPS
 
 PREFIXES = ("encoder.", "mlm_head.", "nsp_head.")
@@ -38,8 +47,12 @@ RENAMES = [
     (r"mlm_head\.norm\.(weight|bias)", r"vocab_layer_norm.\1"),
     (r"mlm_head\.bias", r"vocab_projector.bias"),
 ]
-INVERSE_RENAMES = [_inverse(pattern, replacement) for pattern, replacement in RENAMES]
-HF_QKV = re.compile(r"distilbert\.transformer\.layer\.(\d+)\.attention\.(q|k|v)_lin\.(weight|bias)")
+INVERSE_RENAMES = invert(RENAMES)
+QKV = FusedQKV(
+    "encoder.layers.{layer}.attention.qkv.{kind}",
+    LAYER + ".{layer}.attention.{part}_lin.{kind}",
+    parts=("q", "k", "v"),
+)
 HF_WORD_EMBEDDINGS = "distilbert.embeddings.word_embeddings.weight"
 # Our config key -> DistilBertConfig's.
 CONFIG_KEYS = {
@@ -54,56 +67,40 @@ CONFIG_KEYS = {
 }
 
 
-def _rename(key: str, rules: list[tuple[str, str]]) -> str | None:
-    for pattern, replacement in rules:
-        if re.fullmatch(pattern, key):
-            return re.sub(pattern, replacement, key)
-    return None
-
-
 def distilbert_to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename a checkpoint's DistilBertEncoder/MaskedLMHead weights to HF DistilBERT's names.
 
     Keys outside `encoder.`/`mlm_head.` are ignored; an NSP head or an unknown key raises
     ValueError. Returns contiguous, unshared CPU tensors (the tied decoder weight included).
     """
-    state_dict = {key.replace("_orig_mod.", ""): value for key, value in state_dict.items()}
-    hf: dict[str, torch.Tensor] = {}
-    for key, tensor in state_dict.items():
-        if not key.startswith(PREFIXES) or key == TIED_DECODER:
-            continue
-        if key.startswith("nsp_head."):
-            raise ValueError(
-                f"the checkpoint has a sentence-pair head ({key}) but DistilBERT has none; "
-                "train with objective.pair_task=none"
-            )
-        fused = FUSED_QKV.fullmatch(key)
-        if fused:
-            layer, kind = fused.groups()
-            for part, name in zip(tensor.chunk(3, dim=0), "qkv", strict=True):
-                hf[f"{LAYER}.{layer}.attention.{name}_lin.{kind}"] = part
-            continue
-        name = _rename(key, RENAMES)
-        if name is None:
-            raise ValueError(
-                f"state_dict key {key!r} has no Hugging Face DistilBERT counterpart; is "
-                "model._target_ pretrain.models.distilbert.DistilBertEncoder?"
-            )
-        hf[name] = tensor
+    state_dict = without_compile_prefix(state_dict)
+    pair_heads = [key for key in state_dict if key.startswith("nsp_head.")]
+    if pair_heads:
+        raise ValueError(
+            f"the checkpoint has a sentence-pair head ({pair_heads[0]}) but DistilBERT has none; "
+            "train with objective.pair_task=none"
+        )
+    hf = to_hf_names(
+        state_dict,
+        RENAMES,
+        PREFIXES,
+        "state_dict key {key!r} has no Hugging Face DistilBERT counterpart; is "
+        "model._target_ pretrain.models.distilbert.DistilBertEncoder?",
+        QKV,
+        skip=(TIED_DECODER,),
+    )
     if HF_WORD_EMBEDDINGS not in hf:
         raise ValueError(f"state_dict lacks {WORD_EMBEDDINGS}: not a DistilBertEncoder checkpoint")
     if "vocab_projector.bias" in hf:
         hf["vocab_projector.weight"] = hf[HF_WORD_EMBEDDINGS]
-    return {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in hf.items()}
+    return cpu_copies(hf)
 
 
 def hf_config(
     model_cfg: Mapping[str, Any], vocab_size: int, pad_token_id: int, architecture: str
 ) -> dict[str, Any]:
     """The config.json dict of `transformers.DistilBertConfig` for our `model` config group."""
-    missing = [key for key in CONFIG_KEYS if key not in model_cfg]
-    if missing:
-        raise ExportError(f"config.model lacks the key {missing[0]!r}, needed for config.json")
+    require_model_keys(model_cfg, CONFIG_KEYS)
     if model_cfg.get("layer_norm_eps", DISTILBERT_LAYER_NORM_EPS) != DISTILBERT_LAYER_NORM_EPS:
         raise ValueError(
             f"model.layer_norm_eps = {model_cfg['layer_norm_eps']}: Hugging Face DistilBERT fixes 1e-12"
@@ -138,9 +135,7 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
     """A Hugging Face DistilBERT -> (our `model` config group, state_dict under our names:
     `encoder.*`, plus `mlm_head.*` for DistilBertForMaskedLM). The inverse of `to_hf`."""
     config = hf_model.config
-    missing = [key for key in CONFIG_KEYS.values() if key not in config]
-    if missing:
-        raise ExportError(f"config.json lacks {missing[0]!r}: not a DistilBERT config")
+    require_hf_keys(config, CONFIG_KEYS.values(), "a DistilBERT")
     if config.get("activation", "gelu") != "gelu" or config.get("sinusoidal_pos_embds", False):
         raise ExportError(
             "config.json: only DistilBERT with activation 'gelu' and learned positions "
@@ -152,21 +147,8 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
         **{key: config[hf_key] for key, hf_key in CONFIG_KEYS.items()},
         "layer_norm_eps": DISTILBERT_LAYER_NORM_EPS,
     }
-    ours: dict[str, torch.Tensor] = {}
-    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    for name, tensor in hf_model.weights.items():
-        fused = HF_QKV.fullmatch(name)
-        if fused:
-            layer, part, kind = fused.groups()
-            qkv.setdefault((layer, kind), {})[part] = tensor
-            continue
-        key = _rename(name, INVERSE_RENAMES)
-        if key is not None:
-            ours[key] = tensor
-    for (layer, kind), parts in qkv.items():
-        ours[f"encoder.layers.{layer}.attention.qkv.{kind}"] = torch.cat(
-            [parts["q"], parts["k"], parts["v"]], dim=0
-        )
+    ours = renamed(hf_model.weights, INVERSE_RENAMES)
+    ours.update(QKV.join(hf_model.weights))
     if WORD_EMBEDDINGS not in ours:
         raise ExportError(f"the weights lack {HF_WORD_EMBEDDINGS}: not a DistilBERT model")
     if "mlm_head.bias" in ours:

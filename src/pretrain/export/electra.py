@@ -6,16 +6,25 @@ dict; `from_hf` is its inverse. An ELECTRA checkpoint holds two models: the obje
 (`pretrain.objectives.electra.ElectraModule.hf_exports`) calls `to_hf` once for each.
 """
 
-import re
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
 import torch
 
-from pretrain.export.bert import _inverse
+from pretrain.export import bert
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import HFModel
+from pretrain.export.naming import (
+    FusedQKV,
+    check_tied,
+    cpu_copies,
+    invert,
+    renamed,
+    require_hf_keys,
+    to_hf_names,
+    without_compile_prefix,
+)
 from pretrain.models.electra import ElectraEncoderConfig
 
 PREFIXES = ("encoder.", "discriminator_head.", "mlm_head.")
@@ -57,10 +66,10 @@ RENAMES = [
     (r"mlm_head\.norm\.(weight|bias)", r"generator_predictions.LayerNorm.\1"),
     (r"mlm_head\.bias", r"generator_lm_head.bias"),
 ]
-INVERSE_RENAMES = [_inverse(pattern, replacement) for pattern, replacement in RENAMES]
-FUSED_QKV = re.compile(r"encoder\.layers\.(\d+)\.attention\.qkv\.(weight|bias)")
-HF_QKV = re.compile(
-    r"electra\.encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)"
+INVERSE_RENAMES = invert(RENAMES)
+QKV = FusedQKV(
+    "encoder.layers.{layer}.attention.qkv.{kind}",
+    "electra.encoder.layer.{layer}.attention.self.{part}.{kind}",
 )
 TIED_DECODER = "mlm_head.decoder.weight"
 WORD_EMBEDDINGS = "encoder.embeddings.word_embeddings.weight"
@@ -75,13 +84,6 @@ SIZE_KEYS = tuple(
 )
 
 
-def _rename(key: str, rules: list[tuple[str, str]]) -> str | None:
-    for pattern, replacement in rules:
-        if re.fullmatch(pattern, key):
-            return re.sub(pattern, replacement, key)
-    return None
-
-
 def electra_to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename `encoder.*`, `discriminator_head.*` and `mlm_head.*` weights to HF's names.
 
@@ -90,33 +92,21 @@ def electra_to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str
     query/key/value; the MLM decoder (tied to the word embeddings) is written as
     `generator_lm_head.weight`. Returns contiguous, unshared CPU tensors.
     """
-    hf: dict[str, torch.Tensor] = {}
-    state_dict = {key.replace("_orig_mod.", ""): value for key, value in state_dict.items()}
-    for key, tensor in state_dict.items():
-        if not key.startswith(PREFIXES):
-            continue
-        if key == TIED_DECODER:
-            embeddings = state_dict.get(WORD_EMBEDDINGS)
-            if embeddings is not None and not torch.equal(tensor, embeddings):
-                raise ValueError(f"{TIED_DECODER} differs from {WORD_EMBEDDINGS}; cannot export")
-            continue
-        fused = FUSED_QKV.fullmatch(key)
-        if fused:
-            layer, kind = fused.groups()
-            for part, name in zip(tensor.chunk(3, dim=0), ("query", "key", "value"), strict=True):
-                hf[f"electra.encoder.layer.{layer}.attention.self.{name}.{kind}"] = part
-            continue
-        name = _rename(key, RENAMES)
-        if name is None:
-            raise ValueError(
-                f"state_dict key {key!r} has no Hugging Face ELECTRA counterpart; cannot export it"
-            )
-        hf[name] = tensor
+    state_dict = without_compile_prefix(state_dict)
+    check_tied(state_dict, TIED_DECODER, WORD_EMBEDDINGS, "cannot export")
+    hf = to_hf_names(
+        state_dict,
+        RENAMES,
+        PREFIXES,
+        "state_dict key {key!r} has no Hugging Face ELECTRA counterpart; cannot export it",
+        QKV,
+        skip=(TIED_DECODER,),
+    )
     if HF_WORD_EMBEDDINGS not in hf:
         raise ValueError(f"state_dict lacks {WORD_EMBEDDINGS}: not an ElectraEncoder checkpoint")
     if "generator_lm_head.bias" in hf:
         hf[HF_DECODER] = hf[HF_WORD_EMBEDDINGS]
-    return {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in hf.items()}
+    return cpu_copies(hf)
 
 
 def architecture(hf_state_dict: Mapping[str, torch.Tensor]) -> str:
@@ -138,23 +128,9 @@ def hf_config(
     model_cfg: Mapping[str, Any], vocab_size: int, pad_token_id: int, architecture: str
 ) -> dict[str, Any]:
     """The config.json dict of `transformers.ElectraConfig` for our `model` config group."""
-    missing = [key for key in SIZE_KEYS if key not in model_cfg]
-    if missing:
-        raise ExportError(f"config.model lacks the key {missing[0]!r}, needed for config.json")
-    return {
-        "architectures": [architecture],
-        "model_type": "electra",
-        "vocab_size": int(vocab_size),
-        "pad_token_id": int(pad_token_id),
-        **{key: model_cfg[key] for key in SIZE_KEYS},
-        "hidden_act": "gelu",
-        "position_embedding_type": "absolute",
-        "classifier_dropout": None,
-        "tie_word_embeddings": True,
-        "is_decoder": False,
-        "add_cross_attention": False,
-        "use_cache": False,
-    }
+    return bert.hf_config(
+        model_cfg, vocab_size, pad_token_id, (architecture,), "electra", size_keys=SIZE_KEYS
+    )
 
 
 def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> HFModel:
@@ -172,29 +148,14 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
     """A Hugging Face ELECTRA model -> (our `model` config group, state_dict under our names:
     `encoder.*`, plus `discriminator_head.*` or `mlm_head.*` when the model has that head).
     The inverse of `to_hf`: export -> import -> export gives the same weights and config."""
-    missing = [key for key in SIZE_KEYS if key not in hf_model.config]
-    if missing:
-        raise ExportError(f"config.json lacks {missing[0]!r}: not an ELECTRA config")
+    require_hf_keys(hf_model.config, SIZE_KEYS, "an ELECTRA")
     model_cfg = {
         "name": "electra_imported",
         "_target_": "pretrain.models.electra.ElectraEncoder",
         **{key: hf_model.config[key] for key in SIZE_KEYS},
     }
-    ours: dict[str, torch.Tensor] = {}
-    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    for name, tensor in hf_model.weights.items():
-        fused = HF_QKV.fullmatch(name)
-        if fused:
-            layer, part, kind = fused.groups()
-            qkv.setdefault((layer, kind), {})[part] = tensor
-            continue
-        renamed = _rename(name, INVERSE_RENAMES)
-        if renamed is not None:
-            ours[renamed] = tensor
-    for (layer, kind), parts in qkv.items():
-        ours[f"encoder.layers.{layer}.attention.qkv.{kind}"] = torch.cat(
-            [parts["query"], parts["key"], parts["value"]], dim=0
-        )
+    ours = renamed(hf_model.weights, INVERSE_RENAMES)
+    ours.update(QKV.join(hf_model.weights))
     if WORD_EMBEDDINGS not in ours:
         raise ExportError(f"the weights lack {HF_WORD_EMBEDDINGS}: not an ELECTRA model")
     if "mlm_head.bias" in ours:

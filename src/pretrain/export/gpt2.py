@@ -17,37 +17,37 @@ import torch
 
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import HFModel
+from pretrain.export.naming import (
+    cpu_copies,
+    invert,
+    rename,
+    require_hf_keys,
+    require_model_keys,
+    to_hf_names,
+    without_compile_prefix,
+)
 from pretrain.models.gpt import GPTConfig
 
-# Our names (`encoder.` is the checkpoint's module prefix) -> HF GPT2LMHeadModel names, and
-# whether the tensor is a Linear weight that GPT-2 stores transposed (Conv1D).
+# Our names (`encoder.` is the checkpoint's module prefix) -> HF GPT2LMHeadModel names.
 RENAMES = [
-    (r"encoder\.embeddings\.word_embeddings\.weight", r"transformer.wte.weight", False),
-    (r"encoder\.embeddings\.position_embeddings\.weight", r"transformer.wpe.weight", False),
-    (r"encoder\.layers\.(\d+)\.ln_1\.(weight|bias)", r"transformer.h.\1.ln_1.\2", False),
-    (r"encoder\.layers\.(\d+)\.ln_2\.(weight|bias)", r"transformer.h.\1.ln_2.\2", False),
+    (r"encoder\.embeddings\.word_embeddings\.weight", r"transformer.wte.weight"),
+    (r"encoder\.embeddings\.position_embeddings\.weight", r"transformer.wpe.weight"),
+    (r"encoder\.layers\.(\d+)\.ln_1\.(weight|bias)", r"transformer.h.\1.ln_1.\2"),
+    (r"encoder\.layers\.(\d+)\.ln_2\.(weight|bias)", r"transformer.h.\1.ln_2.\2"),
+    (r"encoder\.layers\.(\d+)\.attention\.qkv\.(weight|bias)", r"transformer.h.\1.attn.c_attn.\2"),
     (
-        r"encoder\.layers\.(\d+)\.attention\.qkv\.weight",
-        r"transformer.h.\1.attn.c_attn.weight",
-        True,
+        r"encoder\.layers\.(\d+)\.attention\.output\.(weight|bias)",
+        r"transformer.h.\1.attn.c_proj.\2",
     ),
-    (r"encoder\.layers\.(\d+)\.attention\.qkv\.bias", r"transformer.h.\1.attn.c_attn.bias", False),
-    (
-        r"encoder\.layers\.(\d+)\.attention\.output\.weight",
-        r"transformer.h.\1.attn.c_proj.weight",
-        True,
-    ),
-    (
-        r"encoder\.layers\.(\d+)\.attention\.output\.bias",
-        r"transformer.h.\1.attn.c_proj.bias",
-        False,
-    ),
-    (r"encoder\.layers\.(\d+)\.fc_in\.weight", r"transformer.h.\1.mlp.c_fc.weight", True),
-    (r"encoder\.layers\.(\d+)\.fc_in\.bias", r"transformer.h.\1.mlp.c_fc.bias", False),
-    (r"encoder\.layers\.(\d+)\.fc_out\.weight", r"transformer.h.\1.mlp.c_proj.weight", True),
-    (r"encoder\.layers\.(\d+)\.fc_out\.bias", r"transformer.h.\1.mlp.c_proj.bias", False),
-    (r"encoder\.ln_f\.(weight|bias)", r"transformer.ln_f.\1", False),
+    (r"encoder\.layers\.(\d+)\.fc_in\.(weight|bias)", r"transformer.h.\1.mlp.c_fc.\2"),
+    (r"encoder\.layers\.(\d+)\.fc_out\.(weight|bias)", r"transformer.h.\1.mlp.c_proj.\2"),
+    (r"encoder\.ln_f\.(weight|bias)", r"transformer.ln_f.\1"),
 ]
+FROM_HF = invert(RENAMES)
+# The HF names of Linear weights that GPT-2 stores transposed, as Conv1D (in, out).
+CONV1D = re.compile(
+    r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight"
+)
 WORD_EMBEDDINGS = "encoder.embeddings.word_embeddings.weight"
 # GPTModel's settings carry GPT2Config's names: all of GPTConfig but those of ModelConfig.
 SIZE_KEYS = tuple(
@@ -55,30 +55,20 @@ SIZE_KEYS = tuple(
 )
 
 
-def _rename(key: str, rules: list[tuple[str, str, bool]]) -> tuple[str, bool] | None:
-    for pattern, replacement, transposed in rules:
-        if re.fullmatch(pattern, key):
-            return re.sub(pattern, replacement, key), transposed
-    return None
-
-
 def gpt_to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename a checkpoint's `encoder.*` GPTModel weights to GPT2LMHeadModel's, transposing
     Linear weights into Conv1D layout. Other prefixes are ignored; an unknown `encoder.` key
     raises ValueError. Returns contiguous, unshared CPU tensors."""
-    hf: dict[str, torch.Tensor] = {}
-    for key, tensor in state_dict.items():
-        key = key.replace("_orig_mod.", "")  # torch.compile's wrapper names the same weights
-        if not key.startswith("encoder."):
-            continue
-        renamed = _rename(key, RENAMES)
-        if renamed is None:
-            raise ValueError(f"state_dict key {key!r} has no GPT-2 counterpart; cannot export it")
-        name, transposed = renamed
-        hf[name] = tensor.t() if transposed else tensor
+    hf = to_hf_names(
+        without_compile_prefix(state_dict),
+        RENAMES,
+        ("encoder.",),
+        "state_dict key {key!r} has no GPT-2 counterpart; cannot export it",
+    )
+    hf = {name: tensor.t() if CONV1D.fullmatch(name) else tensor for name, tensor in hf.items()}
     if "transformer.wte.weight" not in hf:
         raise ValueError(f"state_dict lacks {WORD_EMBEDDINGS}: not a GPTModel checkpoint")
-    return {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in hf.items()}
+    return cpu_copies(hf)
 
 
 def _special_ids(config: Mapping[str, Any]) -> dict[str, int | None]:
@@ -100,9 +90,7 @@ def hf_config(
     special: Mapping[str, int | None],
 ) -> dict[str, Any]:
     """The config.json dict of `transformers.GPT2Config` for our `model` config group."""
-    missing = [key for key in SIZE_KEYS if key not in model_cfg]
-    if missing:
-        raise ExportError(f"config.model lacks the key {missing[0]!r}, needed for config.json")
+    require_model_keys(model_cfg, SIZE_KEYS)
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -129,25 +117,11 @@ def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> 
     return HFModel(model_config, gpt_to_hf_state_dict(state_dict))
 
 
-def _inverse(ours: str, hf: str) -> tuple[str, str]:
-    """Swap one (our regex, HF replacement) rule into (HF regex, our replacement)."""
-    groups = iter(re.findall(r"\(.*?\)", ours))
-    hf_pattern = re.sub(r"\\\\(\d)", lambda _: next(groups), re.escape(hf))
-    count = iter(range(1, 10))
-    replacement = re.sub(r"\(.*?\)", lambda _: f"\\{next(count)}", ours).replace("\\.", ".")
-    return hf_pattern, replacement
-
-
-FROM_HF = [(*_inverse(ours, hf), transposed) for ours, hf, transposed in RENAMES]
-
-
 def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """A Hugging Face GPT-2 model -> (our `model` config group, `encoder.*` state_dict).
     The inverse of `to_hf`: export -> import -> export gives the same weights and config."""
     config = hf_model.config
-    missing = [key for key in SIZE_KEYS if key not in config]
-    if missing:
-        raise ExportError(f"config.json lacks {missing[0]!r}: not a GPT-2 config")
+    require_hf_keys(config, SIZE_KEYS, "a GPT-2")
     activation = config.get("activation_function", "gelu_new")
     if activation != "gelu_new" or config.get("scale_attn_by_inverse_layer_idx"):
         raise ExportError(
@@ -164,10 +138,9 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
     for name, tensor in hf_model.weights.items():
         if not name.startswith("transformer."):
             name = "transformer." + name  # a GPT2Model directory (no LM head) names h.0...
-        renamed = _rename(name, FROM_HF)
-        if renamed is not None:
-            key, transposed = renamed
-            ours[key] = tensor.t().contiguous() if transposed else tensor
+        key = rename(name, FROM_HF)
+        if key is not None:
+            ours[key] = tensor.t().contiguous() if CONV1D.fullmatch(name) else tensor
     if WORD_EMBEDDINGS not in ours:
         raise ExportError("the weights lack transformer.wte.weight: not a GPT-2 model")
     return model_cfg, ours

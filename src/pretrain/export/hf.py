@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pretrain.export.checkpoint import ExportError, read_checkpoint
+from pretrain.export.naming import cpu_copies
 from pretrain.export.output_dir import copy_tokenizer_files, write_directory
 
 # Hugging Face `model_type` (config.json) -> the module converting that family's weights.
@@ -47,7 +48,7 @@ def family_module(model_cfg: dict[str, Any]) -> Any:
 
 def write_hf_model(model: HFModel, directory: Path, tokenizer_dir: Path | None) -> None:
     """Write config.json, model.safetensors (contiguous, unshared copies) and tokenizer files."""
-    weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.weights.items()}
+    weights = cpu_copies(model.weights)
     config = dict(model.config)
     first = next(iter(weights.values()))
     config.setdefault("dtype", str(first.dtype).removeprefix("torch."))

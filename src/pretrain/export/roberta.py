@@ -47,9 +47,8 @@ def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> 
     runtime = config["model_runtime"]
     architecture = "RobertaForMaskedLM" if "lm_head.bias" in weights else "RobertaModel"
     model_config = bert.hf_config(
-        config["model"], runtime["vocab_size"], runtime["pad_token_id"], (architecture,)
+        config["model"], runtime["vocab_size"], runtime["pad_token_id"], (architecture,), "roberta"
     )
-    model_config["model_type"] = "roberta"
     return HFModel(model_config, weights)
 
 

@@ -13,6 +13,12 @@ import torch
 
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import HFModel
+from pretrain.export.naming import (
+    cpu_copies,
+    require_hf_keys,
+    require_model_keys,
+    without_compile_prefix,
+)
 from pretrain.models.xlnet import XLNetEncoderConfig
 
 TARGET = "pretrain.models.xlnet.XLNetEncoder"
@@ -40,9 +46,7 @@ def _hf_name(key: str) -> str | None:
 
 def hf_config(model_cfg: Mapping[str, Any], vocab_size: int, pad_token_id: int, arch: str) -> dict:
     """The config.json dict of `transformers.XLNetConfig` for our `model` config group."""
-    missing = [key for key in SIZE_KEYS if key not in model_cfg]
-    if missing:
-        raise ExportError(f"config.model lacks the key {missing[0]!r}, needed for config.json")
+    require_model_keys(model_cfg, SIZE_KEYS)
     sizes = {key: model_cfg[key] for key in SIZE_KEYS}
     return {
         "architectures": [arch],
@@ -63,8 +67,7 @@ def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> 
     """A checkpoint's XLNet weights and run config -> `XLNetLMHeadModel` (with the LM bias) or
     `XLNetModel`. Keys outside `encoder.` and `lm_head.` are ignored."""
     weights: dict[str, torch.Tensor] = {}
-    state_dict = {key.replace("_orig_mod.", ""): value for key, value in state_dict.items()}
-    for key, tensor in state_dict.items():
+    for key, tensor in without_compile_prefix(state_dict).items():
         if not key.startswith(("encoder.", "lm_head.")):
             continue
         name = _hf_name(key)
@@ -81,17 +84,14 @@ def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> 
         weights = {k.removeprefix("transformer."): v for k, v in weights.items()}
     runtime = config["model_runtime"]
     hf = hf_config(config["model"], runtime["vocab_size"], runtime["pad_token_id"], arch)
-    weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in weights.items()}
-    return HFModel(hf, weights)
+    return HFModel(hf, cpu_copies(weights))
 
 
 def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """A Hugging Face XLNet model -> (our `model` config group, state_dict: `encoder.*` and,
     for XLNetLMHeadModel, `lm_head.bias`). The inverse of `to_hf`."""
     config = hf_model.config
-    missing = [key for key in SIZE_KEYS if key not in config]
-    if missing:
-        raise ExportError(f"config.json lacks {missing[0]!r}: not an XLNet config")
+    require_hf_keys(config, SIZE_KEYS, "an XLNet")
     if config.get("bi_data") or config.get("same_length") or config.get("attn_type") != "bi":
         raise ExportError("config.json: only attn_type='bi', bi_data=false, same_length=false")
     model_cfg = {"name": "xlnet_imported", "_target_": TARGET}

@@ -12,64 +12,41 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from pretrain.config import ModelConfig, require, require_unit_interval
-from pretrain.models.bert import BertEmbeddings, BertSelfAttention, init_bert_weights
+from pretrain.config import require_choice, require_positive
+from pretrain.models.bert import (
+    BertEmbeddings,
+    BertEncoderConfig,
+    BertSelfAttention,
+    check_pad_token_id,
+    init_bert_weights,
+    key_padding_mask,
+)
 from pretrain.models.heads import ACTIVATIONS, activation_fn
 
 SHARE_MODES = ("all", "attention", "ffn", "none")
 
 
 @dataclass
-class AlbertEncoderConfig(ModelConfig):
-    """An ALBERT encoder's settings (AlbertConfig's names, plus `share_layers`); sizes in
-    features (embedding_size E, hidden_size H, intermediate_size), layers and heads."""
+class AlbertEncoderConfig(BertEncoderConfig):
+    """An ALBERT encoder's settings (AlbertConfig's names): BERT's, with ALBERT's defaults,
+    plus `embedding_size`, `share_layers` and `hidden_act`; sizes in features (embedding_size
+    E, hidden_size H, intermediate_size), layers and heads."""
 
-    embedding_size: int = 128
     hidden_size: int = 768
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
     intermediate_size: int = 3072
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    share_layers: str = "all"
-    hidden_act: str = "gelu_new"
     hidden_dropout_prob: float = 0.0
     attention_probs_dropout_prob: float = 0.0
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
+    embedding_size: int = 128
+    share_layers: str = "all"
+    hidden_act: str = "gelu_new"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in (
-            "embedding_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
-            require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
-        require(
-            self.hidden_size % self.num_attention_heads == 0,
-            "model.hidden_size",
-            self.hidden_size,
-            f"must be divisible by model.num_attention_heads ({self.num_attention_heads})",
-        )
-        require(
-            self.share_layers in SHARE_MODES,
-            "model.share_layers",
-            self.share_layers,
-            f"must be one of {', '.join(SHARE_MODES)}",
-        )
-        require(
-            self.hidden_act in ACTIVATIONS,
-            "model.hidden_act",
-            self.hidden_act,
-            f"must be one of {', '.join(ACTIVATIONS)}",
-        )
-        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            require_unit_interval(f"model.{key}", getattr(self, key), open_low=False)
+        require_positive(self, ("embedding_size",))
+        require_choice(self, "share_layers", SHARE_MODES)
+        require_choice(self, "hidden_act", ACTIVATIONS)
 
 
 class AlbertAttentionBlock(nn.Module):
@@ -147,10 +124,7 @@ class AlbertEncoder(nn.Module):
         pad_token_id: int = 0,
     ) -> None:
         super().__init__()
-        if not 0 <= pad_token_id < vocab_size:
-            raise ValueError(
-                f"pad_token_id ({pad_token_id}) must lie in [0, vocab_size = {vocab_size})"
-            )
+        check_pad_token_id(pad_token_id, vocab_size)
         if share_layers not in SHARE_MODES:
             raise ValueError(f"share_layers = {share_layers!r}: one of {', '.join(SHARE_MODES)}")
         self.hidden_size = hidden_size
@@ -200,11 +174,7 @@ class AlbertEncoder(nn.Module):
         """Encode a batch: input_ids, token_type_ids (batch, seq) integer ids; attention_mask
         (batch, seq), 1 = real token, 0 = padding, None = attend everywhere. Returns the
         (batch, seq, hidden_size) sequence output (meaningless at padding positions)."""
-        attend = None
-        if attention_mask is not None:
-            real = attention_mask.bool()
-            real = real | ~real.any(dim=-1, keepdim=True)  # an all-padding row attends everywhere
-            attend = real[:, None, None, :]  # (batch, 1, 1, seq)
+        attend = key_padding_mask(attention_mask)  # (batch, 1, 1, seq) or None
         hidden = self.embedding_projection(self.embeddings(input_ids, token_type_ids))  # (b, s, H)
         for layer in range(self.num_hidden_layers):
             attention = self.attention_blocks[layer % len(self.attention_blocks)]

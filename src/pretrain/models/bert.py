@@ -13,7 +13,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import ModelConfig, require, require_unit_interval
+from pretrain.config import (
+    ModelConfig,
+    require_divisible,
+    require_positive,
+    require_probabilities,
+)
 
 
 @dataclass
@@ -33,23 +38,38 @@ class BertEncoderConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in (
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
-            require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
-        require(
-            self.hidden_size % self.num_attention_heads == 0,
-            "model.hidden_size",
-            self.hidden_size,
-            f"must be divisible by model.num_attention_heads ({self.num_attention_heads})",
+        require_positive(
+            self,
+            (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+                "type_vocab_size",
+            ),
         )
-        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            require_unit_interval(f"model.{key}", getattr(self, key), open_low=False)
+        require_divisible(self, "hidden_size", "num_attention_heads")
+        require_probabilities(self, ("hidden_dropout_prob", "attention_probs_dropout_prob"))
+
+
+def check_pad_token_id(pad_token_id: int, vocab_size: int) -> None:
+    """Raise ValueError unless `pad_token_id` is a row of a `vocab_size`-row token table."""
+    if not 0 <= pad_token_id < vocab_size:
+        raise ValueError(
+            f"pad_token_id ({pad_token_id}) must lie in [0, vocab_size = {vocab_size})"
+        )
+
+
+def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
+    """(batch, seq) 1 = real, 0 = padding -> boolean (batch, 1, 1, seq) for attention (True =
+    key is visible), or None for None; an all-padding row attends everywhere (an all-False
+    row would give NaN)."""
+    if attention_mask is None:
+        return None
+    real = attention_mask.bool()
+    real = real | ~real.any(dim=-1, keepdim=True)
+    return real[:, None, None, :]  # (batch, 1, 1, seq) broadcast over heads and queries
 
 
 def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
@@ -74,7 +94,11 @@ def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
 
 
 class BertEmbeddings(nn.Module):
-    """Sum of word, absolute position and token type embeddings, then LayerNorm and dropout."""
+    """Sum of word, absolute position and token type embeddings, then LayerNorm and dropout.
+
+    With `type_vocab_size` 0 there is no token type table (`token_type_embeddings` is None)
+    and `token_type_ids` is ignored (DistilBERT).
+    """
 
     def __init__(
         self,
@@ -89,7 +113,9 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         self.word_embeddings = nn.Embedding(vocab_size, hidden_size, padding_idx=pad_token_id)
         self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
-        self.token_type_embeddings = nn.Embedding(type_vocab_size, hidden_size)
+        self.token_type_embeddings = (
+            nn.Embedding(type_vocab_size, hidden_size) if type_vocab_size else None
+        )
         self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         self.dropout = nn.Dropout(hidden_dropout_prob)
 
@@ -111,10 +137,9 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """Embed (batch, seq) token ids (positions from `position_vectors`). Returns (batch, seq, hidden)."""
         hidden = self.word_embeddings(input_ids)  # (batch, seq, hidden)
-        if token_type_ids is None:
-            hidden = hidden + self.token_type_embeddings.weight[0]
-        else:
-            hidden = hidden + self.token_type_embeddings(token_type_ids)
+        types = self.token_type_embeddings
+        if types is not None:
+            hidden = hidden + (types.weight[0] if token_type_ids is None else types(token_type_ids))
         hidden = hidden + self.position_vectors(input_ids)  # (seq or batch, seq, hidden)
         return self.dropout(self.norm(hidden))
 
@@ -136,11 +161,16 @@ class BertSelfAttention(nn.Module):
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.output = nn.Linear(hidden_size, hidden_size)
 
+    def query_key_value(self, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(batch, seq, hidden) -> query, key, value, each (batch, heads, seq, head)."""
+        batch, seq_len, _ = hidden.shape
+        qkv = self.qkv(hidden).view(batch, seq_len, 3, self.num_heads, self.head_size)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
     def forward(self, hidden: Tensor, attend: Tensor | None) -> Tensor:
         """hidden: (batch, seq, hidden); attend: boolean (batch, 1, 1, seq), True = key is visible."""
         batch, seq_len, hidden_size = hidden.shape
-        qkv = self.qkv(hidden).view(batch, seq_len, 3, self.num_heads, self.head_size)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head)
+        query, key, value = self.query_key_value(hidden)
         dropout_p = self.attention_probs_dropout_prob if self.training else 0.0
         context = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attend, dropout_p=dropout_p
@@ -208,10 +238,7 @@ class BertEncoder(nn.Module):
         pad_token_id: int = 0,
     ) -> None:
         super().__init__()
-        if not 0 <= pad_token_id < vocab_size:
-            raise ValueError(
-                f"pad_token_id ({pad_token_id}) must lie in [0, vocab_size = {vocab_size})"
-            )
+        check_pad_token_id(pad_token_id, vocab_size)
         self.hidden_size = hidden_size
         self.initializer_range = initializer_range
         self.embeddings = self.embeddings_class(
@@ -254,12 +281,7 @@ class BertEncoder(nn.Module):
         to); None attends to every position. Returns the (batch, seq, hidden) sequence output;
         vectors at padding positions are defined but meaningless.
         """
-        attend = None
-        if attention_mask is not None:
-            real = attention_mask.bool()
-            # A row that is all padding would give NaN from an all-False mask: let it attend everywhere.
-            real = real | ~real.any(dim=-1, keepdim=True)
-            attend = real[:, None, None, :]  # (batch, 1, 1, seq) broadcast over heads and queries
+        attend = key_padding_mask(attention_mask)
         hidden = self.embeddings(input_ids, token_type_ids)
         for layer in self.layers:
             hidden = layer(hidden, attend)

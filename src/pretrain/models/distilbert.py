@@ -8,10 +8,14 @@ eps at 1e-12, so `model.layer_norm_eps` must be 1e-12 (kept as a key for the MLM
 
 from dataclasses import dataclass
 
-from torch import Tensor, nn
-
-from pretrain.config import ModelConfig, require, require_unit_interval
-from pretrain.models.bert import BertEmbeddings, BertEncoder
+from pretrain.config import (
+    ModelConfig,
+    require,
+    require_divisible,
+    require_positive,
+    require_probabilities,
+)
+from pretrain.models.bert import BertEncoder
 
 DISTILBERT_LAYER_NORM_EPS = 1e-12
 
@@ -33,22 +37,18 @@ class DistilBertEncoderConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in (
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-        ):
-            require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
-        require(
-            self.hidden_size % self.num_attention_heads == 0,
-            "model.hidden_size",
-            self.hidden_size,
-            f"must be divisible by model.num_attention_heads ({self.num_attention_heads})",
+        require_positive(
+            self,
+            (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+            ),
         )
-        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            require_unit_interval(f"model.{key}", getattr(self, key), open_low=False)
+        require_divisible(self, "hidden_size", "num_attention_heads")
+        require_probabilities(self, ("hidden_dropout_prob", "attention_probs_dropout_prob"))
         require(
             self.layer_norm_eps == DISTILBERT_LAYER_NORM_EPS,
             "model.layer_norm_eps",
@@ -57,41 +57,12 @@ class DistilBertEncoderConfig(ModelConfig):
         )
 
 
-class DistilBertEmbeddings(BertEmbeddings):
-    """Word + absolute position embeddings (positions 0..seq-1), LayerNorm, dropout; no token types."""
-
-    def __init__(
-        self,
-        vocab_size: int,
-        hidden_size: int,
-        max_position_embeddings: int,
-        type_vocab_size: int,
-        hidden_dropout_prob: float,
-        layer_norm_eps: float,
-        pad_token_id: int,
-    ) -> None:
-        if type_vocab_size != 0:
-            raise ValueError(
-                f"DistilBERT has no token types, got type_vocab_size={type_vocab_size}"
-            )
-        nn.Module.__init__(self)
-        self.word_embeddings = nn.Embedding(vocab_size, hidden_size, padding_idx=pad_token_id)
-        self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
-        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
-        self.dropout = nn.Dropout(hidden_dropout_prob)
-
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """Embed (batch, seq) ids -> (batch, seq, hidden); `token_type_ids` is ignored."""
-        hidden = self.word_embeddings(input_ids) + self.position_vectors(input_ids)
-        return self.dropout(self.norm(hidden))
-
-
 class DistilBertEncoder(BertEncoder):
-    """DistilBERT: (batch, seq) ids -> (batch, seq, hidden_size); token types are ignored."""
+    """DistilBERT: (batch, seq) ids -> (batch, seq, hidden_size); token types are ignored
+    (BertEmbeddings without a token type table: word + position, LayerNorm, dropout)."""
 
     config_class = DistilBertEncoderConfig
     hf_format = "pretrain.export.distilbert"
-    embeddings_class = DistilBertEmbeddings
 
     def __init__(
         self,

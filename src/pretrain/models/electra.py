@@ -12,8 +12,15 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import require
-from pretrain.models.bert import BertEmbeddings, BertEncoderConfig, BertLayer, init_bert_weights
+from pretrain.config import require_positive
+from pretrain.models.bert import (
+    BertEmbeddings,
+    BertEncoderConfig,
+    BertLayer,
+    check_pad_token_id,
+    init_bert_weights,
+    key_padding_mask,
+)
 
 
 @dataclass
@@ -26,9 +33,7 @@ class ElectraEncoderConfig(BertEncoderConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(
-            self.embedding_size > 0, "model.embedding_size", self.embedding_size, "must be positive"
-        )
+        require_positive(self, ("embedding_size",))
 
 
 class ElectraEncoder(nn.Module):
@@ -61,10 +66,7 @@ class ElectraEncoder(nn.Module):
         embeddings: BertEmbeddings | None = None,
     ) -> None:
         super().__init__()
-        if not 0 <= pad_token_id < vocab_size:
-            raise ValueError(
-                f"pad_token_id ({pad_token_id}) must lie in [0, vocab_size = {vocab_size})"
-            )
+        check_pad_token_id(pad_token_id, vocab_size)
         self.hidden_size = hidden_size
         self.embedding_size = embedding_size
         self.initializer_range = initializer_range
@@ -118,11 +120,7 @@ class ElectraEncoder(nn.Module):
         attention_mask: (batch, seq), 1 = real token, 0 = padding; None attends everywhere.
         Returns the (batch, seq, hidden) sequence output (meaningless at padding positions).
         """
-        attend = None
-        if attention_mask is not None:
-            real = attention_mask.bool()
-            real = real | ~real.any(dim=-1, keepdim=True)  # an all-padding row attends everywhere
-            attend = real[:, None, None, :]  # (batch, 1, 1, seq)
+        attend = key_padding_mask(attention_mask)  # (batch, 1, 1, seq) or None
         hidden = self.embeddings(input_ids, token_type_ids)  # (batch, seq, embedding)
         if self.embeddings_project is not None:
             hidden = self.embeddings_project(hidden)  # (batch, seq, hidden)

@@ -16,8 +16,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import ModelConfig, require, require_unit_interval
-from pretrain.models.bert import init_bert_weights
+from pretrain.config import (
+    ModelConfig,
+    require,
+    require_divisible,
+    require_positive,
+    require_probabilities,
+)
+from pretrain.models.bert import BertSelfAttention, check_pad_token_id, init_bert_weights
 
 
 @dataclass
@@ -40,28 +46,16 @@ class GPTConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("n_embd", "n_layer", "n_head", "n_positions"):
-            require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
+        require_positive(self, ("n_embd", "n_layer", "n_head", "n_positions"))
         require(
             self.n_inner is None or self.n_inner > 0,
             "model.n_inner",
             self.n_inner,
             "must be positive or null (4 x model.n_embd)",
         )
-        require(
-            self.n_embd % self.n_head == 0,
-            "model.n_embd",
-            self.n_embd,
-            f"must be divisible by model.n_head ({self.n_head})",
-        )
-        for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
-            require_unit_interval(f"model.{key}", getattr(self, key), open_low=False)
-        require(
-            self.layer_norm_epsilon > 0,
-            "model.layer_norm_epsilon",
-            self.layer_norm_epsilon,
-            "must be positive",
-        )
+        require_divisible(self, "n_embd", "n_head")
+        require_probabilities(self, ("resid_pdrop", "embd_pdrop", "attn_pdrop"))
+        require_positive(self, ("layer_norm_epsilon",))
 
     @property
     def max_sequence_tokens(self) -> int | None:
@@ -96,16 +90,12 @@ class GPTEmbeddings(nn.Module):
         return self.dropout(hidden)
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention in which position i sees positions <= i (and no padding)."""
+class CausalSelfAttention(BertSelfAttention):
+    """Multi-head self-attention in which position i sees positions <= i (and no padding):
+    BERT's fused `qkv` and `output` projections, then dropout on the output (`resid_pdrop`)."""
 
     def __init__(self, n_embd: int, n_head: int, attn_pdrop: float, resid_pdrop: float) -> None:
-        super().__init__()
-        self.num_heads = n_head
-        self.head_size = n_embd // n_head
-        self.attn_pdrop = attn_pdrop
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
-        self.output = nn.Linear(n_embd, n_embd)
+        super().__init__(n_embd, n_head, attn_pdrop)
         self.dropout = nn.Dropout(resid_pdrop)
 
     def forward(
@@ -120,11 +110,10 @@ class CausalSelfAttention(nn.Module):
         else every key. past: the keys and values (batch, heads, p, head) of earlier positions.
         Returns the output (batch, seq, n_embd) and the keys and values of all p + seq positions."""
         batch, seq_len, n_embd = hidden.shape
-        qkv = self.qkv(hidden).view(batch, seq_len, 3, self.num_heads, self.head_size)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head)
+        query, key, value = self.query_key_value(hidden)  # each (batch, heads, seq, head)
         if past is not None:
             key, value = torch.cat([past[0], key], dim=2), torch.cat([past[1], value], dim=2)
-        dropout_p = self.attn_pdrop if self.training else 0.0
+        dropout_p = self.attention_probs_dropout_prob if self.training else 0.0
         context = F.scaled_dot_product_attention(
             query,
             key,
@@ -213,10 +202,7 @@ class GPTModel(nn.Module):
         pad_token_id: int = 0,
     ) -> None:
         super().__init__()
-        if not 0 <= pad_token_id < vocab_size:
-            raise ValueError(
-                f"pad_token_id ({pad_token_id}) must lie in [0, vocab_size = {vocab_size})"
-            )
+        check_pad_token_id(pad_token_id, vocab_size)
         if n_embd % n_head != 0:
             raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
         self.hidden_size = n_embd

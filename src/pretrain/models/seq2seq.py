@@ -21,8 +21,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import ModelConfig, require, require_unit_interval
-from pretrain.models.bert import init_bert_weights
+from pretrain.config import (
+    ModelConfig,
+    require_choice,
+    require_divisible,
+    require_positive,
+    require_probabilities,
+)
+from pretrain.models.bert import check_pad_token_id, init_bert_weights, key_padding_mask
 
 POSITION_EMBEDDINGS = ("sinusoidal", "learned")
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
@@ -55,39 +61,24 @@ class EncoderDecoderConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in (
-            "d_model",
-            "encoder_layers",
-            "decoder_layers",
-            "encoder_attention_heads",
-            "decoder_attention_heads",
-            "encoder_ffn_dim",
-            "decoder_ffn_dim",
-            "max_position_embeddings",
-        ):
-            require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
-        for key in ("encoder_attention_heads", "decoder_attention_heads"):
-            heads = getattr(self, key)
-            require(
-                self.d_model % heads == 0,
-                "model.d_model",
-                self.d_model,
-                f"must be divisible by model.{key} ({heads})",
-            )
-        require(
-            self.position_embedding in POSITION_EMBEDDINGS,
-            "model.position_embedding",
-            self.position_embedding,
-            f"must be one of {', '.join(POSITION_EMBEDDINGS)}",
+        require_positive(
+            self,
+            (
+                "d_model",
+                "encoder_layers",
+                "decoder_layers",
+                "encoder_attention_heads",
+                "decoder_attention_heads",
+                "encoder_ffn_dim",
+                "decoder_ffn_dim",
+                "max_position_embeddings",
+            ),
         )
-        require(
-            self.activation in ACTIVATIONS,
-            "model.activation",
-            self.activation,
-            f"must be one of {', '.join(ACTIVATIONS)}",
-        )
-        for key in ("dropout", "attention_dropout", "activation_dropout"):
-            require_unit_interval(f"model.{key}", getattr(self, key), open_low=False)
+        require_divisible(self, "d_model", "encoder_attention_heads")
+        require_divisible(self, "d_model", "decoder_attention_heads")
+        require_choice(self, "position_embedding", POSITION_EMBEDDINGS)
+        require_choice(self, "activation", ACTIVATIONS)
+        require_probabilities(self, ("dropout", "attention_dropout", "activation_dropout"))
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
@@ -238,16 +229,6 @@ class DecoderLayer(EncoderLayer):
         return self.final_layer_norm(hidden + self.dropout(self.ffn(hidden)))
 
 
-def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
-    """(batch, seq) 1 = real, 0 = padding -> boolean (batch, 1, 1, seq) for attention; an
-    all-padding row attends everywhere (an all-False row would give NaN)."""
-    if attention_mask is None:
-        return None
-    real = attention_mask.bool()
-    real = real | ~real.any(dim=-1, keepdim=True)
-    return real[:, None, None, :]
-
-
 class EncoderDecoder(nn.Module):
     """(batch, src) encoder ids + (batch, tgt) decoder ids -> (batch, tgt, d_model) decoder
     hidden states; `encode` and `decode` run the halves (generation encodes once)."""
@@ -278,8 +259,7 @@ class EncoderDecoder(nn.Module):
         pad_token_id: int = 0,
     ) -> None:
         super().__init__()
-        if not 0 <= pad_token_id < vocab_size:
-            raise ValueError(f"pad_token_id ({pad_token_id}) must lie in [0, {vocab_size})")
+        check_pad_token_id(pad_token_id, vocab_size)
         self.d_model = d_model
         self.embeddings = Seq2SeqEmbeddings(
             vocab_size,

@@ -16,7 +16,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import ModelConfig, require, require_unit_interval
+from pretrain.config import (
+    ModelConfig,
+    require,
+    require_choice,
+    require_divisible,
+    require_positive,
+    require_probabilities,
+)
 from pretrain.models.bert import init_bert_weights
 
 ACTIVATIONS = {
@@ -50,20 +57,9 @@ class XLNetEncoderConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("d_model", "n_layer", "n_head", "d_inner"):
-            require(getattr(self, key) > 0, f"model.{key}", getattr(self, key), "must be positive")
-        require(
-            self.d_model % self.n_head == 0,
-            "model.d_model",
-            self.d_model,
-            f"must be divisible by model.n_head ({self.n_head})",
-        )
-        require(
-            self.ff_activation in ACTIVATIONS,
-            "model.ff_activation",
-            self.ff_activation,
-            f"must be one of {', '.join(ACTIVATIONS)}",
-        )
+        require_positive(self, ("d_model", "n_layer", "n_head", "d_inner"))
+        require_divisible(self, "d_model", "n_head")
+        require_choice(self, "ff_activation", ACTIVATIONS)
         require(
             self.attn_type == "bi",
             "model.attn_type",
@@ -73,7 +69,7 @@ class XLNetEncoderConfig(ModelConfig):
         for key in ("mem_len", "reuse_len"):
             value = getattr(self, key)
             require(value is None or value >= 0, f"model.{key}", value, "must be >= 0 or null")
-        require_unit_interval("model.dropout", self.dropout, open_low=False)
+        require_probabilities(self, ("dropout",))
 
     @property
     def max_sequence_tokens(self) -> int | None:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import ObjectiveConfig, require, require_unit_interval
+from pretrain.config import ObjectiveConfig, require, require_probabilities, require_unit_interval
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.noise import (
     STREAM_NOISE,
@@ -42,9 +42,7 @@ class Seq2SeqObjectiveConfig(ObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_unit_interval(
-            "objective.label_smoothing", self.label_smoothing, open_low=False, open_high=True
-        )
+        require_probabilities(self, ("label_smoothing",), group="objective")
 
 
 @dataclass
@@ -63,8 +61,9 @@ class DenoisingConfig(Seq2SeqObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("token_masking", "token_deletion", "text_infilling"):
-            require_unit_interval(f"objective.{key}", getattr(self, key), open_low=False)
+        require_probabilities(
+            self, ("token_masking", "token_deletion", "text_infilling"), group="objective"
+        )
         for key in ("sentence_permutation", "document_rotation"):
             require_unit_interval(
                 f"objective.{key}", getattr(self, key), open_low=False, open_high=False

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import ConfigError, require
+from pretrain.config import ConfigError, require, require_positive, require_unit_interval
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.export.hf import HFModel
@@ -55,15 +55,8 @@ class ElectraObjectiveConfig(MaskedLMConfig):
             "ELECTRA has no sentence task: must be 'none'",
         )
         for key in ("generator_size_fraction", "generator_layer_fraction"):
-            value = getattr(self, key)
-            require(0 < value <= 1, f"objective.{key}", value, "must lie in (0, 1]")
-        require(
-            self.discriminator_weight > 0,
-            "objective.discriminator_weight",
-            self.discriminator_weight,
-            "must be positive",
-        )
-        require(self.temperature > 0, "objective.temperature", self.temperature, "must be positive")
+            require_unit_interval(f"objective.{key}", getattr(self, key), open_high=False)
+        require_positive(self, ("discriminator_weight", "temperature"), group="objective")
 
 
 def generator_config(model_cfg: Mapping[str, Any], objective: Mapping[str, Any]) -> dict:
