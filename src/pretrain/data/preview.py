@@ -146,9 +146,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(records))
         return
     tokenizer = Tokenizer.from_file(f"{tokenizer_dir}/tokenizer.json")
-    print(
-        "Predicted positions are written <shown|label> ([MASK], a random token, or the token unchanged);\n"
-        "shuffled ones {shown|original}; SpanBERT spans ⟦...⟧.\n"
-    )
+    own_layout = ("target_rank", "decoder_input_ids", "next_token_prediction")
+    if records and not any(key in records[0] for key in own_layout):  # the MLM family
+        print(
+            "Predicted positions are written <shown|label> ([MASK], a random token, or the token unchanged);\n"
+            "shuffled ones {shown|original}; SpanBERT spans ⟦...⟧.\n"
+        )
     for record in records:
         print(render(record, tokenizer, pair_task) + "\n")
