@@ -287,3 +287,51 @@ def test_preview_shows_the_factorization_order(prepared_corpus):
         places = sorted(int(k) for k in re.findall(r"#(\d+)>", text))
         predicted = sum(label != IGNORE_INDEX for label in record["labels"])
         assert places == list(range(1, predicted + 1)) and predicted > 0
+
+
+@pytest.mark.slow
+def test_resumed_memory_run_matches_the_uninterrupted_one(prepared_corpus, tmp_path):
+    """The carried memory is saved with the checkpoint: resuming mid-epoch gives the
+    uninterrupted run's losses and weights."""
+    import shutil
+
+    from pretrain.run import train
+
+    def run(run_dir):
+        train(
+            compose_config(
+                [
+                    "experiment=xlnet_demo",
+                    f"data.shards_dir={prepared_corpus}",
+                    f"run_dir={run_dir}",
+                    "logger=csv",
+                    "trainer.enable_progress_bar=false",
+                    "data.num_workers=0",
+                    "data.batch_size=4",
+                    "data.max_seq_length=48",
+                    "model.reuse_len=16",
+                    "model.mem_len=16",
+                    "model.dropout=0.0",
+                    "trainer.max_steps=8",
+                    "trainer.checkpoint_every_n_steps=4",
+                    "trainer.keep_checkpoints=5",
+                    "trainer.log_every_n_steps=1",
+                ]
+            )  # fmt: skip
+        )
+
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    run(full_dir)
+    checkpoint = torch.load(full_dir / "checkpoints" / "step-0000004.ckpt", weights_only=True)
+    assert len(checkpoint["xlnet_memory"]["mems"]) == 2  # one memory per layer of xlnet_tiny
+    (resumed_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(
+        full_dir / "checkpoints" / "step-0000004.ckpt", resumed_dir / "checkpoints" / "last.ckpt"
+    )
+    run(resumed_dir)
+    full, resumed = _logged(full_dir, "train/plm_loss"), _logged(resumed_dir, "train/plm_loss")
+    assert resumed == pytest.approx(full[4:], abs=1e-5)
+    a = torch.load(full_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(resumed_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)

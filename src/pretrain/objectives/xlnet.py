@@ -124,6 +124,7 @@ class PermutationLanguageModel(PretrainingModule):
         self.use_memory = config.get("data", {}).get("format") == "xlnet_memory"
         self._mems: list[torch.Tensor] | None = None
         self._mems_mask: torch.Tensor | None = None
+        self._restored_memory: dict | None = None
 
     @classmethod
     def build_corruption(cls, config: dict, vocab: Vocabulary) -> PermutationCorruption:
@@ -157,6 +158,38 @@ class PermutationLanguageModel(PretrainingModule):
 
     def on_train_epoch_start(self) -> None:
         self.reset_memory()
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        """At the first batch of a run resumed inside an epoch, take back the memory its
+        checkpoint saved, so it continues as if never stopped."""
+        super().on_train_batch_start(batch, batch_idx)
+        restored, self._restored_memory = self._restored_memory, None
+        if restored is not None and restored["epoch"] == self.current_epoch:
+            rank = self.global_rank if restored["mask"].ndim == 3 else None
+            pick = (lambda t: t[rank]) if rank is not None else (lambda t: t)
+            self._mems = [pick(m).to(self.device) for m in restored["mems"]]
+            self._mems_mask = pick(restored["mask"]).to(self.device)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Also save the carried memory (every rank's, gathered, when there are several)."""
+        super().on_save_checkpoint(checkpoint)
+        if not self.use_memory:
+            return
+        strategy = self.trainer.strategy
+        if not strategy.reduce_boolean_decision(self._mems is not None, all=True):
+            return  # some rank has no memory yet: resume starts without it, as at an epoch start
+        mems, mask = self._mems, self._mems_mask
+        if self.trainer.world_size > 1:  # (ranks, batch, ...) so each rank restores its own
+            mems, mask = [self.all_gather(m) for m in mems], self.all_gather(mask)
+        checkpoint["xlnet_memory"] = {
+            "epoch": self.current_epoch,
+            "mems": [m.detach().cpu() for m in mems],
+            "mask": mask.cpu(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._restored_memory = checkpoint.get("xlnet_memory")
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Loss and accuracy of one batch; with memory, updates the carried memory."""
