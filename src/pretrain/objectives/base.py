@@ -10,6 +10,7 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.utils import instantiate
+from torch.nn.utils import get_total_norm
 from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.batching import batch_plan, learning_rate, warmup_steps
@@ -172,9 +173,9 @@ class PretrainingModule(L.LightningModule):
         if self._nonfinite_loss is not None:
             bad = bad | self._nonfinite_loss.to(self.device)
         if self.trainer.precision not in ("16-mixed", "16"):
-            for parameter in self.parameters():
-                if parameter.grad is not None:
-                    bad = bad | ~torch.isfinite(parameter.grad).all()
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            if grads:  # the largest |gradient| (one foreach pass): inf/NaN iff one is
+                bad = bad | ~torch.isfinite(get_total_norm(grads, norm_type=float("inf")))
         self._nonfinite_loss = None
         return int(self.trainer.strategy.reduce(bad.float(), reduce_op="sum").item())
 
