@@ -3,7 +3,7 @@
 Once the shards are written, the phrase lexicon is learned from them (two passes over ids and
 word starts, no tokenizing: `data_pipelines.phrases`), the entity list is tokenized, and
 every shard is rewritten with a `<key>.phrases.npy` member per document
-(`data_pipelines.spans`). The phrase lexicon is saved as `phrases.txt` and the entity list
+(`data_pipelines.span_annotation`). The phrase lexicon is saved as `phrases.txt` and the entity list
 copied as `entities.txt`, beside the shards, for people to read.
 """
 
@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from data_pipelines.config import PrepareConfig
 from data_pipelines.phrases import barrier_tokens, learn_phrases, write_phrases
-from data_pipelines.shards import TokenizedDocument, rewrite_shard
-from data_pipelines.spans import SpanLexicon, annotate_spans, load_entities
-from pretrain.data.shards import ENTITY_START, PHRASE_START, read_documents
+from data_pipelines.prepare_config import PrepareConfig
+from data_pipelines.shard_writer import TokenizedDocument, rewrite_shard
+from data_pipelines.span_annotation import SpanLexicon, annotate_spans, load_entities
+from pretrain.data.shard_format import ENTITY_START, PHRASE_START, read_documents
 
 PHRASES_FILE = "phrases.txt"
 ENTITIES_FILE = "entities.txt"

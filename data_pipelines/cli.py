@@ -17,18 +17,18 @@ USAGE = __doc__.split("\n", 1)[1]
 
 def _prepare_errors() -> tuple[type[Exception], ...]:
     """The errors of preparing a corpus that name what the user should fix (exit status 2)."""
-    from data_pipelines.config import PrepareConfigError
     from data_pipelines.prepare import PrepareError
+    from data_pipelines.prepare_config import PrepareConfigError
     from data_pipelines.sources import SourceError
-    from data_pipelines.spans import EntityFileError
+    from data_pipelines.span_annotation import EntityFileError
     from data_pipelines.tokenizer import TokenizerError
 
     return (PrepareConfigError, PrepareError, SourceError, TokenizerError, EntityFileError)
 
 
 def _prepare(overrides: list[str]) -> int:
-    from data_pipelines.config import compose_prepare_config
     from data_pipelines.prepare import prepare
+    from data_pipelines.prepare_config import compose_prepare_config
 
     try:
         out_dir = prepare(compose_prepare_config(overrides))
@@ -49,7 +49,7 @@ ANNOTATIONS = (
 
 def summarize(shards_dir: str) -> str:
     """A human-readable summary of a prepared corpus (manifest checked, shards sizes checked)."""
-    from pretrain.data.shards import check_shards, load_manifest
+    from pretrain.data.shard_format import check_shards, load_manifest
 
     manifest = load_manifest(shards_dir)
     check_shards(manifest)
@@ -94,7 +94,7 @@ def _annotation_rows(annotations: dict | None) -> list[tuple[str, str]]:
 
 
 def _info(args: list[str]) -> int:
-    from pretrain.data.shards import ShardError
+    from pretrain.data.shard_format import ShardError
 
     if len(args) != 1:
         print("usage: pretrain-data info <shards_dir>", file=sys.stderr)
@@ -116,8 +116,8 @@ def _preview(overrides: list[str]) -> int:
 def _sliced(step: str, overrides: list[str]) -> int:
     """`prepare-tokenizer`, `prepare-slice I N` and `merge` (see data_pipelines.slices)."""
     from data_pipelines import slices
-    from data_pipelines.config import compose_prepare_config
     from data_pipelines.prepare import PrepareError
+    from data_pipelines.prepare_config import compose_prepare_config
 
     try:
         if step == "prepare-slice":

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from data_pipelines.config import PhraseSettings
+from data_pipelines.prepare_config import PhraseSettings
 
 Word = tuple[int, ...]  # the token ids of one word
 Pair = tuple[Word, Word]

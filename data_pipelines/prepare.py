@@ -15,8 +15,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from data_pipelines.annotate import annotate_corpus
-from data_pipelines.config import PrepareConfig
-from data_pipelines.shards import ShardWriter, tokenize_documents
+from data_pipelines.prepare_config import PrepareConfig
+from data_pipelines.shard_writer import ShardWriter, tokenize_documents
 from data_pipelines.sources import SourceStats, expand_inputs, read_raw_documents
 from data_pipelines.text import normalize
 from data_pipelines.tokenizer import (
@@ -26,7 +26,7 @@ from data_pipelines.tokenizer import (
     tokenizer_sha256,
     train_tokenizer,
 )
-from pretrain.data.shards import FORMAT_VERSION, MANIFEST_FILE, ids_dtype
+from pretrain.data.shard_format import FORMAT_VERSION, MANIFEST_FILE, ids_dtype
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -131,7 +131,7 @@ def write_corpus(
 def build_manifest(
     cfg: PrepareConfig, tokenizer: Tokenizer, tokenizer_dir: Path, corpus: dict
 ) -> dict:
-    """The manifest.json content (see `pretrain.data.shards`); no timestamps, so the same input
+    """The manifest.json content (see `pretrain.data.shard_format`); no timestamps, so the same input
     gives the same bytes."""
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     return {

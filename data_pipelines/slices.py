@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from data_pipelines.config import EntitySettings, PhraseSettings, PrepareConfig
 from data_pipelines.prepare import (
     TOKENIZER_DIR,
     PrepareError,
@@ -33,10 +32,11 @@ from data_pipelines.prepare import (
     prepare,
     write_prepared,
 )
-from data_pipelines.shards import ShardWriter, TokenizedDocument
+from data_pipelines.prepare_config import EntitySettings, PhraseSettings, PrepareConfig
+from data_pipelines.shard_writer import ShardWriter, TokenizedDocument
 from data_pipelines.sources import expand_inputs
 from data_pipelines.tokenizer import copy_tokenizer, tokenizer_sha256
-from pretrain.data.shards import MANIFEST_FILE, ids_dtype, load_manifest, read_documents
+from pretrain.data.shard_format import MANIFEST_FILE, ids_dtype, load_manifest, read_documents
 
 COUNTS = ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines")
 

@@ -17,7 +17,7 @@ Four kinds:
 Every kind has the special tokens [PAD]=0, [UNK], [CLS], [SEP], [MASK] (ids 0-4) and adds
 `[CLS] A [SEP]` / `[CLS] A [SEP] B [SEP]` when asked for special tokens. A token starts a word
 (shard word-start flags) when it begins a pre-tokenizer word: see
-`data_pipelines.shards.encode_sentences`.
+`data_pipelines.shard_writer.encode_sentences`.
 
 A saved directory holds `tokenizer.json` (the whole pipeline; its sha256 identifies the
 tokenizer in shard manifests), `tokenizer_config.json`, `special_tokens_map.json` and, for
@@ -42,7 +42,7 @@ from tokenizers import (
 )
 
 from data_pipelines.chinese import is_cjk_char
-from pretrain.data.shards import file_sha256
+from pretrain.data.shard_format import file_sha256
 
 # In id order: [PAD] is 0, as BERT's embeddings and attention masks assume.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 
 from data_pipelines.builtin_corpus import pydoc_topic_documents
-from data_pipelines.config import EntitySettings, PhraseSettings, PrepareConfig, TokenizerSettings
 from data_pipelines.prepare import prepare
+from data_pipelines.prepare_config import (
+    EntitySettings,
+    PhraseSettings,
+    PrepareConfig,
+    TokenizerSettings,
+)
 
 SMALL_CORPUS_DOCUMENTS = 300
 SMALL_CORPUS_DOCS_PER_SHARD = 50

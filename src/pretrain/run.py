@@ -12,7 +12,7 @@ from pretrain.batching import describe as describe_batching
 from pretrain.checkpointing import config_changes, find_resume_checkpoint, saved_config
 from pretrain.config import ConfigError, validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
-from pretrain.data.shards import ShardError
+from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
 from pretrain.export.checkpoint import ExportError
 from pretrain.objectives.base import NonFiniteError, PretrainingModule

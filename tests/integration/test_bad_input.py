@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pretrain.data.datamodule import open_corpus
-from pretrain.data.shards import ShardError
+from pretrain.data.shard_format import ShardError
 
 PRETRAIN = str(Path(sys.executable).parent / "pretrain")
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import cpu_run_overrides, small_english_documents, write_text_corpus
 
-from data_pipelines.config import PrepareConfig, TokenizerSettings
 from data_pipelines.prepare import prepare
+from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 from data_pipelines.slices import merge_slices, prepare_slice, prepare_tokenizer, work_dir
 from pretrain.paths import REPO_ROOT
 

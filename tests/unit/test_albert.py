@@ -12,7 +12,7 @@ from conftest import prepare_small_corpus, small_english_documents
 from safetensors.torch import load_file
 from test_train import tiny_overrides
 
-from data_pipelines.config import TokenizerSettings
+from data_pipelines.prepare_config import TokenizerSettings
 from data_pipelines.tokenizer import save_tokenizer, train_tokenizer
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.export import ExportError, export_checkpoint, import_hf_model

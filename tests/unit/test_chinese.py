@@ -12,10 +12,10 @@ from conftest import CHINESE_PROSE, prepare_chinese_corpus, small_english_docume
 from tokenizers import Tokenizer, normalizers
 
 from data_pipelines.chinese import CJK_RANGES, JiebaSegmenter, is_cjk_char
-from data_pipelines.shards import encode_sentences
+from data_pipelines.shard_writer import encode_sentences
 from data_pipelines.text import normalize, split_sentences
 from data_pipelines.tokenizer import TokenizerError, train_tokenizer
-from pretrain.data.shards import load_manifest, read_documents
+from pretrain.data.shard_format import load_manifest, read_documents
 
 END_PUNCTUATION = "。！？"
 

@@ -13,7 +13,9 @@ from tokenizers import Tokenizer, models
 
 from data_pipelines import cli
 from data_pipelines.annotate import ENTITIES_FILE, PHRASES_FILE, EntitiesSkippedWarning
-from data_pipelines.config import (
+from data_pipelines.phrases import barrier_tokens, count_pairs, learn_phrases, npmi
+from data_pipelines.prepare import PrepareError, prepare
+from data_pipelines.prepare_config import (
     EntitySettings,
     PhraseSettings,
     PrepareConfig,
@@ -21,13 +23,16 @@ from data_pipelines.config import (
     TokenizerSettings,
     compose_prepare_config,
 )
-from data_pipelines.phrases import barrier_tokens, count_pairs, learn_phrases, npmi
-from data_pipelines.prepare import PrepareError, prepare
-from data_pipelines.shards import ShardWriter, TokenizedDocument, encode_sentences
-from data_pipelines.spans import EntityFileError, SpanLexicon, annotate_spans, load_entities
+from data_pipelines.shard_writer import ShardWriter, TokenizedDocument, encode_sentences
+from data_pipelines.span_annotation import (
+    EntityFileError,
+    SpanLexicon,
+    annotate_spans,
+    load_entities,
+)
 from data_pipelines.text import normalize
 from data_pipelines.tokenizer import SPECIAL_TOKENS, build_tokenizer
-from pretrain.data.shards import ShardError, load_manifest, read_documents
+from pretrain.data.shard_format import ShardError, load_manifest, read_documents
 
 PUNCT = 7  # token id of a punctuation token in the synthetic corpora
 

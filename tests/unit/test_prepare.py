@@ -15,14 +15,14 @@ from tokenizers import Tokenizer
 
 from data_pipelines import cli
 from data_pipelines.builtin_corpus import builtin_documents, module_docstrings, stdlib_source_files
-from data_pipelines.config import (
+from data_pipelines.prepare import PrepareError, prepare
+from data_pipelines.prepare_config import (
     PrepareConfig,
     PrepareConfigError,
     TokenizerSettings,
     compose_prepare_config,
 )
-from data_pipelines.prepare import PrepareError, prepare
-from data_pipelines.shards import document_key, encode_sentences
+from data_pipelines.shard_writer import document_key, encode_sentences
 from data_pipelines.sources import (
     SourceError,
     SourceStats,
@@ -38,7 +38,7 @@ from data_pipelines.tokenizer import (
     tokenizer_sha256,
     train_tokenizer,
 )
-from pretrain.data.shards import load_manifest, read_documents
+from pretrain.data.shard_format import load_manifest, read_documents
 
 
 def _config(inputs: list[Path | str], out_dir: Path, **settings) -> PrepareConfig:
@@ -352,7 +352,7 @@ def test_out_dir_is_never_lost(tmp_path):
 
 def test_interrupted_prepare_leaves_no_dataset(tmp_path, monkeypatch):
     source = write_text_corpus(tmp_path / "c.txt", small_english_documents(10))
-    import data_pipelines.shards as writer_module
+    import data_pipelines.shard_writer as writer_module
 
     original = writer_module.ShardWriter.write
     calls = []

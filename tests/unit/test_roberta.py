@@ -16,7 +16,7 @@ from test_import import (
 from test_objectives_train import logged
 from test_train import tiny_overrides
 
-from data_pipelines.config import TokenizerSettings
+from data_pipelines.prepare_config import TokenizerSettings
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.vocab import load_vocabulary
 from pretrain.export import ExportError, export_checkpoint

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import write_raw_shard
 
-from pretrain.data.shards import (
+from pretrain.data.shard_format import (
     FORMAT_VERSION,
     ShardError,
     check_shards,

@@ -21,7 +21,7 @@ from test_unit_masking import (
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.spans import (
+from pretrain.data.span_masking import (
     clipped_geometric_probabilities,
     sample_span_lengths,
     select_spans,

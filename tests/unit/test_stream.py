@@ -104,7 +104,7 @@ def test_segment_pair_batches_carry_balanced_nsp_labels(prepared_corpus):
 def test_holdout_shards_are_kept_out_of_training(prepared_corpus):
     import json
 
-    from pretrain.data.shards import ShardError
+    from pretrain.data.shard_format import ShardError
 
     names = [
         s["name"] for s in json.loads((prepared_corpus / "manifest.json").read_text())["shards"]

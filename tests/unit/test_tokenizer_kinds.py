@@ -11,8 +11,12 @@ from conftest import small_english_documents, write_text_corpus
 from tokenizers import Tokenizer
 
 from data_pipelines import cli
-from data_pipelines.config import PrepareConfigError, TokenizerSettings, compose_prepare_config
-from data_pipelines.shards import encode_sentences
+from data_pipelines.prepare_config import (
+    PrepareConfigError,
+    TokenizerSettings,
+    compose_prepare_config,
+)
+from data_pipelines.shard_writer import encode_sentences
 from data_pipelines.tokenizer import (
     SPECIAL_TOKENS,
     TokenizerError,
@@ -21,7 +25,7 @@ from data_pipelines.tokenizer import (
     save_tokenizer,
     train_tokenizer,
 )
-from pretrain.data.shards import load_manifest, read_documents
+from pretrain.data.shard_format import load_manifest, read_documents
 from pretrain.data.vocab import load_vocabulary
 
 NEW_KINDS = ("unigram", "bytelevel_bpe")

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from conftest import prepare_small_corpus
 
-from data_pipelines.config import PhraseSettings
+from data_pipelines.prepare_config import PhraseSettings
 from pretrain.config import compose_config
 from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX, word_start_flags
-from pretrain.data.spans import ngram_length_probabilities, sample_ngram_lengths
+from pretrain.data.span_masking import ngram_length_probabilities, sample_ngram_lengths
 from pretrain.data.stream import training_stream
 from pretrain.objectives.ernie import ErnieCorruption
 from pretrain.objectives.ngram import NgramCorruption

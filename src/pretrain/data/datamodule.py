@@ -8,7 +8,13 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from pretrain.data.shards import Manifest, ShardError, check_shards, check_tokenizer, load_manifest
+from pretrain.data.shard_format import (
+    Manifest,
+    ShardError,
+    check_shards,
+    check_tokenizer,
+    load_manifest,
+)
 from pretrain.data.stream import StreamSpec, training_stream
 from pretrain.data.vocab import Vocabulary, load_vocabulary
 

@@ -1,6 +1,6 @@
 """Token masking primitives (BERT's MLM corruption), vectorised over a batch, and the
 whole-unit selection of whole-word (BERT-wwm) and phrase/entity (ERNIE 1.0) masking; word
-n-grams and SpanBERT spans are in `spans.py`.
+n-grams and SpanBERT spans are in `span_masking.py`.
 
 Each row's draws come from `keyed_uniform`, so a sequence's mask depends only on
 (seed, epoch, sequence key): dynamic masking draws a new one each epoch; static masking
@@ -128,7 +128,7 @@ STREAM_MASK_UNIT_ORDER = 20
 STREAM_MASK_NGRAM = 21
 STREAM_MASK_SPAN = 22
 
-# Values of the per-token `phrases` flags (see pretrain.data.shards).
+# Values of the per-token `phrases` flags (see pretrain.data.shard_format).
 PHRASE_START, ENTITY_START, INSIDE_SPAN = 1, 2, 3
 
 

@@ -21,7 +21,7 @@ import webdataset as wds
 
 from pretrain.data.formats import make_segment_pairs, pack_sentences
 from pretrain.data.keyed_rng import STREAM_SHARD_ORDER, STREAM_SHUFFLE
-from pretrain.data.shards import read_documents
+from pretrain.data.shard_format import read_documents
 from pretrain.data.vocab import Vocabulary
 
 Corruption = Callable[[dict, int], dict]

@@ -29,7 +29,7 @@ from pretrain.data.keyed_rng import (
     keyed_generator,
 )
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.shards import read_documents
+from pretrain.data.shard_format import read_documents
 from pretrain.data.vocab import Vocabulary
 
 CLS_TOKEN_TYPE = 2  # XLNet's segment id of the final [CLS]

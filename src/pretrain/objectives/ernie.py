@@ -2,7 +2,7 @@
 phrases and entities and, outside them, whole words.
 
 Units come from the batch's per-token `phrases` flags (a phrase or entity = its first token,
-flagged 1 or 2, and the tokens flagged 3 after it; see pretrain.data.shards) and its
+flagged 1 or 2, and the tokens flagged 3 after it; see pretrain.data.shard_format) and its
 `word_starts`. Units are taken in a random order until round(mlm_probability * candidates)
 tokens are selected, a unit that would overshoot being skipped; the 80/10/10 rule is decided
 once per unit. Without annotations (all flags 0) this is whole-word masking. The loss, heads

@@ -2,7 +2,7 @@
 words, n in 1..max_ngram with p(n) proportional to 1/n.
 
 Start words are visited in a random order, n-grams never overlap, and they are added until
-round(mlm_probability * candidates) tokens are selected (see `pretrain.data.spans.select_ngrams`);
+round(mlm_probability * candidates) tokens are selected (see `pretrain.data.span_masking.select_ngrams`);
 the 80/10/10 rule is decided once per n-gram. The sentence task is NSP by default; ALBERT's
 recipe sets `objective.pair_task=sop`.
 """
@@ -13,7 +13,7 @@ import numpy as np
 
 from pretrain.config import require
 from pretrain.data.masking import word_start_flags
-from pretrain.data.spans import select_ngrams
+from pretrain.data.span_masking import select_ngrams
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
 
 

@@ -3,7 +3,7 @@ segments without a sentence task.
 
 Corruption: spans of whole words, lengths ~ Geometric(span_geometric_p) clipped at
 `span_max_words` words, starting at uniformly drawn words, never overlapping, until
-round(mlm_probability * candidates) tokens are covered (`pretrain.data.spans.select_spans`);
+round(mlm_probability * candidates) tokens are covered (`pretrain.data.span_masking.select_spans`);
 the 80/10/10 rule is decided once per span. The batch gains `span_left`, `span_right` (the
 token indices just before and after each predicted token's span) and `span_position` (0-based
 position inside the span), all (batch, seq) int64, 0 where labels is IGNORE_INDEX.
@@ -17,7 +17,7 @@ import torch
 
 from pretrain.config import PAIR_FORMATS, ConfigError, DataConfig, require
 from pretrain.data.masking import IGNORE_INDEX, word_start_flags
-from pretrain.data.spans import select_spans, span_boundaries
+from pretrain.data.span_masking import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary
 from pretrain.models.heads import SpanBoundaryHead
 from pretrain.objectives.mlm import (

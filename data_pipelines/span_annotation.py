@@ -6,7 +6,7 @@ crosses a sentence end. Entities come from a user's list, tokenized with the cor
 tokenizer (so an uncased tokenizer matches them case-insensitively, a cased one exactly);
 phrases from `data_pipelines.phrases`. Spans never overlap: entities win over phrases, then
 longer spans (in tokens) over shorter ones, then the leftmost. The result is one uint8 flag
-per token (`pretrain.data.shards`: 0 outside, 1 phrase start, 2 entity start, 3 inside).
+per token (`pretrain.data.shard_format`: 0 outside, 1 phrase start, 2 entity start, 3 inside).
 """
 
 from collections.abc import Iterable, Sequence
@@ -17,7 +17,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from data_pipelines.text import normalize
-from pretrain.data.shards import ENTITY_START, INSIDE_SPAN, OUTSIDE_SPAN, PHRASE_START
+from pretrain.data.shard_format import ENTITY_START, INSIDE_SPAN, OUTSIDE_SPAN, PHRASE_START
 
 _END = -1  # trie key marking the end of a sequence (token ids are >= 0)
 

@@ -1,5 +1,5 @@
 """Tokenizing documents and writing them as WebDataset shards (the format is described in
-`pretrain.data.shards`, which reads them).
+`pretrain.data.shard_format`, which reads them).
 
 Documents are cleaned, split into sentences and tokenized sentence by sentence (no special
 tokens) in worker processes; results come back in input order, so the same input always gives
@@ -29,7 +29,7 @@ from tqdm import tqdm
 from data_pipelines.chinese import JiebaSegmenter, make_segmenter, segmented_word_starts
 from data_pipelines.sources import RawDocument
 from data_pipelines.text import normalize, split_sentences
-from pretrain.data.shards import file_sha256
+from pretrain.data.shard_format import file_sha256
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 
@@ -259,7 +259,7 @@ def rewrite_shard(path: str | Path, documents: Iterable[TokenizedDocument]) -> d
 
 def write_sample(tar: tarfile.TarFile, document: TokenizedDocument) -> None:
     """Append the members of one document to `tar`: ids, sents, words and, when the document
-    has them, phrases (the order `pretrain.data.shards` documents)."""
+    has them, phrases (the order `pretrain.data.shard_format` documents)."""
     members = [("ids.npy", document.ids), ("sents.npy", document.sents)]
     members.append(("words.npy", document.words))
     if document.phrases is not None:
