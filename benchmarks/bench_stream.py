@@ -1,0 +1,84 @@
+"""Stream throughput per core: how fast one process reads prepared shards, side by side for
+each shards directory given. Two stages are timed, each in this one process (one thread):
+
+- `read`: `read_documents` over every shard (what the shard format costs);
+- `stream`: the training stream of one epoch (segment pairs of 128 tokens, batch 32, MLM
+  corruption), as one data-loader worker runs it.
+
+Prints documents/s, tokens/s and shard MB/s. Prepare the directories first, e.g. with
+`pretrain-data prepare` (built-in corpus: long documents) or `benchmarks/prepare.py --keep`.
+
+    .venv/bin/python benchmarks/bench_stream.py data/builtin [more shards dirs...] [--repeats 3]
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from pretrain.data.shard_format import load_manifest, read_documents  # noqa: E402
+from pretrain.data.stream import StreamSpec, training_stream  # noqa: E402
+from pretrain.data.vocab import load_vocabulary  # noqa: E402
+from pretrain.objectives.mlm import MaskedLMCorruption  # noqa: E402
+
+
+def time_read(paths: list[str]) -> tuple[float, int, int]:
+    """Seconds, documents and tokens of reading every document of `paths`."""
+    start = time.perf_counter()
+    documents = tokens = 0
+    for path in paths:
+        for document in read_documents(path):
+            documents += 1
+            tokens += len(document["ids"])
+    return time.perf_counter() - start, documents, tokens
+
+
+def time_stream(paths: list[str], tokenizer_dir: str) -> tuple[float, int, int]:
+    """Seconds, batches and tokens (non-padding) of one epoch of the training stream."""
+    vocab = load_vocabulary(tokenizer_dir)
+    corruption = MaskedLMCorruption(
+        seed=1, vocab_size=vocab.size, mask_token_id=vocab.mask, special_ids=vocab.special_ids
+    )
+    spec = StreamSpec(shard_paths=tuple(paths), vocab=vocab, corruption=corruption)
+    start = time.perf_counter()
+    batches = tokens = 0
+    for batch in training_stream(spec, epoch=0):
+        batches += 1
+        tokens += int(batch["attention_mask"].sum())
+    return time.perf_counter() - start, batches, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("shards_dirs", nargs="+")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"{'shards dir':<32} {'stage':<7} {'docs/s':>10} {'tokens/s':>12} {'MB/s':>8}")
+    for shards_dir in args.shards_dirs:
+        manifest = load_manifest(shards_dir)
+        paths = [str(p) for p in manifest.shard_paths]
+        shard_mb = sum(s["bytes"] for s in manifest.shards) / 1e6
+        read = min((time_read(paths) for _ in range(args.repeats)), key=lambda r: r[0])
+        stream = min(
+            (time_stream(paths, str(manifest.tokenizer_dir)) for _ in range(args.repeats)),
+            key=lambda r: r[0],
+        )
+        name = os.path.basename(os.path.normpath(shards_dir))
+        seconds, documents, tokens = read
+        print(
+            f"{name:<32} {'read':<7} {documents / seconds:>10,.0f} {tokens / seconds:>12,.0f} "
+            f"{shard_mb / seconds:>8.1f}"
+        )
+        seconds, _, tokens = stream
+        print(
+            f"{name:<32} {'stream':<7} {documents / seconds:>10,.0f} {tokens / seconds:>12,.0f} "
+            f"{shard_mb / seconds:>8.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
