@@ -1,6 +1,14 @@
-"""Where the project's files live."""
+"""Where the project's files live.
+
+`CONF_DIR` is the primary Hydra config directory of `pretrain`, `pretrain-data` and
+`pretrain-params`: `pretrain/conf` inside the package. In a source checkout that is a link to
+the top-level `conf/` (the one source of the configs; an editable install reads it live); a
+wheel or a plain `pip install .` carries a copy (pyproject.toml, package-data). Where the link
+did not survive (a checkout without symlinks) the checkout's `conf/` is used directly.
+"""
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = REPO_ROOT / "conf"
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parents[1]  # the source checkout; meaningless in an installed package
+CONF_DIR = PACKAGE_DIR / "conf" if (PACKAGE_DIR / "conf").is_dir() else REPO_ROOT / "conf"

@@ -13,7 +13,7 @@ from test_train import tiny_overrides
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.vocab import load_vocabulary
 from pretrain.export import export_checkpoint
-from pretrain.info import parameter_counts
+from pretrain.param_counts import parameter_counts
 from pretrain.objectives.distillation import (
     DistillationModule,
     cosine_loss,

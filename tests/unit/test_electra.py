@@ -17,7 +17,7 @@ from pretrain.data.vocab import Vocabulary
 from pretrain.export import electra as electra_export
 from pretrain.export import export_checkpoint, import_hf_model
 from pretrain.export.hf import read_hf_model
-from pretrain.info import parameter_counts
+from pretrain.param_counts import parameter_counts
 from pretrain.objectives.electra import ElectraModule, generator_config, sample_replacements
 from pretrain.run import initialise_from, train
 

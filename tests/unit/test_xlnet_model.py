@@ -10,7 +10,7 @@ import transformers
 
 from pretrain.export.hf import import_hf_model, write_hf_model
 from pretrain.export.xlnet import to_hf
-from pretrain.info import parameter_counts
+from pretrain.param_counts import parameter_counts
 from pretrain.models import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
 

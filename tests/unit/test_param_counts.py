@@ -1,4 +1,4 @@
-"""`pretrain-info`: parameter counts of composed model configs, without allocating weights."""
+"""`pretrain-params`: parameter counts of composed model configs, without allocating weights."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from pretrain.info import main, model_info
+from pretrain.param_counts import deprecated_main, main, model_info
 
 
 @pytest.mark.parametrize("name", ["bert_base", "bert_large"])
@@ -46,3 +46,10 @@ def test_table_and_bad_value(capsys):
     assert "bert_base" in table and f"{total:,}" in table
     assert main(["model=bert_base", "model.num_attention_heads=5"]) == 2
     assert "model.hidden_size" in capsys.readouterr().err
+
+
+def test_old_name_still_works_and_says_so(capsys):
+    assert deprecated_main(["model=bert_tiny", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["model"] == "bert_tiny"
+    assert "pretrain-params" in err

@@ -1,9 +1,11 @@
-"""`pretrain-info model=NAME [overrides] [vocab_size=N] [--format json]`: a model's parameter
+"""`pretrain-params model=NAME [overrides] [vocab_size=N] [--format json]`: a model's parameter
 count (total, embeddings, the rest), the way the ALBERT paper's tables size models.
 
 The model is built on the meta device, so no weights are allocated: even xxlarge sizes print
 in a second. The vocabulary is the paper's (`model.reference_vocab_size`) unless
 `vocab_size=N` is given. Objective heads (MLM, NSP) are not counted.
+
+(`pretrain-info`, its old name, still works and says so; `pretrain-data info` is about shards.)
 """
 
 import argparse
@@ -57,9 +59,9 @@ def format_table(info: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "pretrain-params") -> int:
     """Console entry point; returns the exit status (2 on a config error)."""
-    parser = argparse.ArgumentParser(prog="pretrain-info", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=albert_base")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     args = parser.parse_args(argv)
@@ -68,10 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = model_info(overrides, int(vocab[-1].split("=", 1)[1]) if vocab else None)
     except (ConfigError, ValueError) as error:
-        print(f"pretrain-info: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     print(json.dumps(info) if args.format == "json" else format_table(info))
     return 0
+
+
+def deprecated_main(argv: list[str] | None = None) -> int:
+    """`pretrain-info`, the old name of `pretrain-params`: a note on stderr, then the same."""
+    print("pretrain-info is now pretrain-params (the old name will go away)", file=sys.stderr)
+    return main(argv, prog="pretrain-info")
 
 
 if __name__ == "__main__":
