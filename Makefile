@@ -9,7 +9,7 @@ DEMO_EXPORT := exports/demo-bert
 comma := ,
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
-.PHONY: setup demo demo-chinese demo-families test lint clean
+.PHONY: setup demo demo-chinese demo-families test golden lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -64,6 +64,11 @@ demo-chinese: $(STAMP) data/chinese/manifest.json
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q
+
+# Rewrite the golden loss curves (tests/golden/*.json) from the current code, for a change that
+# is meant to alter numerics; commit them with it (tests/integration/test_golden.py).
+golden: $(STAMP)
+	REGENERATE_GOLDEN=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q tests/integration/test_golden.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src data_pipelines tests benchmarks
