@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pretrain.config import ConfigError
+from pretrain.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ checks values and cross-group constraints, so a bad value fails before training 
 an error that names the key.
 """
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -14,63 +13,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pretrain.errors import ConfigError, require, require_unit_interval
+
 FORMATS = ("full_sentences", "doc_sentences", "segment_pair", "sentence_pair")
 FORMATS += ("xlnet_pair", "xlnet_memory")  # XLNet (pretrain.data.xlnet_format)
 PAIR_FORMATS = ("segment_pair", "sentence_pair")
 LR_SCALINGS = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "deepspeed")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
-
-
-class ConfigError(ValueError):
-    """A config value is wrong; the message names the key and says what would be right."""
-
-
-def require(ok: bool, key: str, value: Any, expected: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key} = {value!r}: {expected}")
-
-
-def require_unit_interval(
-    key: str, value: float, *, open_low: bool = True, open_high: bool = True
-) -> None:
-    low_ok = value > 0 if open_low else value >= 0
-    high_ok = value < 1 if open_high else value <= 1
-    lo, hi = "(" if open_low else "[", ")" if open_high else "]"
-    require(low_ok and high_ok, key, value, f"must lie in {lo}0, 1{hi}")
-
-
-def require_positive(config: Any, keys: Iterable[str], group: str = "model") -> None:
-    """Check that each attribute `keys` of `config` (a size, a count) is > 0; errors name
-    `group.key`."""
-    for key in keys:
-        value = getattr(config, key)
-        require(value > 0, f"{group}.{key}", value, "must be positive")
-
-
-def require_probabilities(config: Any, keys: Iterable[str], group: str = "model") -> None:
-    """Check that each attribute `keys` of `config` (a dropout, a noise rate) lies in [0, 1);
-    errors name `group.key`."""
-    for key in keys:
-        require_unit_interval(f"{group}.{key}", getattr(config, key), open_low=False)
-
-
-def require_choice(config: Any, key: str, choices: Iterable[str], group: str = "model") -> None:
-    """Check that attribute `key` of `config` is one of `choices`; the error lists them."""
-    value = getattr(config, key)
-    require(value in choices, f"{group}.{key}", value, f"must be one of {', '.join(choices)}")
-
-
-def require_divisible(config: Any, key: str, by: str, group: str = "model") -> None:
-    """Check that attribute `key` of `config` (a width) is a multiple of attribute `by` (a
-    head count), as multi-head attention needs; the error names both keys."""
-    value, divisor = getattr(config, key), getattr(config, by)
-    require(
-        value % divisor == 0,
-        f"{group}.{key}",
-        value,
-        f"must be divisible by {group}.{by} ({divisor})",
-    )
 
 
 @dataclass

@@ -39,7 +39,7 @@ import lightning as L
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from pretrain.config import ConfigError
+from pretrain.errors import ConfigError
 
 STOP_SIGNAL = signal.SIGTERM
 SUBMITIT_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)  # submitit's timeout signal is USR2

@@ -10,10 +10,11 @@ from omegaconf import DictConfig, OmegaConf
 from pretrain.batching import batch_plan
 from pretrain.batching import describe as describe_batching
 from pretrain.checkpointing import config_changes, find_resume_checkpoint, saved_config
-from pretrain.config import ConfigError, validate
+from pretrain.config import validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
+from pretrain.errors import ConfigError
 from pretrain.export.checkpoint import ExportError
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.trainer import build_trainer

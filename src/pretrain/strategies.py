@@ -21,7 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strateg
 
 from pretrain.batching import BatchPlan, batch_plan
 from pretrain.checkpointing import PARTIAL_SUFFIX, replace_directory
-from pretrain.config import ConfigError
+from pretrain.errors import ConfigError
 
 
 def _deep_merge(base: dict, extra: Mapping) -> dict:

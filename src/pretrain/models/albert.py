@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from pretrain.config import require_choice, require_positive
+from pretrain.errors import require_choice, require_positive
 from pretrain.models.bert import (
     BertEmbeddings,
     BertEncoderConfig,

@@ -13,12 +13,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import (
-    ModelConfig,
-    require_divisible,
-    require_positive,
-    require_probabilities,
-)
+from pretrain.config import ModelConfig
+from pretrain.errors import require_divisible, require_positive, require_probabilities
 
 
 @dataclass

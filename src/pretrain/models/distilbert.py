@@ -8,13 +8,8 @@ eps at 1e-12, so `model.layer_norm_eps` must be 1e-12 (kept as a key for the MLM
 
 from dataclasses import dataclass
 
-from pretrain.config import (
-    ModelConfig,
-    require,
-    require_divisible,
-    require_positive,
-    require_probabilities,
-)
+from pretrain.config import ModelConfig
+from pretrain.errors import require, require_divisible, require_positive, require_probabilities
 from pretrain.models.bert import BertEncoder
 
 DISTILBERT_LAYER_NORM_EPS = 1e-12

@@ -16,13 +16,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import (
-    ModelConfig,
-    require,
-    require_divisible,
-    require_positive,
-    require_probabilities,
-)
+from pretrain.config import ModelConfig
+from pretrain.errors import require, require_divisible, require_positive, require_probabilities
 from pretrain.models.bert import BertSelfAttention, check_pad_token_id, init_bert_weights
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pretrain.config import require
+from pretrain.errors import require
 from pretrain.models.bert import BertEmbeddings, BertEncoder, BertEncoderConfig
 
 # Position rows before the first real token: RoBERTa's padding index (1) and the one below it.

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import (
-    ModelConfig,
+from pretrain.config import ModelConfig
+from pretrain.errors import (
     require_choice,
     require_divisible,
     require_positive,

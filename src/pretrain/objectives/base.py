@@ -14,8 +14,8 @@ from torch.nn.utils import get_total_norm
 from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.batching import batch_plan, learning_rate, warmup_steps
-from pretrain.config import ConfigError
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import ConfigError
 from pretrain.export.hf import HFModel, family_module
 
 

@@ -19,9 +19,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from pretrain.config import ConfigError, DataConfig, ObjectiveConfig
+from pretrain.config import DataConfig, ObjectiveConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import ConfigError
 from pretrain.generation import GenerationSetup
 from pretrain.models import build_encoder
 from pretrain.models.gpt import CachedDecoderStep

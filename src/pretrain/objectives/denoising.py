@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import ObjectiveConfig, require, require_probabilities, require_unit_interval
+from pretrain.config import ObjectiveConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.noise import (
     STREAM_NOISE,
@@ -26,6 +26,7 @@ from pretrain.data.noise import (
     sequence_generator,
 )
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import require, require_probabilities, require_unit_interval
 from pretrain.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models import build_encoder
 from pretrain.models.seq2seq import TiedLMHead

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.config import ConfigError, require
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import ConfigError, require
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, classification_metrics

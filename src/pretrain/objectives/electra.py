@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import ConfigError, require, require_positive, require_unit_interval
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import ConfigError, require, require_positive, require_unit_interval
 from pretrain.export.hf import HFModel
 from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead

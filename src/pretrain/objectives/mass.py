@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain.config import require_unit_interval
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.noise import STREAM_MASS, mass_fragment, sequence_generator
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import require_unit_interval
 from pretrain.objectives.denoising import (
     DenoisingAutoencoder,
     Seq2SeqObjectiveConfig,

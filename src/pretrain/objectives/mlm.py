@@ -15,16 +15,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import (
-    PAIR_FORMATS,
-    ConfigError,
-    DataConfig,
-    ObjectiveConfig,
-    require_unit_interval,
-)
+from pretrain.config import PAIR_FORMATS, DataConfig, ObjectiveConfig
 from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
 from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_fraction
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import ConfigError, require_unit_interval
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.objectives.base import PretrainingModule

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain.config import require
 from pretrain.data.masking import word_start_flags
 from pretrain.data.span_masking import select_ngrams
+from pretrain.errors import require
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
 
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pretrain.config import PAIR_FORMATS, ConfigError, DataConfig, require
+from pretrain.config import PAIR_FORMATS, DataConfig
 from pretrain.data.masking import IGNORE_INDEX, word_start_flags
 from pretrain.data.span_masking import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import ConfigError, require
 from pretrain.models.heads import SpanBoundaryHead
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,

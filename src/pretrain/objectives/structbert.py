@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pretrain.config import require_unit_interval
 from pretrain.data.keyed_rng import keyed_generator
 from pretrain.data.masking import IGNORE_INDEX
+from pretrain.errors import require_unit_interval
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
     MaskedLMConfig,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pretrain.config import ConfigError, DataConfig, ObjectiveConfig, require
+from pretrain.config import DataConfig, ObjectiveConfig
 from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.permutation import (
@@ -29,6 +29,7 @@ from pretrain.data.permutation import (
     uniform_order,
 )
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import ConfigError, require
 from pretrain.models import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
 from pretrain.objectives.base import PretrainingModule

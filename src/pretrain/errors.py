@@ -1,0 +1,64 @@
+"""Errors for people, and the checks that raise them: the ground floor every layer may import.
+
+`ConfigError` says which config key is wrong, what it is and what would be right; the
+`require*` helpers raise it from the `__post_init__` checks of the config dataclasses
+(`pretrain.config`, each model's and objective's `config_class`). Imports nothing from the
+project.
+"""
+
+from collections.abc import Iterable
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key and says what would be right."""
+
+
+def require(ok: bool, key: str, value: Any, expected: str) -> None:
+    """Raise ConfigError "`key` = `value`: `expected`" unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: {expected}")
+
+
+def require_unit_interval(
+    key: str, value: float, *, open_low: bool = True, open_high: bool = True
+) -> None:
+    """Check that `value` (a probability, a fraction) lies in the unit interval, open or
+    closed at either end as asked."""
+    low_ok = value > 0 if open_low else value >= 0
+    high_ok = value < 1 if open_high else value <= 1
+    lo, hi = "(" if open_low else "[", ")" if open_high else "]"
+    require(low_ok and high_ok, key, value, f"must lie in {lo}0, 1{hi}")
+
+
+def require_positive(config: Any, keys: Iterable[str], group: str = "model") -> None:
+    """Check that each attribute `keys` of `config` (a size, a count) is > 0; errors name
+    `group.key`."""
+    for key in keys:
+        value = getattr(config, key)
+        require(value > 0, f"{group}.{key}", value, "must be positive")
+
+
+def require_probabilities(config: Any, keys: Iterable[str], group: str = "model") -> None:
+    """Check that each attribute `keys` of `config` (a dropout, a noise rate) lies in [0, 1);
+    errors name `group.key`."""
+    for key in keys:
+        require_unit_interval(f"{group}.{key}", getattr(config, key), open_low=False)
+
+
+def require_choice(config: Any, key: str, choices: Iterable[str], group: str = "model") -> None:
+    """Check that attribute `key` of `config` is one of `choices`; the error lists them."""
+    value = getattr(config, key)
+    require(value in choices, f"{group}.{key}", value, f"must be one of {', '.join(choices)}")
+
+
+def require_divisible(config: Any, key: str, by: str, group: str = "model") -> None:
+    """Check that attribute `key` of `config` (a width) is a multiple of attribute `by` (a
+    head count), as multi-head attention needs; the error names both keys."""
+    value, divisor = getattr(config, key), getattr(config, by)
+    require(
+        value % divisor == 0,
+        f"{group}.{key}",
+        value,
+        f"must be divisible by {group}.{by} ({divisor})",
+    )
