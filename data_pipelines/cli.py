@@ -1,7 +1,8 @@
 """`pretrain-data`: prepare corpora, inspect prepared shards, preview batches.
 
 pretrain-data prepare [overrides...]     e.g. inputs=[corpus/] out_dir=data/mine tokenizer.vocab_size=16000
-pretrain-data info <shards_dir>          the manifest summary, after checking every shard
+pretrain-data info <shards_dir>          a prepared corpus: its manifest summary, after checking
+                                         every shard (a model's size: pretrain-params)
 pretrain-data preview [overrides...]     batches as the training run would see them
 
 As a SLURM job array (slurm/prepare.sbatch; same overrides for every step):
