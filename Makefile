@@ -9,7 +9,7 @@ DEMO_EXPORT := exports/demo-bert
 comma := ,
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
-.PHONY: setup demo demo-chinese demo-families test golden lint clean
+.PHONY: setup demo demo-chinese demo-families test golden conf-tables lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -69,6 +69,11 @@ test: $(STAMP)
 # is meant to alter numerics; commit them with it (tests/integration/test_golden.py).
 golden: $(STAMP)
 	REGENERATE_GOLDEN=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q tests/integration/test_golden.py
+
+# Rewrite the options tables of README.md and conf/README.md from conf/ after adding, renaming or
+# re-describing a config (tests/unit/test_conf_tables.py fails while they are stale).
+conf-tables: $(STAMP)
+	$(PY) -m pretrain.conf_tables
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src data_pipelines tests benchmarks
