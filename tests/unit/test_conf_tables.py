@@ -1,6 +1,9 @@
 """The options tables of README.md and conf/README.md list what conf/ holds."""
 
-from pretrain.conf_tables import description, shorten, stale_files
+import re
+
+from pretrain.conf_tables import description, group_options, shorten, stale_files
+from pretrain.paths import CONF_DIR, REPO_ROOT
 
 
 def test_committed_tables_are_current():
@@ -27,3 +30,22 @@ def test_long_sentences_are_cut_after_a_clause_outside_brackets():
     short = shorten(sentence, limit=60)
     assert short.endswith(" …") and len(short) <= 62 and "(a, b, c)" in short
     assert shorten("short.", limit=60) == "short."
+
+
+README_FILES = ("README.md", "conf/README.md", "slurm/README.md", "docker/README.md")
+README_FILES += ("data_pipelines/README.md", "src/pretrain/data/README.md", "slurm/train.sbatch")
+USER_CONFIG_EXAMPLES = {"experiment=mine", "model=bert_wide"}  # conf/README.md: your own configs
+
+
+def test_readme_commands_name_configs_that_exist():
+    groups = "|".join(re.escape(group) for group in group_options())
+    pattern = re.compile(rf"(?<![\w.])\+?({groups})=([a-z][a-z0-9_]*)\b")
+    missing = [
+        f"{name}: {match.group(0)}"
+        for name in README_FILES
+        if (REPO_ROOT / name).is_file()
+        for match in pattern.finditer((REPO_ROOT / name).read_text(encoding="utf-8"))
+        if match.group(0).lstrip("+") not in USER_CONFIG_EXAMPLES
+        and not (CONF_DIR / match.group(1) / f"{match.group(2)}.yaml").is_file()
+    ]
+    assert not missing, missing
