@@ -2,7 +2,7 @@
 
 Once the shards are written, the phrase lexicon is learned from them (two passes over ids and
 word starts, no tokenizing: `data_pipelines.phrases`), the entity list is tokenized, and
-every shard is rewritten with a `<key>.phrases.npy` member per document
+every shard is rewritten with a `<block>.phrases.npy` member per block
 (`data_pipelines.span_annotation`). The phrase lexicon is saved as `phrases.txt` and the entity list
 copied as `entities.txt`, beside the shards, for people to read.
 """
@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from data_pipelines.document_encoding import default_num_proc
 from data_pipelines.phrases import barrier_tokens, learn_phrases, write_phrases
 from data_pipelines.prepare_config import PrepareConfig
-from data_pipelines.shard_writer import TokenizedDocument, rewrite_shard
+from data_pipelines.shard_writer import TOKENS_PER_BLOCK, TokenizedDocument, rewrite_shard
 from data_pipelines.span_annotation import SpanLexicon, annotate_spans, load_entities
 from pretrain.data.shard_format import ENTITY_START, PHRASE_START, read_documents
 
@@ -50,13 +51,19 @@ def _annotated(
 
 
 def annotate_shard(
-    path: Path, dtype: str, entities: SpanLexicon | None, phrases: SpanLexicon | None
+    path: Path,
+    dtype: str,
+    entities: SpanLexicon | None,
+    phrases: SpanLexicon | None,
+    tokens_per_block: int = TOKENS_PER_BLOCK,
 ) -> dict:
     """Rewrite one shard (ids in `dtype`) with span annotations; returns its new record
     fields ("documents", "tokens", "bytes", "sha256") and its "phrase_spans" and
     "entity_spans" counts."""
     spans = {"phrase_spans": 0, "entity_spans": 0}
-    record = rewrite_shard(path, _annotated(path, dtype, entities, phrases, spans))
+    record = rewrite_shard(
+        path, _annotated(path, dtype, entities, phrases, spans), tokens_per_block
+    )
     return {**record, **spans}
 
 
@@ -69,8 +76,8 @@ def _init_worker(entities: SpanLexicon | None, phrases: SpanLexicon | None) -> N
     _worker_lexicons = (entities, phrases)  # sent once per worker, not once per shard
 
 
-def _annotate_in_worker(path: Path, dtype: str) -> dict:
-    return annotate_shard(path, dtype, *_worker_lexicons)
+def _annotate_in_worker(path: Path, dtype: str, tokens_per_block: int) -> dict:
+    return annotate_shard(path, dtype, *_worker_lexicons, tokens_per_block)
 
 
 def _annotate_all(
@@ -78,18 +85,26 @@ def _annotate_all(
     dtype: str,
     entities: SpanLexicon | None,
     phrases: SpanLexicon | None,
-    workers: int,
+    num_proc: int,
+    tokens_per_block: int,
 ) -> list[dict]:
-    """annotate_shard for every shard, in order; in `workers` spawned processes if > 1."""
-    if workers <= 1 or len(paths) <= 1:
-        return [annotate_shard(path, dtype, entities, phrases) for path in paths]
+    """annotate_shard for every shard, in order; in `num_proc` spawned processes if > 1."""
+    if num_proc <= 1 or len(paths) <= 1:
+        return [annotate_shard(path, dtype, entities, phrases, tokens_per_block) for path in paths]
     with ProcessPoolExecutor(
-        min(workers, len(paths)),
+        min(num_proc, len(paths)),
         mp_context=get_context("spawn"),
         initializer=_init_worker,
         initargs=(entities, phrases),
     ) as pool:
-        return list(pool.map(_annotate_in_worker, paths, [dtype] * len(paths)))
+        return list(
+            pool.map(
+                _annotate_in_worker,
+                paths,
+                [dtype] * len(paths),
+                [tokens_per_block] * len(paths),
+            )
+        )
 
 
 def annotate_corpus(
@@ -124,7 +139,16 @@ def annotate_corpus(
         phrase_count = len(lexicon)
     totals = {"phrase_spans": 0, "entity_spans": 0}
     for shard, result in zip(
-        shards, _annotate_all(paths, dtype, entities, phrases, cfg.workers), strict=True
+        shards,
+        _annotate_all(
+            paths,
+            dtype,
+            entities,
+            phrases,
+            cfg.num_proc or default_num_proc(),
+            cfg.tokens_per_block,
+        ),
+        strict=True,
     ):
         for key in totals:
             totals[key] += result.pop(key)

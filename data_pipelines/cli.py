@@ -4,6 +4,8 @@ pretrain-data prepare [overrides...]     e.g. inputs=[corpus/] out_dir=data/mine
 pretrain-data info <shards_dir>          a prepared corpus: its manifest summary, after checking
                                          every shard (a model's size: pretrain-params)
 pretrain-data preview [overrides...]     batches as the training run would see them
+pretrain-data verify <shards_dir>        read every shard in full: sha256, blocks, counts
+pretrain-data upgrade <shards_dir>       convert shards of format 1 to format 2, in place
 
 As a SLURM job array (slurm/prepare.sbatch; same overrides for every step):
 pretrain-data prepare-tokenizer [overrides...]   the tokenizer of all inputs
@@ -142,8 +144,42 @@ def _sliced(step: str, overrides: list[str]) -> int:
     return _info([str(out_dir)])
 
 
+def _verify(args: list[str]) -> int:
+    from pretrain.data.shard_format import ShardError, load_manifest, verify_shards
+
+    if len(args) != 1:
+        print("usage: pretrain-data verify <shards_dir>", file=sys.stderr)
+        return 2
+    try:
+        manifest = load_manifest(args[0])
+        verify_shards(manifest)
+    except ShardError as error:
+        print(f"pretrain-data verify: {error}", file=sys.stderr)
+        return 1
+    print(f"{manifest.root}: {len(manifest.shards)} shards verified")
+    return 0
+
+
+def _upgrade(args: list[str]) -> int:
+    from data_pipelines.prepare import PrepareError
+    from data_pipelines.upgrade import upgrade_corpus
+    from pretrain.data.shard_format import ShardError
+
+    if len(args) != 1:
+        print("usage: pretrain-data upgrade <shards_dir>", file=sys.stderr)
+        return 2
+    try:
+        upgrade_corpus(args[0])
+    except (PrepareError, ShardError) as error:
+        print(f"pretrain-data upgrade: {error}", file=sys.stderr)
+        return 1
+    return _info(args)
+
+
 COMMANDS = {
     "prepare": _prepare,
+    "verify": _verify,
+    "upgrade": _upgrade,
     "info": _info,
     "preview": _preview,
     "prepare-tokenizer": lambda args: _sliced("prepare-tokenizer", args),

@@ -9,15 +9,19 @@ only with `overwrite=true`, and only once its replacement is complete.
 
 import json
 import shutil
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from data_pipelines.annotate import annotate_corpus
+from data_pipelines.builtin_corpus import builtin_documents
+from data_pipelines.document_encoding import encode_corpus
 from data_pipelines.prepare_config import PrepareConfig
-from data_pipelines.shard_writer import ShardWriter, tokenize_documents
-from data_pipelines.sources import SourceStats, expand_inputs, read_raw_documents
+from data_pipelines.shard_writer import ShardWriter
+from data_pipelines.sources import BUILTIN, SourceStats, expand_inputs, read_raw_documents
 from data_pipelines.text import normalize
 from data_pipelines.tokenizer import (
     copy_tokenizer,
@@ -85,6 +89,18 @@ def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Token
     return tokenizer
 
 
+def _input_bytes(names: list[str]) -> int | None:
+    """Bytes of text in the sources `names` (None when a source is compressed)."""
+    if any(name.endswith(".gz") for name in names):
+        return None
+    return sum(
+        sum(len(text.encode("utf-8")) for _, text in builtin_documents())
+        if name == BUILTIN
+        else Path(name).stat().st_size
+        for name in names
+    )
+
+
 def write_corpus(
     cfg: PrepareConfig,
     names: list[str],
@@ -92,29 +108,33 @@ def write_corpus(
     out_dir: Path,
     progress: bool | None = None,
 ) -> dict:
-    """Tokenize the sources `names` into shards in `out_dir`; returns the counts, sources and
-    shards sections of the manifest. Raises PrepareError if no document has any token."""
+    """Tokenize the sources `names` into shards in `out_dir` (in `cfg.num_proc` processes);
+    returns the counts, sources and shards sections of the manifest. Raises PrepareError if
+    no document has any token."""
     stats = [SourceStats(name) for name in names]
     per_source = {name: {"documents": 0, "empty_documents": 0} for name in names}
     counts = dict.fromkeys(
         ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines"), 0
     )
     dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
-    raw = read_raw_documents(names, stats, cfg.text_field)
-    documents = tokenize_documents(
-        raw, tokenizer, dtype, cfg.workers, progress=progress, segmenter=cfg.segmenter
+    chunks = encode_corpus(
+        read_raw_documents(names, stats, cfg.text_field),
+        tokenizer,
+        dtype,
+        cfg.num_proc,
+        cfg.segmenter,
+        total_bytes=_input_bytes(names),
+        progress=progress,
     )
-    with ShardWriter(out_dir, cfg.docs_per_shard) as writer:
-        for document in documents:
-            if len(document.ids) == 0:
-                counts["empty_documents"] += 1
-                per_source[document.source]["empty_documents"] += 1
-                continue
-            writer.write(document)
-            counts["documents"] += 1
-            counts["sentences"] += len(document.sents)
-            counts["tokens"] += len(document.ids)
-            per_source[document.source]["documents"] += 1
+    with ShardWriter(out_dir, cfg.docs_per_shard, cfg.tokens_per_block) as writer:
+        for documents, encoded in chunks:
+            writer.write_batch(encoded.batch)
+            for document, tokens in zip(documents, encoded.tokens.tolist(), strict=True):
+                per_source[document.source]["documents" if tokens else "empty_documents"] += 1
+            counts["documents"] += len(encoded.batch)
+            counts["empty_documents"] += len(documents) - len(encoded.batch)
+            counts["sentences"] += int(encoded.sentences.sum())
+            counts["tokens"] += len(encoded.batch.ids)
     counts["undecodable_lines"] = sum(s.undecodable_lines for s in stats)
     if counts["documents"] == 0:
         raise PrepareError(
@@ -217,7 +237,16 @@ def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
         )
 
     def write(partial: Path) -> tuple[Tokenizer, dict]:
+        start = time.perf_counter()
         tokenizer = make_tokenizer(cfg, names, partial / TOKENIZER_DIR)
-        return tokenizer, write_corpus(cfg, names, tokenizer, partial, progress)
+        middle = time.perf_counter()
+        corpus = write_corpus(cfg, names, tokenizer, partial, progress)
+        if progress is not False:  # timed apart: training is not tokenizing
+            print(
+                f"pretrain-data prepare: tokenizer {'copied' if cfg.tokenizer.path else 'trained'} "
+                f"in {middle - start:.1f} s, shards written in {time.perf_counter() - middle:.1f} s",
+                file=sys.stderr,
+            )
+        return tokenizer, corpus
 
     return write_prepared(cfg, out_dir, write)

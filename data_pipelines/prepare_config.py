@@ -19,7 +19,7 @@ from pretrain.paths import CONF_DIR
 
 CONFIG_NAME = "prepare"
 # Settings that change where and how fast a corpus is made, never what it holds.
-RUN_ONLY_KEYS = ("out_dir", "overwrite", "workers")
+RUN_ONLY_KEYS = ("out_dir", "overwrite", "num_proc")
 
 
 class PrepareConfigError(ValueError):
@@ -113,7 +113,9 @@ class EntitySettings:
 
 @dataclass
 class PrepareConfig:
-    """Everything `pretrain-data prepare` needs; `docs_per_shard` in documents."""
+    """Everything `pretrain-data prepare` needs; `docs_per_shard` in documents,
+    `tokens_per_block` in tokens (a shard's block closes after the document that reaches it),
+    `num_proc` in processes (None: every core this process may use)."""
 
     inputs: list[str] = field(default_factory=lambda: ["builtin"])
     text_field: str = "text"
@@ -123,7 +125,8 @@ class PrepareConfig:
     phrases: PhraseSettings = field(default_factory=PhraseSettings)
     entities: EntitySettings = field(default_factory=EntitySettings)
     docs_per_shard: int = 1000
-    workers: int = 2
+    tokens_per_block: int = 1 << 20
+    num_proc: int | None = None
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -156,10 +159,16 @@ class PrepareConfig:
             self.docs_per_shard >= 1, "docs_per_shard", self.docs_per_shard, "must be at least 1"
         )
         _check(
-            self.workers >= 1,
-            "workers",
-            self.workers,
-            "must be at least 1 (1: tokenize in this process)",
+            self.tokens_per_block >= 1,
+            "tokens_per_block",
+            self.tokens_per_block,
+            "must be at least 1 (tokens; blocks of a few MB read fastest)",
+        )
+        _check(
+            self.num_proc is None or self.num_proc >= 1,
+            "num_proc",
+            self.num_proc,
+            "must be null (every core) or at least 1 (1: tokenize in this process)",
         )
 
     @property

@@ -1,37 +1,28 @@
-"""Tokenizing documents and writing them as WebDataset shards (the format is described in
-`pretrain.data.shard_format`, which reads them).
+"""Writing tokenized documents as shards of format 2 (described in `pretrain.data.shard_format`,
+which reads them): WebDataset tars whose samples are blocks of consecutive documents.
 
-Documents are cleaned, split into sentences and tokenized sentence by sentence (no special
-tokens) in worker processes; results come back in input order, so the same input always gives
-the same shards. With a segmenter (`segmenter=jieba`) the word starts of Chinese text come
-from word segmentation (see `data_pipelines.chinese`). Shards are plain tar files in WebDataset's layout (`<key>.<ext>` members,
-a sample's members adjacent); members carry a fixed mtime, owner and mode, so the bytes depend
-on the content only. (Written with `tarfile`: importing webdataset would import torch in
-every worker process.)
+Documents arrive one at a time (`TokenizedDocument`) or as batches (`DocumentBatch`, what
+the tokenizing processes return); either way a block closes after the document that brings it
+to `tokens_per_block` tokens, and a shard after `docs_per_shard` documents, so the bytes
+depend on the documents and these two settings only, never on how they were batched. Tar
+members carry a fixed mtime, owner and mode; each shard is hashed as it is written. (Written
+by hand with `tarfile` headers: importing webdataset would import torch in every worker.)
 """
 
 import hashlib
-import io
 import os
+import sys
 import tarfile
-from collections import deque
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import chain
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
-from tqdm import tqdm
 
-from data_pipelines.chinese import JiebaSegmenter, make_segmenter, segmented_word_starts
-from data_pipelines.sources import RawDocument
-from data_pipelines.text import normalize, split_sentences
-from pretrain.data.shard_format import file_sha256
+from pretrain.data.shard_format import BLOCK_KEY, encode_keys
 
 SHARD_PATTERN = "shard-{:06d}.tar"
+TOKENS_PER_BLOCK = 1 << 20  # ids of 2 MB at uint16
 
 
 @dataclass(frozen=True)
@@ -48,182 +39,185 @@ class TokenizedDocument:
     phrases: np.ndarray | None = None
 
 
-def document_key(source: str, index: int) -> str:
-    """Stable, unique sample key: 8 hex digits of sha1(source name) and the document's index
-    in its source. Has no dots, as WebDataset keys must not."""
-    return f"{hashlib.sha1(source.encode('utf-8')).hexdigest()[:8]}_{index:08d}"
+@dataclass(frozen=True)
+class DocumentBatch:
+    """Consecutive non-empty documents as concatenated arrays: `keys` (d,), `ids` (n,) in the
+    corpus dtype, `token_ends` int64 (d,) each document's end in ids, `sents` int64 (s,)
+    sentence ends in ids, `sentence_ends` int64 (d,) each document's end in sents, `words`
+    uint8 (n,) word-start flags, `phrases` uint8 (n,) span flags or None."""
+
+    keys: list[str]
+    ids: np.ndarray
+    token_ends: np.ndarray
+    sents: np.ndarray
+    sentence_ends: np.ndarray
+    words: np.ndarray
+    phrases: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, document: TokenizedDocument) -> "DocumentBatch":
+        """A batch of one non-empty document."""
+        return cls(
+            [document.key],
+            document.ids,
+            np.array([len(document.ids)], np.int64),
+            document.sents.astype(np.int64),
+            np.array([len(document.sents)], np.int64),
+            np.asarray(document.words, np.uint8),
+            document.phrases,
+        )
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def slice(self, start: int, stop: int) -> "DocumentBatch":
+        """Documents start .. stop - 1 of this batch (offsets rebased to 0)."""
+        t0 = int(self.token_ends[start - 1]) if start else 0
+        s0 = int(self.sentence_ends[start - 1]) if start else 0
+        t1, s1 = int(self.token_ends[stop - 1]), int(self.sentence_ends[stop - 1])
+        return DocumentBatch(
+            self.keys[start:stop],
+            self.ids[t0:t1],
+            self.token_ends[start:stop] - t0,
+            self.sents[s0:s1] - t0,
+            self.sentence_ends[start:stop] - s0,
+            self.words[t0:t1],
+            None if self.phrases is None else self.phrases[t0:t1],
+        )
 
 
-def encode_sentences(
-    tokenizer: Tokenizer,
-    sentences: list[str],
-    dtype: str,
-    segmenter: JiebaSegmenter | None = None,
-) -> tuple[np.ndarray, ...]:
-    """Token ids (n,) as `dtype`, sentence end offsets (s,) int32 and word-start flags (n,)
-    uint8 of `sentences`, each encoded without special tokens. A token starts a word when its
-    word id differs from the previous token's; a sentence's first token always does. With a
-    `segmenter`, tokens that begin with a CJK character start a word where the segmenter's
-    words start instead. Sentences that give no token are left out."""
-    pairs = (
-        [
-            (s, e)
-            for s, e in zip(
-                sentences,
-                tokenizer.encode_batch(sentences, add_special_tokens=False),
-                strict=True,
-            )
-            if e.ids
-        ]
-        if sentences
-        else []
-    )
-    encodings = [e for _, e in pairs]
-    ends = np.cumsum([len(e.ids) for e in encodings], dtype=np.int64)
-    n = int(ends[-1]) if len(ends) else 0
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=dtype, count=n)
-    word_ids = np.fromiter(
-        chain.from_iterable(e.word_ids for e in encodings), dtype=np.int64, count=n
-    )
-    words = np.ones(n, dtype=np.uint8)
-    words[1:] = word_ids[1:] != word_ids[:-1]
-    words[ends[:-1]] = 1  # a sentence's first token starts a word
-    if segmenter is not None:
-        starts = np.concatenate(([0], ends[:-1])).tolist()
-        for (sentence, encoding), start, end in zip(pairs, starts, ends.tolist(), strict=True):
-            words[start:end] = segmented_word_starts(
-                sentence, encoding.offsets, words[start:end], segmenter
-            )
-    return ids, ends.astype(np.int32), words
+def npy_bytes(array: np.ndarray) -> bytes:
+    """`array` as the bytes of a .npy file (version 1 header)."""
+    array = np.ascontiguousarray(array)
+    header = np.lib.format.header_data_from_array_1_0(array)
+    buffer = bytearray()
+
+    class _Sink:
+        def write(self, data: bytes) -> None:
+            buffer.extend(data)
+
+    np.lib.format.write_array_header_1_0(_Sink(), header)
+    return bytes(buffer) + array.tobytes()
 
 
-def tokenize_document(
-    document: RawDocument,
-    tokenizer: Tokenizer,
-    dtype: str,
-    segmenter: JiebaSegmenter | None = None,
-) -> TokenizedDocument:
-    """Clean, sentence-split and tokenize one raw document (word starts from `segmenter` for
-    Chinese text, when given)."""
-    ids, sents, words = encode_sentences(
-        tokenizer, split_sentences(normalize(document.text)), dtype, segmenter
-    )
-    return TokenizedDocument(
-        document_key(document.source, document.index), document.source, ids, sents, words
-    )
-
-
-_worker_tokenizer: Tokenizer | None = None
-_worker_segmenter: JiebaSegmenter | None = None
-
-
-def _init_worker(tokenizer_json: str, segmenter: str) -> None:
-    global _worker_tokenizer, _worker_segmenter
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # processes give the parallelism
-    _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
-    _worker_segmenter = make_segmenter(segmenter)
-
-
-def _tokenize_chunk(documents: list[RawDocument], dtype: str) -> list[TokenizedDocument]:
-    assert _worker_tokenizer is not None, "worker not initialised"
-    return [
-        tokenize_document(document, _worker_tokenizer, dtype, _worker_segmenter)
-        for document in documents
+def block_members(key: str, parts: list[DocumentBatch]) -> list[tuple[str, bytes]]:
+    """The tar members of one block holding the documents of `parts`, in order."""
+    ids = np.concatenate([p.ids for p in parts])
+    starts = np.cumsum([0] + [len(p.ids) for p in parts[:-1]])
+    sents = np.concatenate([p.sents + start for p, start in zip(parts, starts, strict=True)])
+    sentence_counts = np.concatenate([np.diff(p.sentence_ends, prepend=0) for p in parts])
+    words = np.concatenate([p.words for p in parts])
+    members = [
+        ("docs.npy", npy_bytes(sentence_counts.astype(np.int32))),
+        ("sents.npy", npy_bytes(sents.astype(np.int32))),
+        ("ids.npy", npy_bytes(ids)),
+        ("words.npy", npy_bytes(np.packbits(words.astype(bool)))),
+        ("keys.txt", encode_keys([k for p in parts for k in p.keys]).encode("utf-8")),
     ]
+    if any(p.phrases is not None for p in parts):
+        phrases = [
+            p.phrases if p.phrases is not None else np.zeros(len(p.ids), np.uint8) for p in parts
+        ]
+        members.append(("phrases.npy", npy_bytes(np.concatenate(phrases).astype(np.uint8))))
+    return [(f"{key}.{ext}", data) for ext, data in members]
 
 
-def _chunks(documents: Iterable[RawDocument], size: int) -> Iterator[list[RawDocument]]:
-    chunk: list[RawDocument] = []
-    for document in documents:
-        chunk.append(document)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+class TarWriter:
+    """One tar written member by member, hashed on the way; no record padding at the end."""
 
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "wb")
+        self._sha256 = hashlib.sha256()
+        self.bytes = 0
 
-def tokenize_documents(
-    documents: Iterable[RawDocument],
-    tokenizer: Tokenizer,
-    dtype: str,
-    workers: int = 1,
-    chunk_documents: int = 16,
-    progress: bool | None = None,
-    segmenter: str = "none",
-) -> Iterator[TokenizedDocument]:
-    """Tokenized `documents` in input order, word starts from the `segmenter` named (`none`
-    or `jieba`). With `workers` > 1 a process pool of that many spawned workers does the
-    work, `chunk_documents` documents per task, at most 4 tasks per worker in flight (memory
-    stays bounded on any corpus); 1 works in this process. A tqdm bar counts documents
-    (`progress` None: shown only on a terminal)."""
-    bar = tqdm(desc="tokenize", unit="doc", disable=None if progress is None else not progress)
-    try:
-        if workers <= 1:
-            word_segmenter = make_segmenter(segmenter)
-            for document in documents:
-                yield tokenize_document(document, tokenizer, dtype, word_segmenter)
-                bar.update()
-            return
-        # spawn: the parent's tokenizers threads must not be forked. A worker that dies raises
-        # BrokenProcessPool here instead of hanging the run.
-        with ProcessPoolExecutor(
-            workers,
-            mp_context=get_context("spawn"),
-            initializer=_init_worker,
-            initargs=(tokenizer.to_str(), segmenter),
-        ) as pool:
-            pending: deque = deque()
-            for chunk in _chunks(documents, chunk_documents):
-                pending.append(pool.submit(_tokenize_chunk, chunk, dtype))
-                if len(pending) >= 4 * workers:
-                    results = pending.popleft().result()
-                    yield from results
-                    bar.update(len(results))
-            while pending:
-                results = pending.popleft().result()
-                yield from results
-                bar.update(len(results))
-    finally:
-        bar.close()
+    def _write(self, data: bytes) -> None:
+        self._file.write(data)
+        self._sha256.update(data)
+        self.bytes += len(data)
+
+    def add(self, name: str, data: bytes) -> None:
+        """Append a read-only member owned by nobody, dated 1970: the bytes depend on `data`."""
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = len(data), 0o444, 0
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        self._write(info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict"))
+        self._write(data)
+        self._write(b"\0" * (-len(data) % tarfile.BLOCKSIZE))
+
+    def close(self) -> str:
+        """Write the end-of-archive marker and close; returns the hex sha256."""
+        self._write(b"\0" * (2 * tarfile.BLOCKSIZE))
+        self._file.close()
+        return self._sha256.hexdigest()
 
 
 class ShardWriter:
-    """Writes documents into `out_dir/shard-NNNNNN.tar`, `docs_per_shard` documents each,
-    and records per shard its name, documents, tokens, bytes and sha256."""
+    """Writes documents into `out_dir/<shard_name(i)>` (default `shard-NNNNNN.tar`),
+    `docs_per_shard` documents each in blocks of about `tokens_per_block` tokens, and records
+    per shard its name, documents, tokens, bytes, sha256 and blocks."""
 
-    def __init__(self, out_dir: str | Path, docs_per_shard: int):
+    def __init__(
+        self,
+        out_dir: str | Path,
+        docs_per_shard: int,
+        tokens_per_block: int = TOKENS_PER_BLOCK,
+        shard_name: Callable[[int], str] = SHARD_PATTERN.format,
+    ):
         self.out_dir = Path(out_dir)
-        self.docs_per_shard = docs_per_shard
+        self.docs_per_shard, self.tokens_per_block = docs_per_shard, tokens_per_block
+        self.shard_name = shard_name
         self.shards: list[dict] = []
-        self._tar: tarfile.TarFile | None = None
-        self._documents = self._tokens = 0
+        self._tar: TarWriter | None = None
+        self._block: list[DocumentBatch] = []
+        self._block_tokens = 0
 
     def write(self, document: TokenizedDocument) -> None:
-        """Append one non-empty document, starting a new shard when the current one is full."""
-        if self._tar is None:
-            name = SHARD_PATTERN.format(len(self.shards))
-            self._tar = tarfile.open(self.out_dir / name, "w", format=tarfile.USTAR_FORMAT)
-            self.shards.append({"name": name})
-        write_sample(self._tar, document)
-        self._documents += 1
-        self._tokens += len(document.ids)
-        if self._documents == self.docs_per_shard:
-            self._finish_shard()
+        """Append one non-empty document."""
+        self.write_batch(DocumentBatch.of(document))
+
+    def write_batch(self, batch: DocumentBatch) -> None:
+        """Append the documents of `batch`, closing blocks and shards where they fill up."""
+        start = 0
+        while start < len(batch):
+            if self._tar is None:
+                name = self.shard_name(len(self.shards))
+                self._tar = TarWriter(self.out_dir / name)
+                self.shards.append({"name": name, "documents": 0, "tokens": 0, "blocks": []})
+            shard = self.shards[-1]
+            ends = batch.token_ends[start:] - (batch.token_ends[start - 1] if start else 0)
+            crossing = int(np.searchsorted(ends, self.tokens_per_block - self._block_tokens))
+            take = min(crossing + 1, self.docs_per_shard - shard["documents"], len(batch) - start)
+            part = batch.slice(start, start + take)
+            self._block.append(part)
+            self._block_tokens += len(part.ids)
+            shard["documents"] += take
+            start += take
+            if self._block_tokens >= self.tokens_per_block:
+                self._flush_block()
+            if shard["documents"] == self.docs_per_shard:
+                self._finish_shard()
+
+    def _flush_block(self) -> None:
+        if not self._block:
+            return
+        assert self._tar is not None
+        blocks = self.shards[-1]["blocks"]
+        for name, data in block_members(BLOCK_KEY.format(len(blocks)), self._block):
+            self._tar.add(name, data)
+        blocks.append({"documents": sum(len(p) for p in self._block), "tokens": self._block_tokens})
+        self.shards[-1]["tokens"] += self._block_tokens
+        self._block, self._block_tokens = [], 0
 
     def _finish_shard(self) -> None:
+        self._flush_block()
         assert self._tar is not None
-        self._tar.close()
-        self._tar = None
+        sha256 = self._tar.close()
         shard = self.shards[-1]
-        path = self.out_dir / shard["name"]
-        shard.update(
-            documents=self._documents,
-            tokens=self._tokens,
-            bytes=path.stat().st_size,
-            sha256=file_sha256(path),
-        )
-        self._documents = self._tokens = 0
+        blocks = shard.pop("blocks")
+        shard.update(bytes=self._tar.bytes, sha256=sha256, blocks=blocks)
+        self._tar = None
 
     def close(self) -> list[dict]:
         """Finish the last shard; returns the shard records."""
@@ -238,46 +232,28 @@ class ShardWriter:
         self.close()
 
 
-def rewrite_shard(path: str | Path, documents: Iterable[TokenizedDocument]) -> dict:
+def rewrite_shard(
+    path: str | Path,
+    documents: Iterable[TokenizedDocument],
+    tokens_per_block: int = TOKENS_PER_BLOCK,
+) -> dict:
     """Replace the shard at `path` with `documents` (which may be read from it as they come:
     the new shard is written beside it and renamed over it once complete). Returns its new
-    {"documents", "tokens", "bytes", "sha256"}."""
+    {"documents", "tokens", "bytes", "sha256", "blocks"}."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    record = {"documents": 0, "tokens": 0}
     try:
-        with tarfile.open(partial, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for document in documents:
-                write_sample(tar, document)
-                record["documents"] += 1
-                record["tokens"] += len(document.ids)
+        writer = ShardWriter(
+            path.parent, sys.maxsize, tokens_per_block, shard_name=lambda _: partial.name
+        )
+        for document in documents:
+            writer.write(document)
+        records = writer.close()
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-    return {**record, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
-
-
-def write_sample(tar: tarfile.TarFile, document: TokenizedDocument) -> None:
-    """Append the members of one document to `tar`: ids, sents, words and, when the document
-    has them, phrases (the order `pretrain.data.shard_format` documents)."""
-    members = [("ids.npy", document.ids), ("sents.npy", document.sents)]
-    members.append(("words.npy", document.words))
-    if document.phrases is not None:
-        members.append(("phrases.npy", document.phrases))
-    for ext, array in members:
-        _add_member(tar, f"{document.key}.{ext}", _npy_bytes(array))
-
-
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    """Add a read-only member owned by nobody, dated 1970: the bytes depend on `data` only."""
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o444, 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
+    if not records:
+        raise ValueError(f"{path}: no document to write")
+    record = records[0]
+    record.pop("name")
+    return record

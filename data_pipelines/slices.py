@@ -161,7 +161,7 @@ def merge_slices(cfg: PrepareConfig) -> Path:
                 counts[key] += raw["counts"][key]
             sources.extend(raw["sources"])
         documents = _merged_documents(slices, dtype, tokenizer_sha256(source_tokenizer))
-        with ShardWriter(partial, cfg.docs_per_shard) as writer:
+        with ShardWriter(partial, cfg.docs_per_shard, cfg.tokens_per_block) as writer:
             for document in documents:
                 writer.write(document)
                 counts["documents"] += 1

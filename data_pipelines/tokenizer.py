@@ -17,7 +17,7 @@ Four kinds:
 Every kind has the special tokens [PAD]=0, [UNK], [CLS], [SEP], [MASK] (ids 0-4) and adds
 `[CLS] A [SEP]` / `[CLS] A [SEP] B [SEP]` when asked for special tokens. A token starts a word
 (shard word-start flags) when it begins a pre-tokenizer word: see
-`data_pipelines.shard_writer.encode_sentences`.
+`data_pipelines.document_encoding.encode_sentences`.
 
 A saved directory holds `tokenizer.json` (the whole pipeline; its sha256 identifies the
 tokenizer in shard manifests), `tokenizer_config.json`, `special_tokens_map.json` and, for

@@ -55,7 +55,7 @@ def prepare_small_corpus(root: Path, **settings) -> Path:
         out_dir=str(root / "shards"),
         tokenizer=tokenizer,
         docs_per_shard=SMALL_CORPUS_DOCS_PER_SHARD,
-        workers=1,
+        num_proc=1,
     )
     for key, value in settings.items():
         setattr(config, key, value)
@@ -83,7 +83,7 @@ def prepare_chinese_corpus(root: Path, **settings) -> Path:
         phrases=PhraseSettings(enabled=True, min_count=2, min_npmi=0.3),
         entities=EntitySettings(path=str(CHINESE_ENTITIES)),
         docs_per_shard=2,
-        workers=1,
+        num_proc=1,
     )
     for key, value in settings.items():
         setattr(config, key, value)
@@ -155,13 +155,16 @@ def tiny_module_config(objective: dict, **sections: dict) -> dict:
     return config
 
 
-def write_raw_shard(path: Path, members: list[tuple[str, np.ndarray]]) -> None:
-    """A tar of the given (member name, array) pairs saved as .npy, written as-is (no checks),
-    to test what the shard reader does with malformed samples."""
+def write_raw_shard(path: Path, members: list[tuple[str, np.ndarray | bytes]]) -> None:
+    """A tar of the given (member name, array or bytes) pairs, arrays saved as .npy, written
+    as-is (no checks), to test what the shard reader does with malformed blocks."""
     with tarfile.open(path, "w") as tar:
-        for name, array in members:
+        for name, value in members:
             buffer = io.BytesIO()
-            np.save(buffer, array)
+            if isinstance(value, bytes):
+                buffer.write(value)
+            else:
+                np.save(buffer, value)
             info = tarfile.TarInfo(name)
             info.size = buffer.tell()
             buffer.seek(0)

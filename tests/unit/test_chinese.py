@@ -12,7 +12,7 @@ from conftest import CHINESE_PROSE, prepare_chinese_corpus, small_english_docume
 from tokenizers import Tokenizer, normalizers
 
 from data_pipelines.chinese import CJK_RANGES, JiebaSegmenter, is_cjk_char
-from data_pipelines.shard_writer import encode_sentences
+from data_pipelines.document_encoding import encode_sentences
 from data_pipelines.text import normalize, split_sentences
 from data_pipelines.tokenizer import TokenizerError, train_tokenizer
 from pretrain.data.shard_format import load_manifest, read_documents

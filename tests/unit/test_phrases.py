@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, models
 
 from data_pipelines import cli
 from data_pipelines.annotate import ENTITIES_FILE, PHRASES_FILE, EntitiesSkippedWarning
+from data_pipelines.document_encoding import encode_sentences
 from data_pipelines.phrases import barrier_tokens, count_pairs, learn_phrases, npmi
 from data_pipelines.prepare import PrepareError, prepare
 from data_pipelines.prepare_config import (
@@ -23,7 +24,7 @@ from data_pipelines.prepare_config import (
     TokenizerSettings,
     compose_prepare_config,
 )
-from data_pipelines.shard_writer import ShardWriter, TokenizedDocument, encode_sentences
+from data_pipelines.shard_writer import ShardWriter, TokenizedDocument
 from data_pipelines.span_annotation import (
     EntityFileError,
     SpanLexicon,
@@ -354,13 +355,15 @@ def test_bad_phrases_member_is_an_error(tmp_path, array, problem):
     write_raw_shard(
         path,
         [
-            ("k_1.ids.npy", np.arange(5, 9)),
-            ("k_1.sents.npy", np.array([4], np.int32)),
-            ("k_1.words.npy", np.ones(4, np.uint8)),
-            ("k_1.phrases.npy", array),
+            ("000000.docs.npy", np.array([1], np.int32)),
+            ("000000.sents.npy", np.array([4], np.int32)),
+            ("000000.ids.npy", np.arange(5, 9, dtype=np.uint16)),
+            ("000000.words.npy", np.packbits(np.ones(4, bool))),
+            ("000000.keys.txt", b"k_\t1\t1\n"),
+            ("000000.phrases.npy", array),
         ],
     )
-    with pytest.raises(ShardError, match=re.escape(str(path)) + ": sample 'k_1' is inconsistent"):
+    with pytest.raises(ShardError, match=re.escape(str(path)) + ": member 000000.phrases.npy"):
         list(read_documents(path))
 
 
@@ -372,17 +375,17 @@ def _dir_bytes(root: Path) -> dict[str, bytes]:
     }
 
 
-def _config_from_manifest(shards_dir: Path, out_dir: Path, workers: int) -> PrepareConfig:
+def _config_from_manifest(shards_dir: Path, out_dir: Path, num_proc: int) -> PrepareConfig:
     """The settings a prepared corpus records, to prepare it again into `out_dir`."""
     recorded = dict(load_manifest(shards_dir).raw["config"])
     nested = {"tokenizer": TokenizerSettings, "phrases": PhraseSettings, "entities": EntitySettings}
     for key, schema in nested.items():
         recorded[key] = schema(**recorded[key])
-    return PrepareConfig(**recorded, out_dir=str(out_dir), workers=workers)
+    return PrepareConfig(**recorded, out_dir=str(out_dir), num_proc=num_proc)
 
 
 def test_annotated_preparation_is_deterministic(prepared_annotated_corpus, tmp_path):
-    config = _config_from_manifest(prepared_annotated_corpus, tmp_path / "again", workers=2)
+    config = _config_from_manifest(prepared_annotated_corpus, tmp_path / "again", num_proc=2)
     assert config.phrases.enabled and config.entities.path == str(ENGLISH_ENTITIES)
     again = prepare(config, progress=False)
     assert _dir_bytes(again) == _dir_bytes(prepared_annotated_corpus)
@@ -399,7 +402,7 @@ def test_entities_only_and_bad_entity_settings(tmp_path):
         tokenizer=TokenizerSettings(kind="chinese", vocab_size=200, min_frequency=1),
         entities=EntitySettings(path=str(CHINESE_ENTITIES)),
         docs_per_shard=5,
-        workers=1,
+        num_proc=1,
     )
     with pytest.warns(EntitiesSkippedWarning, match="entities_zh.txt: .* not matched"):
         out = prepare(config, progress=False)

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from data_pipelines import cli
 from data_pipelines.builtin_corpus import builtin_documents, module_docstrings, stdlib_source_files
+from data_pipelines.document_encoding import document_key, encode_sentences
 from data_pipelines.prepare import PrepareError, prepare
 from data_pipelines.prepare_config import (
     PrepareConfig,
@@ -22,7 +23,6 @@ from data_pipelines.prepare_config import (
     TokenizerSettings,
     compose_prepare_config,
 )
-from data_pipelines.shard_writer import document_key, encode_sentences
 from data_pipelines.sources import (
     SourceError,
     SourceStats,
@@ -43,7 +43,7 @@ from pretrain.data.shard_format import load_manifest, read_documents
 
 def _config(inputs: list[Path | str], out_dir: Path, **settings) -> PrepareConfig:
     tokenizer = settings.pop("tokenizer", TokenizerSettings(vocab_size=600, min_frequency=1))
-    values = {"docs_per_shard": 4, "workers": 1, **settings}
+    values = {"docs_per_shard": 4, "num_proc": 1, **settings}
     return PrepareConfig(
         inputs=[str(i) for i in inputs], out_dir=str(out_dir), tokenizer=tokenizer, **values
     )
@@ -262,8 +262,8 @@ def test_round_trip_reads_back_what_was_tokenized(tmp_path):
 
 def test_prepare_twice_gives_byte_identical_output(tmp_path):
     source = write_text_corpus(tmp_path / "corpus.txt", small_english_documents(60))
-    first = prepare(_config([source], tmp_path / "one", workers=1), progress=False)
-    second = prepare(_config([source], tmp_path / "two", workers=2), progress=False)
+    first = prepare(_config([source], tmp_path / "one", num_proc=1), progress=False)
+    second = prepare(_config([source], tmp_path / "two", num_proc=2), progress=False)
     one, two = _dir_bytes(first), _dir_bytes(second)
     assert sorted(one) == sorted(two) and len([n for n in one if n.endswith(".tar")]) == 15
     assert [n for n in one if one[n] != two[n]] == []
@@ -354,16 +354,16 @@ def test_interrupted_prepare_leaves_no_dataset(tmp_path, monkeypatch):
     source = write_text_corpus(tmp_path / "c.txt", small_english_documents(10))
     import data_pipelines.shard_writer as writer_module
 
-    original = writer_module.ShardWriter.write
+    original = writer_module.TarWriter.add
     calls = []
 
-    def failing_write(self, document):
-        calls.append(document.key)
-        if len(calls) == 6:
+    def failing_add(self, name, data):
+        calls.append(name)
+        if len(calls) == 6:  # inside the second shard
             raise KeyboardInterrupt
-        original(self, document)
+        original(self, name, data)
 
-    monkeypatch.setattr(writer_module.ShardWriter, "write", failing_write)
+    monkeypatch.setattr(writer_module.TarWriter, "add", failing_add)
     with pytest.raises(KeyboardInterrupt):
         prepare(_config([source], tmp_path / "out"), progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
@@ -410,7 +410,7 @@ def test_cli_prepare_info_and_errors(tmp_path, capsys):
         f"inputs=[{source}]",
         f"out_dir={out}",
         "tokenizer.vocab_size=300",
-        "workers=1",
+        "num_proc=1",
         "docs_per_shard=4",
     ]
     assert cli.main(["prepare", *args]) == 0

@@ -10,15 +10,21 @@ import numpy as np
 import pytest
 from conftest import write_raw_shard
 
+from data_pipelines import cli
+from data_pipelines.shard_format_v1 import write_v1_shard
+from data_pipelines.shard_writer import ShardWriter, TokenizedDocument
 from pretrain.data.shard_format import (
     FORMAT_VERSION,
     ShardError,
     check_shards,
     check_tokenizer,
+    decode_keys,
+    encode_keys,
     file_sha256,
     ids_dtype,
     load_manifest,
     read_documents,
+    verify_shards,
 )
 
 
@@ -58,7 +64,13 @@ def test_manifest_follows_the_contract(prepared_corpus):
     }
     assert [p.name for p in manifest.shard_paths] == [f"shard-{i:06d}.tar" for i in range(6)]
     assert all(
-        set(s) == {"name", "documents", "tokens", "bytes", "sha256"} for s in manifest.shards
+        set(s) == {"name", "documents", "tokens", "bytes", "sha256", "blocks"}
+        for s in manifest.shards
+    )
+    assert all(
+        sum(b["documents"] for b in s["blocks"]) == s["documents"]
+        and sum(b["tokens"] for b in s["blocks"]) == s["tokens"]
+        for s in manifest.shards
     )
     assert all(set(s) >= {"path", "documents", "undecodable_lines"} for s in raw["sources"])
     check_shards(manifest, verify_sha256=True)
@@ -146,23 +158,93 @@ def test_missing_or_resized_shard_is_named(corpus_copy):
         check_shards(manifest)
 
 
-def _member_offsets(path: Path) -> tuple[list[int], int]:
-    """Header offsets of the members, and where the end-of-archive marker starts."""
+def _member_offsets(path: Path) -> tuple[list[tuple[str, int, int]], int]:
+    """(name, header offset, data offset) of the members, and where the end marker starts."""
     with tarfile.open(path) as tar:
         members = tar.getmembers()
     last = members[-1]
-    return [m.offset for m in members], last.offset_data + last.size + (-last.size % 512)
+    end = last.offset_data + last.size + (-last.size % 512)
+    return [(m.name, m.offset, m.offset_data) for m in members], end
 
 
-@pytest.mark.parametrize("where", ["half", "member_boundary", "sample_boundary", "end_marker"])
-def test_truncated_shard_raises_naming_the_file(corpus_copy, where):
-    path = load_manifest(corpus_copy).shard_paths[0]
-    data = path.read_bytes()
-    offsets, end = _member_offsets(path)  # 3 members per sample: ids, sents, words
+@pytest.fixture(scope="module")
+def blocked_shard(prepared_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 300 documents of the prepared corpus in one shard of blocks of about 2,000 tokens
+    (about 20 blocks), with a manifest beside it."""
+    out = tmp_path_factory.mktemp("blocked")
+    documents = [
+        TokenizedDocument(d["key"], "", d["ids"].astype(np.uint16), d["sents"], d["words"])
+        for path in load_manifest(prepared_corpus).shard_paths
+        for d in read_documents(path)
+    ]
+    with ShardWriter(out, docs_per_shard=1000, tokens_per_block=2000) as writer:
+        for document in documents:
+            writer.write(document)
+    raw = json.loads((prepared_corpus / "manifest.json").read_text())
+    raw["shards"] = writer.shards
+    (out / "manifest.json").write_text(json.dumps(raw))
+    shutil.copytree(prepared_corpus / "tokenizer", out / "tokenizer")
+    return out / writer.shards[0]["name"]
+
+
+def _documents(path: Path, start: int = 0) -> list[tuple]:
+    return [
+        (d["key"], d["ids"].tolist(), d["sents"].tolist(), d["words"].tolist())
+        for d in read_documents(path, start)
+    ]
+
+
+def test_blocks_round_trip_and_seek_by_document_count(blocked_shard, prepared_corpus):
+    manifest = load_manifest(blocked_shard.parent)
+    blocks = manifest.block_documents(0)
+    assert len(blocks) >= 10 and sum(blocks) == 300
+    every = _documents(blocked_shard)
+    original = [
+        (d["key"], d["ids"].tolist(), d["sents"].tolist(), d["words"].tolist())
+        for path in load_manifest(prepared_corpus).shard_paths
+        for d in read_documents(path)
+    ]
+    assert every == original
+    first_of_block = int(np.cumsum(blocks)[2])
+    for start in (1, first_of_block - 1, first_of_block, first_of_block + 1, 299, 300, 400):
+        assert _documents(blocked_shard, start) == every[start:]
+    assert manifest.locate_document(first_of_block) == (0, first_of_block)
+    corpus = load_manifest(prepared_corpus)
+    assert corpus.locate_document(0) == (0, 0) and corpus.locate_document(51) == (1, 1)
+    with pytest.raises(IndexError):
+        corpus.locate_document(300)
+
+
+def test_keys_are_stored_as_runs_and_read_back_exactly():
+    keys = ["ab_0009", "ab_0010", "ab_0012", "x", "y", "k_99", "k_100", "z7", "z8", "3", "4"]
+    text = encode_keys(keys)
+    assert decode_keys(text) == keys
+    assert encode_keys([f"0a1b2c3d_{i:08d}" for i in range(5000)]) == "0a1b2c3d_\t00000000\t5000\n"
+
+
+def test_shards_are_about_the_size_of_their_content(blocked_shard, tmp_path):
+    documents = [
+        TokenizedDocument(d["key"], "", d["ids"].astype(np.uint16), d["sents"], d["words"])
+        for d in read_documents(blocked_shard)
+    ]
+    with ShardWriter(tmp_path, docs_per_shard=1000) as writer:  # default blocks
+        for document in documents:
+            writer.write(document)
+    tokens = sum(len(d.ids) for d in documents)
+    sentences = sum(len(d.sents) for d in documents)
+    physical = 2 * tokens + 4 * sentences + -(-tokens // 8) + 8 * len(documents)
+    assert writer.shards[0]["bytes"] <= 1.05 * physical
+
+
+@pytest.mark.parametrize("where", ["half", "member_boundary", "block_boundary", "end_marker"])
+def test_truncated_shard_raises_naming_the_file(blocked_shard, tmp_path, where):
+    path = tmp_path / blocked_shard.name
+    data = blocked_shard.read_bytes()
+    members, end = _member_offsets(blocked_shard)
     cut = {
         "half": len(data) // 2,
-        "member_boundary": offsets[len(offsets) // 2 + 1],
-        "sample_boundary": offsets[3 * 20],
+        "member_boundary": members[len(members) // 2 + 2][1],
+        "block_boundary": [o for n, o, _ in members if n.endswith(".docs.npy")][5],
         "end_marker": end + 512,
     }[where]
     path.write_bytes(data[:cut])
@@ -170,12 +252,13 @@ def test_truncated_shard_raises_naming_the_file(corpus_copy, where):
     with pytest.raises(ShardError, match=re.escape(str(path)) + ": .*(truncated|damaged)"):
         for document in read_documents(path):
             read.append(document["key"])
-    assert len(read) == 50 if where == "end_marker" else len(read) < 50
-    if where in ("half", "sample_boundary"):
-        assert len(read) >= 10  # streamed: documents before the cut arrive before the error
+    last_block = load_manifest(blocked_shard.parent).block_documents(0)[-1]
+    assert len(read) == (300 - last_block if where == "end_marker" else len(read)) < 300
+    if where in ("half", "block_boundary"):
+        assert len(read) >= 50  # streamed: blocks before the cut arrive before the error
 
 
-def test_garbage_after_the_samples_is_an_error(corpus_copy):
+def test_garbage_after_the_blocks_is_an_error(corpus_copy):
     path = load_manifest(corpus_copy).shard_paths[0]
     data = path.read_bytes()
     _, end = _member_offsets(path)
@@ -184,18 +267,96 @@ def test_garbage_after_the_samples_is_an_error(corpus_copy):
         list(read_documents(path))
 
 
-def test_inconsistent_sample_is_an_error(tmp_path):
-    path = tmp_path / "bad.tar"
-    write_raw_shard(
-        path,
-        [
-            ("k_1.ids.npy", np.arange(5, 9)),
-            ("k_1.sents.npy", np.array([2, 3], np.int32)),
-            ("k_1.words.npy", np.ones(4, np.uint8)),
-        ],
-    )
-    with pytest.raises(ShardError, match=re.escape(str(path)) + ": sample 'k_1' is inconsistent"):
+def test_changed_byte_fails_the_sha256_check(corpus_copy):
+    manifest = load_manifest(corpus_copy)
+    path = manifest.shard_paths[1]
+    data = bytearray(path.read_bytes())
+    members, _ = _member_offsets(path)
+    ids_data = next(o for n, _, o in members if n.endswith(".ids.npy"))
+    data[ids_data + 200] ^= 1  # a token id changes; every array stays consistent
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=re.escape(str(path)) + ": sha256 differs"):
         list(read_documents(path))
+    with pytest.raises(ShardError, match=re.escape(str(path)) + ": sha256 differs"):
+        verify_shards(manifest)
+    assert len(list(read_documents(path, start_document=1))) == 49  # seeking does not hash
+
+
+def _raw_block(**changes) -> list[tuple[str, object]]:
+    members = {
+        "docs": np.array([1, 1], np.int32),
+        "sents": np.array([2, 4], np.int32),
+        "ids": np.arange(5, 9, dtype=np.uint16),
+        "words": np.packbits(np.ones(4, bool)),
+        "keys": b"k_\t1\t2\n",
+    }
+    members.update(changes)
+    return [
+        (f"000000.{name}.{'txt' if name == 'keys' else 'npy'}", value)
+        for name, value in members.items()
+    ]
+
+
+@pytest.mark.parametrize(
+    "changes, member",
+    [
+        ({"sents": np.array([2, 5], np.int32)}, "sents.npy"),  # past the ids
+        ({"sents": np.array([3, 2], np.int32)}, "sents.npy"),  # not increasing
+        ({"docs": np.array([1, 2], np.int32)}, "docs.npy"),  # more sentences than there are
+        ({"sents": np.array([2, 4], np.int64)}, "sents.npy"),  # dtype
+        ({"words": np.zeros(3, np.uint8)}, "words.npy"),  # bits for 24 tokens
+        ({"keys": b"k_\t1\t3\n"}, "keys.txt"),  # 3 keys for 2 documents
+        ({"keys": b"k_\t1\n"}, "keys.txt"),  # malformed
+    ],
+)
+def test_inconsistent_block_is_an_error_naming_file_and_member(tmp_path, changes, member):
+    path = tmp_path / "bad.tar"
+    write_raw_shard(path, _raw_block(**changes))
+    with pytest.raises(ShardError, match=re.escape(f"{path}: member 000000.{member}")):
+        list(read_documents(path))
+    write_raw_shard(path, _raw_block())
+    assert [d["key"] for d in read_documents(path)] == ["k_1", "k_2"]
+
+
+def _format1_copy(corpus: Path, target: Path) -> Path:
+    """`corpus` (format 2) rewritten as format 1, as an older checkout prepared it."""
+    shutil.copytree(corpus, target)
+    raw = json.loads((corpus / "manifest.json").read_text())
+    for shard in raw["shards"]:
+        path = target / shard["name"]
+        documents = [
+            TokenizedDocument(
+                d["key"], "", d["ids"].astype(np.uint16), d["sents"], d["words"].astype(np.uint8)
+            )
+            for d in read_documents(corpus / shard["name"])
+        ]
+        write_v1_shard(path, documents)
+        shard.pop("blocks")
+        shard.update(bytes=path.stat().st_size, sha256=file_sha256(path))
+    raw["format_version"] = 1
+    raw["config"].pop("tokens_per_block")
+    (target / "manifest.json").write_text(json.dumps(raw, indent=2))
+    return target
+
+
+def test_format1_corpus_is_one_line_error_then_upgraded(prepared_corpus, tmp_path, capsys):
+    old = _format1_copy(prepared_corpus, tmp_path / "old")
+    with pytest.raises(ShardError) as raised:
+        load_manifest(old)
+    message = str(raised.value)
+    assert "\n" not in message and f"`pretrain-data upgrade {old.resolve()}`" in message
+    with pytest.raises(ShardError, match="format-1 shard .*pretrain-data upgrade"):
+        list(read_documents(old / "shard-000000.tar"))
+    assert cli.main(["upgrade", str(old)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]  # originals removed once done
+    assert cli.main(["verify", str(old)]) == 0
+    for name in ("tokenizer/tokenizer.json", *(f"shard-{i:06d}.tar" for i in range(6))):
+        assert (old / name).read_bytes() == (prepared_corpus / name).read_bytes(), name
+    assert json.loads((old / "manifest.json").read_text()) == json.loads(
+        (prepared_corpus / "manifest.json").read_text()
+    )
+    assert cli.main(["upgrade", str(old)]) == 1
+    assert "only format-1 corpora are upgraded" in capsys.readouterr().err
 
 
 def test_shards_read_with_another_tokenizer_name_both(corpus_copy, tmp_path):

@@ -11,12 +11,12 @@ from conftest import small_english_documents, write_text_corpus
 from tokenizers import Tokenizer
 
 from data_pipelines import cli
+from data_pipelines.document_encoding import encode_sentences
 from data_pipelines.prepare_config import (
     PrepareConfigError,
     TokenizerSettings,
     compose_prepare_config,
 )
-from data_pipelines.shard_writer import encode_sentences
 from data_pipelines.tokenizer import (
     SPECIAL_TOKENS,
     TokenizerError,
@@ -154,7 +154,7 @@ def test_pretrain_data_prepare_with_kind(tmp_path, kind, capsys):
         "tokenizer.vocab_size=500",
         "tokenizer.lowercase=false",
         "docs_per_shard=20",
-        "workers=1",
+        "num_proc=1",
     ]
     assert compose_prepare_config(overrides).tokenizer.kind == kind
     assert cli.main(["prepare", *overrides]) == 0, capsys.readouterr().err
