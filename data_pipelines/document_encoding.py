@@ -212,13 +212,15 @@ def encode_corpus(
     segmenter: str = "none",
     total_bytes: int | None = None,
     progress: bool | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> Iterator[tuple[list[RawDocument], EncodedChunk]]:
     """(documents, their EncodedChunk) for consecutive runs of `documents`, in input order,
     word starts from the `segmenter` named (`none` or `jieba`). `num_proc` spawned processes
-    (None: every core this process may use; 1: this process) do the work. A tqdm bar counts
+    (None: every core this process may use; 1: this process) do the work, `chunk_bytes` of
+    text a task (None: CHUNK_BYTES). A tqdm bar counts
     MB of text against `total_bytes` (`progress` None: shown only on a terminal)."""
     num_proc = num_proc or default_num_proc()
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     bar = tqdm(
         desc="prepare",
         total=total_bytes,

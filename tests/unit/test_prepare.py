@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import small_english_documents, write_text_corpus
+from conftest import CHINESE_PROSE, small_english_documents, write_text_corpus
 from tokenizers import Tokenizer
 
-from data_pipelines import cli
+from data_pipelines import cli, document_encoding
 from data_pipelines.builtin_corpus import builtin_documents, module_docstrings, stdlib_source_files
-from data_pipelines.document_encoding import document_key, encode_sentences
+from data_pipelines.chinese import make_segmenter
+from data_pipelines.document_encoding import document_key, encode_sentences, tokenize_document
 from data_pipelines.prepare import PrepareError, prepare
 from data_pipelines.prepare_config import (
     PrepareConfig,
@@ -23,11 +24,13 @@ from data_pipelines.prepare_config import (
     TokenizerSettings,
     compose_prepare_config,
 )
+from data_pipelines.shard_format_v1 import read_v1_documents, write_v1_shard
 from data_pipelines.sources import (
     SourceError,
     SourceStats,
     UndecodableLinesWarning,
     expand_inputs,
+    read_raw_documents,
     read_source,
 )
 from data_pipelines.text import normalize, split_sentences
@@ -260,13 +263,73 @@ def test_round_trip_reads_back_what_was_tokenized(tmp_path):
         assert document["ids"].dtype == np.int64 and document["words"].dtype == bool
 
 
-def test_prepare_twice_gives_byte_identical_output(tmp_path):
+def test_prepare_twice_gives_byte_identical_output(tmp_path, monkeypatch):
     source = write_text_corpus(tmp_path / "corpus.txt", small_english_documents(60))
-    first = prepare(_config([source], tmp_path / "one", num_proc=1), progress=False)
-    second = prepare(_config([source], tmp_path / "two", num_proc=2), progress=False)
+    blocks = {"tokens_per_block": 300}  # several blocks a shard
+    first = prepare(_config([source], tmp_path / "one", num_proc=1, **blocks), progress=False)
+    monkeypatch.setattr(document_encoding, "CHUNK_BYTES", 3000)  # tasks cross shard ends
+    second = prepare(_config([source], tmp_path / "two", num_proc=2, **blocks), progress=False)
     one, two = _dir_bytes(first), _dir_bytes(second)
     assert sorted(one) == sorted(two) and len([n for n in one if n.endswith(".tar")]) == 15
     assert [n for n in one if one[n] != two[n]] == []
+
+
+def _reference_documents(
+    names: list[str], tokenizer_dir: Path, segmenter: str, shard: Path
+) -> list[tuple]:
+    """The documents the per-document path (`tokenize_document`, as prepare worked before
+    shard format 2) makes of `names`, through a format-1 shard and back."""
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    stats = [SourceStats(name) for name in names]
+    word_segmenter = make_segmenter(segmenter)
+    documents = [
+        tokenize_document(raw, tokenizer, "uint16", word_segmenter)
+        for raw in read_raw_documents(names, stats)
+    ]
+    write_v1_shard(shard, [d for d in documents if len(d.ids)])
+    return [
+        (d.key, d.ids.tolist(), d.sents.tolist(), d.words.astype(bool).tolist())
+        for d in read_v1_documents(shard)
+    ]
+
+
+def _prepared_documents(shards_dir: Path) -> list[tuple]:
+    return [
+        (d["key"], d["ids"].tolist(), d["sents"].tolist(), d["words"].tolist())
+        for path in load_manifest(shards_dir).shard_paths
+        for d in read_documents(path)
+    ]
+
+
+def test_format2_holds_the_documents_of_the_per_document_path(
+    prepared_corpus, prepared_chinese_corpus, tmp_path
+):
+    chinese = _reference_documents(
+        [str(CHINESE_PROSE)],
+        prepared_chinese_corpus / "tokenizer",
+        "jieba",
+        tmp_path / "chinese.tar",
+    )
+    assert _prepared_documents(prepared_chinese_corpus) == chinese
+    tokenizer_dir = prepared_corpus / "tokenizer"
+    builtin = prepare(
+        _config(
+            ["builtin"],
+            tmp_path / "builtin",
+            tokenizer=TokenizerSettings(path=str(tokenizer_dir)),
+            docs_per_shard=100,
+            num_proc=2,
+        ),
+        progress=False,
+    )
+    reference = _reference_documents(["builtin"], tokenizer_dir, "none", tmp_path / "b.tar")
+    assert _prepared_documents(builtin) == reference
+    counts = load_manifest(builtin).counts
+    assert (counts["documents"], counts["sentences"], counts["tokens"]) == (
+        len(reference),
+        sum(len(d[2]) for d in reference),
+        sum(len(d[1]) for d in reference),
+    )
 
 
 def test_manifest_counts_sources_and_undecodable_lines(tmp_path):
