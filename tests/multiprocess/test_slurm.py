@@ -121,7 +121,7 @@ def prepare_settings(inputs: list[str], out_dir: Path) -> PrepareConfig:
         out_dir=str(out_dir),
         tokenizer=TokenizerSettings(vocab_size=1000, min_frequency=2),
         docs_per_shard=40,
-        workers=1,
+        num_proc=1,
     )
 
 
@@ -267,7 +267,7 @@ def test_preparation_as_a_job_array(cluster, tmp_path):
         f"out_dir={tmp_path / 'array'}",
         "tokenizer.vocab_size=1000",
         "docs_per_shard=40",
-        "workers=1",
+        "num_proc=1",
     ]
     result = subprocess.run(
         ["slurm/prepare-array", "3", f"--output={tmp_path}/%x-%A_%a.out", "--", *overrides],
