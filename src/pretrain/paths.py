@@ -11,4 +11,5 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parents[1]  # the source checkout; meaningless in an installed package
-CONF_DIR = PACKAGE_DIR / "conf" if (PACKAGE_DIR / "conf").is_dir() else REPO_ROOT / "conf"
+_SHIPPED = PACKAGE_DIR / "conf"
+CONF_DIR = _SHIPPED.resolve() if _SHIPPED.is_dir() else REPO_ROOT / "conf"

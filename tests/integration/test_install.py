@@ -91,7 +91,7 @@ def test_installed_commands_run_from_another_directory(installed, prepared_corpu
     where = run(
         [installed / "python", "-c", "import pretrain.paths as p; print(p.CONF_DIR)"], tmp_path
     )
-    assert Path(where.stdout.strip()).is_relative_to(installed.parent), where.stdout
+    assert Path(where.stdout.strip()).is_relative_to(installed.parent.resolve()), where.stdout
 
     counts = run([installed / "pretrain-params", "model=bert_base"], tmp_path).stdout
     assert "108,891,648" in counts  # BERT-Base with its 30522-token vocabulary
