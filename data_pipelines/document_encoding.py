@@ -16,6 +16,7 @@ in the corpus size) and a progress bar in MB of text per second with the time le
 """
 
 import hashlib
+import json
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -121,6 +122,34 @@ class EncodedChunk:
     sentences: np.ndarray
 
 
+_CONTINUATION_TABLES: dict[int, tuple[Tokenizer, np.ndarray | None]] = {}
+
+
+def continuation_table(tokenizer: Tokenizer) -> np.ndarray | None:
+    """bool (vocab,): which ids are WordPiece continuations (`##x`), for a tokenizer whose
+    words come from BertPreTokenizer and WordPiece (kinds `wordpiece` and `chinese`); None
+    for other tokenizers. There a token starts a word iff it is no continuation: WordPiece
+    gives a word's first piece without the prefix and every later piece with it, and "#" is
+    punctuation, a word of its own, so no word's first piece begins with "##"."""
+    cached = _CONTINUATION_TABLES.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    state = json.loads(tokenizer.to_str())
+    model, pre = state.get("model") or {}, state.get("pre_tokenizer") or {}
+    table = None
+    if (
+        model.get("type") == "WordPiece"
+        and pre.get("type") == "BertPreTokenizer"
+        and hasattr(tokenizer, "encode_batch_fast")
+    ):
+        prefix = model.get("continuing_subword_prefix") or "##"
+        table = np.zeros(tokenizer.get_vocab_size(with_added_tokens=True), bool)
+        for token, index in tokenizer.get_vocab(with_added_tokens=True).items():
+            table[index] = token.startswith(prefix)
+    _CONTINUATION_TABLES[id(tokenizer)] = (tokenizer, table)
+    return table
+
+
 def encode_documents(
     documents: list[RawDocument],
     tokenizer: Tokenizer,
@@ -131,7 +160,11 @@ def encode_documents(
     for all their sentences; empty documents are counted, not kept."""
     per_document = [split_sentences(normalize(d.text)) for d in documents]
     sentences = list(chain.from_iterable(per_document))
-    encodings = tokenizer.encode_batch(sentences, add_special_tokens=False) if sentences else []
+    # Without a segmenter, WordPiece word starts follow from the ids alone, so the encoder may
+    # skip word ids and offsets (about 15% faster); the result is the same.
+    continuations = continuation_table(tokenizer) if segmenter is None else None
+    encode = tokenizer.encode_batch if continuations is None else tokenizer.encode_batch_fast
+    encodings = encode(sentences, add_special_tokens=False) if sentences else []
     lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
     owner = np.repeat(np.arange(len(documents)), [len(s) for s in per_document])
     kept = lengths > 0
@@ -143,11 +176,15 @@ def encode_documents(
     ends = np.cumsum(lengths)
     n = int(ends[-1]) if len(ends) else 0
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=dtype, count=n)
-    word_ids = np.fromiter(
-        chain.from_iterable(e.word_ids for e in encodings), dtype=np.int64, count=n
-    )
     starts = ends - lengths
-    words = _word_starts(word_ids, starts)
+    if continuations is not None:
+        words = (~continuations[ids]).astype(np.uint8)
+        words[starts] = 1
+    else:
+        word_ids = np.fromiter(
+            chain.from_iterable(e.word_ids for e in encodings), dtype=np.int64, count=n
+        )
+        words = _word_starts(word_ids, starts)
     if segmenter is not None:
         _segment(words, sentences, encodings, starts.tolist(), ends.tolist(), segmenter)
     tokens = np.bincount(owner, weights=lengths, minlength=len(documents)).astype(np.int64)

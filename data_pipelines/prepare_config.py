@@ -173,7 +173,7 @@ class PrepareConfig:
 
     @property
     def annotates_spans(self) -> bool:
-        """Whether shards get phrase/entity span annotations (`<key>.phrases.npy`)."""
+        """Whether shards get phrase/entity span annotations (`<block>.phrases.npy`)."""
         return self.phrases.enabled or bool(self.entities.path)
 
     def content_dict(self) -> dict:

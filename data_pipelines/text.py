@@ -29,6 +29,7 @@ _SPACES_RE = re.compile(r"[^\S\n]+")  # any run of whitespace except newline
 # English: . ! ? (several allowed, closing quotes/brackets kept with the sentence), then
 # whitespace not followed by a lower-case letter. Chinese: 。！？ and closing quotes, no space.
 _ENGLISH_END_RE = re.compile(r"""([.!?]+["'\u201d\u2019)\]]*)\s+(?![a-z])""")
+_CHINESE_ENDS = "\u3002\uff01\uff1f"
 _CHINESE_END_RE = re.compile(r"([\u3002\uff01\uff1f]+[\u201d\u2019\u300d\u300f\uff09]*)")
 
 
@@ -50,7 +51,10 @@ def split_sentences(text: str) -> list[str]:
     break, after . ! ? followed by whitespace (and not by a lower-case word), or after 。！？
     (closing quotes stay with their sentence)."""
     sentences: list[str] = []
+    chinese = any(end in text for end in _CHINESE_ENDS)  # else the Chinese rule cannot match
     for line in text.split("\n"):
-        line = _CHINESE_END_RE.sub("\\1\n", _ENGLISH_END_RE.sub("\\1\n", line))
+        line = _ENGLISH_END_RE.sub("\\1\n", line)
+        if chinese:
+            line = _CHINESE_END_RE.sub("\\1\n", line)
         sentences.extend(s.strip() for s in line.split("\n") if s.strip())
     return sentences

@@ -94,7 +94,7 @@ def prepare_chinese_corpus(root: Path, **settings) -> Path:
 def prepared_chinese_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Shards dir of a small Chinese corpus (8 documents, 50 sentences, about 1,100 tokens,
     tests/data/chinese_prose.txt) in 4 shards: every CJK character a token, word starts from
-    jieba, phrase and entity spans (`<key>.phrases.npy`, lexicon in `<dir>/phrases.txt`).
+    jieba, phrase and entity spans (`<block>.phrases.npy`, lexicon in `<dir>/phrases.txt`).
     Made once per session in about a second. Read-only: copy it before changing anything."""
     return prepare_chinese_corpus(tmp_path_factory.mktemp("prepared_chinese_corpus"))
 
@@ -132,7 +132,8 @@ def cpu_run_overrides(
 
 def tiny_module_config(objective: dict, **sections: dict) -> dict:
     """A plain run config for building an objective module directly: a 2-layer, 32-wide
-    encoder without dropout, the given `objective` settings, and optional extra sections."""
+    encoder without dropout (64 positions, sequences of 64 tokens), the given `objective`
+    settings, and optional extra sections."""
     config = {
         "seed": 0,
         "model": {
@@ -150,6 +151,7 @@ def tiny_module_config(objective: dict, **sections: dict) -> dict:
             "initializer_range": 0.02,
         },
         "objective": objective,
+        "data": {"max_seq_length": 64},
     }
     config.update(sections)
     return config
