@@ -119,7 +119,7 @@ def run_one(
         "name": name,
         **heldout_accuracy(module, heldout_batches(spec, heldout, "doc_sentences", "none")),
     }
-    task = config["objective"].get("pair_task", "none")
+    task = config.objective.sentence_task
     if task != "none":
         pairs = heldout_batches(spec, heldout, "segment_pair", task)
         result["sentence_accuracy"] = heldout_accuracy(module, pairs)["sentence_accuracy"]

@@ -108,39 +108,29 @@ def lr_scale(scaling: str, global_batch_size: int, reference_batch_size: int) ->
     raise ConfigError(f"optim.lr_scaling = {scaling!r}: must be none, linear or sqrt")
 
 
-def learning_rate(config: Mapping, plan: BatchPlan) -> float:
-    """The run's peak learning rate: optim.optimizer.lr scaled by optim.lr_scaling."""
-    optim = config["optim"]
-    scale = lr_scale(
-        optim.get("lr_scaling", "none"),
-        plan.global_batch_size,
-        optim.get("reference_batch_size", plan.global_batch_size),
-    )
-    return optim["optimizer"]["lr"] * scale
+def learning_rate(optim: Any, plan: BatchPlan) -> float:
+    """The run's peak learning rate: `optim.optimizer["lr"]` scaled by `optim.lr_scaling`
+    (`optim`: the typed OptimConfig)."""
+    scale = lr_scale(optim.lr_scaling, plan.global_batch_size, optim.reference_batch_size)
+    return optim.optimizer["lr"] * scale
 
 
-def warmup_steps(config: Mapping, plan: BatchPlan) -> int:
+def warmup_steps(optim: Any, plan: BatchPlan) -> int:
     """Warm-up in optimizer steps: ceil(optim.warmup_samples / global batch) when
-    warmup_samples is set, else optim.warmup_steps."""
-    samples = config["optim"].get("warmup_samples")
-    if samples is None:
-        return config["optim"]["warmup_steps"]
-    return math.ceil(samples / plan.global_batch_size)
+    warmup_samples is set, else optim.warmup_steps (`optim`: the typed OptimConfig)."""
+    if optim.warmup_samples is None:
+        return optim.warmup_steps
+    return math.ceil(optim.warmup_samples / plan.global_batch_size)
 
 
-def describe(config: Mapping, plan: BatchPlan) -> str:
+def describe(optim: Any, plan: BatchPlan) -> str:
     """One line for the log: the global batch, how it is made, and the learning rate."""
-    lr = learning_rate(config, plan)
-    base = config["optim"]["optimizer"]["lr"]
-    scaling = config["optim"].get("lr_scaling", "none")
+    lr = learning_rate(optim, plan)
+    base = optim.optimizer["lr"]
+    scaling = optim.lr_scaling
     rate = f"lr {lr:.3g}" if scaling == "none" else f"lr {base:.3g} -> {lr:.3g} ({scaling})"
     return (
         f"Global batch: {plan.global_batch_size} samples per step = {plan.micro_batch_size} "
         f"x {plan.accumulate_grad_batches} accumulated x {plan.world_size} ranks; {rate}; "
-        f"warm-up {warmup_steps(config, plan)} steps"
+        f"warm-up {warmup_steps(optim, plan)} steps"
     )
-
-
-def check_batching(config: Any) -> None:
-    """Validation hook of TrainConfig: the batch plan can be made for the configured ranks."""
-    batch_plan(config)

@@ -6,13 +6,15 @@ checks values and cross-group constraints, so a bad value fails before training 
 an error that names the key.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pretrain.batching import BatchPlan, batch_plan
 from pretrain.errors import ConfigError, require, require_unit_interval
 
 FORMATS = ("full_sentences", "doc_sentences", "segment_pair", "sentence_pair")
@@ -21,6 +23,7 @@ PAIR_FORMATS = ("segment_pair", "sentence_pair")
 LR_SCALINGS = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "deepspeed")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
+T = TypeVar("T")
 
 
 @dataclass
@@ -41,6 +44,12 @@ class ModelConfig:
             self.reference_vocab_size,
             "must be positive or null",
         )
+
+    @property
+    def head_activation(self) -> str:
+        """The activation of the MLM head's transform: exact GELU; a family with its own
+        (ALBERT's `hidden_act`) says so."""
+        return "gelu"
 
     @property
     def max_sequence_tokens(self) -> int | None:
@@ -71,6 +80,12 @@ class ObjectiveConfig:
 
     def check_data(self, data: "DataConfig") -> None:
         """Cross-check with the data config (e.g. a sentence task needs a pair format)."""
+
+    @property
+    def sentence_task(self) -> str:
+        """The sentence-relation task a pair format labels pairs for (nsp, sop, three_way),
+        or "none"; objectives with a task (`MaskedLMConfig.pair_task`) say which."""
+        return "none"
 
 
 def component_config(group: str, values: Any) -> Any:
@@ -380,10 +395,12 @@ class TrainConfig:
             self.resume,
             "must be 'auto', 'never' or the path of a .ckpt file",
         )
-        from pretrain.batching import check_batching  # late: batching builds on this module
-        from pretrain.strategies import check_strategy
+        # Derived once per launch and passed down (trainer, strategy, optimizer, log line);
+        # not a field, so never part of the plain config. ConfigError naming the key when the
+        # global batch cannot be made for the configured ranks.
+        self.batch_plan: BatchPlan = batch_plan(self)
+        from pretrain.strategies import check_strategy  # late: it imports Lightning, DeepSpeed
 
-        check_batching(self)
         check_strategy(self)
 
 
@@ -413,8 +430,60 @@ def register_schemas() -> None:
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
-    """Build the dataclasses from a composed config, running every value check."""
+    """Build the dataclasses from a composed config, running every value check; the result
+    is the run object that components receive their typed sections of."""
     return OmegaConf.to_object(cfg)
+
+
+# Sections a plain run config holds beside the schema's: facts of the run's tokenizer
+# (`model_runtime`: vocab_size, pad_token_id), added when the corpus is opened.
+RUNTIME_SECTIONS = ("model_runtime",)
+
+
+def run_config(config: "TrainConfig | Mapping[str, Any] | DictConfig") -> TrainConfig:
+    """The typed, validated run config of `config`: itself when typed already, else a plain
+    run config (a checkpoint's, possibly partial) merged over the schema's defaults and
+    validated; `RUNTIME_SECTIONS` are left out."""
+    if isinstance(config, TrainConfig):
+        return config
+    values = {k: v for k, v in config.items() if k not in RUNTIME_SECTIONS}
+    for group in ("model", "objective"):  # their defaults (names: run_name) from the schema
+        if group in values:
+            default = {f.name: f for f in fields(TrainConfig)}[group].default_factory()
+            typed = component_config(group, {**default, **values[group]})
+            values[group] = OmegaConf.to_container(OmegaConf.structured(typed))
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), values)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{error.full_key}: {error.msg}") from error
+    return validate(merged)
+
+
+def plain_config(run: TrainConfig) -> dict:
+    """`run` as plain containers (dicts, lists, scalars): what checkpoints store and loggers
+    record."""
+    return OmegaConf.to_container(OmegaConf.structured(run), resolve=True)
+
+
+def settings_from(cls: type[T], *sections: Any, **given: Any) -> T:
+    """An instance of the dataclass `cls` (a corruption, a stream spec) built from typed
+    config: each field is `given[name]` when given, else the attribute of that name of the
+    first of `sections` (typed config sections) that has one, else the field's default."""
+    values = {}
+    for item in fields(cls):
+        if not item.init:
+            continue
+        if item.name in given:
+            values[item.name] = given[item.name]
+            continue
+        for section in sections:
+            if hasattr(section, item.name):
+                values[item.name] = getattr(section, item.name)
+                break
+    unknown = set(given) - {item.name for item in fields(cls)}
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field {sorted(unknown)[0]!r}")
+    return cls(**values)
 
 
 register_schemas()

@@ -18,6 +18,7 @@ import torch
 from hydra.utils import get_class
 from tokenizers import Tokenizer
 
+from pretrain.config import component_config
 from pretrain.data.vocab import load_vocabulary
 from pretrain.export import ExportError, import_hf_model, read_checkpoint
 from pretrain.generation import beam_search, greedy_search
@@ -45,7 +46,12 @@ def load_for_generation(source: str | Path) -> tuple[torch.nn.Module, Tokenizer]
             )
         model_cfg, state_dict = import_hf_model(path)
         target = HF_OBJECTIVES[model_type]
-        config = {"seed": 0, "model": model_cfg, "objective": {"_target_": target}}
+        # single segments, as both generating objectives read, of at most the model's length
+        data = {"format": "full_sentences"}
+        longest = component_config("model", model_cfg).max_sequence_tokens
+        if longest is not None:
+            data["max_seq_length"] = longest
+        config = {"seed": 0, "model": model_cfg, "objective": {"_target_": target}, "data": data}
         tokenizer_dir = path
     else:
         state_dict, config = read_checkpoint(path)

@@ -204,10 +204,10 @@ class PreemptionCheckpoint(Callback):
         callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
 
 
-def preemption_callbacks(config: dict) -> list[Callback]:
-    """The preemption callback of a run config (`trainer.preemption_signal`: the requeue
-    signal's name, or null for SIGTERM only)."""
-    return [PreemptionCheckpoint(config["trainer"].get("preemption_signal", "USR1"))]
+def preemption_callbacks(trainer: Any) -> list[Callback]:
+    """The preemption callback of a run's typed `trainer` section (`preemption_signal`: the
+    requeue signal's name, or null for SIGTERM only)."""
+    return [PreemptionCheckpoint(trainer.preemption_signal)]
 
 
 def slurm_plugins() -> list[Any]:

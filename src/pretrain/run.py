@@ -5,12 +5,11 @@ from pathlib import Path
 
 import lightning as L
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from pretrain.batching import batch_plan
 from pretrain.batching import describe as describe_batching
 from pretrain.checkpointing import config_changes, find_resume_checkpoint, saved_config
-from pretrain.config import validate
+from pretrain.config import TrainConfig, settings_from, validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
@@ -20,63 +19,56 @@ from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.trainer import build_trainer
 
 
-def build_stream(cfg: DictConfig) -> tuple[dict, StreamSpec, type[PretrainingModule]]:
-    """Validate the config, open and check the corpus, and describe the data stream.
-    The returned plain config adds what the tokenizer decides (`model_runtime`) and absolute
-    data paths; it is what checkpoints store."""
-    validate(cfg)
-    data = cfg.data
-    corpus = open_corpus(data.shards_dir, data.tokenizer_dir)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    config["data"]["shards_dir"] = str(Path(data.shards_dir).resolve())
-    config["data"]["tokenizer_dir"] = str(corpus.tokenizer_dir)
-    config["model_runtime"] = {"vocab_size": corpus.vocab.size, "pad_token_id": corpus.vocab.pad}
-    module_class = get_class(cfg.objective._target_)
-    spec = StreamSpec(
-        shard_paths=split_holdout(corpus, data.holdout_shards)[0],
+def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[PretrainingModule]]:
+    """Validate the config into the typed run object, open and check the corpus, and
+    describe the data stream. The run's data paths become absolute (the tokenizer's: the
+    one the corpus was checked with), as checkpoints store them."""
+    run = validate(cfg)
+    corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir)
+    run.data.shards_dir = str(Path(run.data.shards_dir).resolve())
+    run.data.tokenizer_dir = str(corpus.tokenizer_dir)
+    module_class = get_class(run.objective._target_)
+    training_paths = split_holdout(corpus, run.data.holdout_shards)[0]
+    spec = settings_from(
+        StreamSpec,
+        run.data,
+        run,
+        shard_paths=training_paths,
         vocab=corpus.vocab,
-        corruption=module_class.build_corruption(config, corpus.vocab),
-        format=data.format,
-        max_seq_length=data.max_seq_length,
-        batch_size=data.batch_size,
-        seed=cfg.seed,
-        short_seq_probability=data.short_seq_probability,
-        nsp_random_probability=data.nsp_random_probability,
-        pair_task=config["objective"].get("pair_task", "none"),
-        shuffle_buffer_documents=data.shuffle_buffer_documents,
-        random_document_pool=data.random_document_pool,
+        corruption=module_class.build_corruption(run, corpus.vocab),
+        pair_task=run.objective.sentence_task,
     )
-    return config, spec, module_class
+    return run, spec, module_class
 
 
-def prepare_run(cfg: DictConfig) -> tuple[dict, PretrainingModule, PretrainingDataModule]:
+def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingModule, PretrainingDataModule]:
     """`build_stream`, then the objective module (seeded) and the data module."""
-    config, spec, module_class = build_stream(cfg)
-    L.seed_everything(cfg.seed, workers=False, verbose=False)
-    module = module_class(config, spec.vocab)
-    return config, module, PretrainingDataModule(spec, num_workers=cfg.data.num_workers)
+    run, spec, module_class = build_stream(cfg)
+    L.seed_everything(run.seed, workers=False, verbose=False)
+    module = module_class(run, spec.vocab)
+    return run, module, PretrainingDataModule(spec, num_workers=run.data.num_workers)
 
 
 def train(cfg: DictConfig) -> Path:
     """Train (or resume) the run described by `cfg`; returns its run directory."""
-    config, module, datamodule = prepare_run(cfg)
-    run_dir = Path(config["run_dir"])
-    ckpt_path = find_resume_checkpoint(run_dir, config["resume"])
+    run, module, datamodule = prepare_run(cfg)
+    run_dir = Path(run.run_dir)
+    ckpt_path = find_resume_checkpoint(run_dir, run.resume)
     if ckpt_path:
         print(f"Resuming from {ckpt_path}", flush=True)
-        changes = config_changes(saved_config(ckpt_path), config)
+        changes = config_changes(saved_config(ckpt_path), module.config)
         if changes:
             print(
                 "warning: the config differs from the checkpoint's:\n  " + "\n  ".join(changes),
                 flush=True,
             )
-    elif config.get("init_from"):
-        initialise_from(module, config["init_from"])
-    trainer = build_trainer(config, run_dir)
+    elif run.init_from:
+        initialise_from(module, run.init_from)
+    trainer = build_trainer(run, run_dir)
     if trainer.is_global_zero:
-        print(describe_batching(config, batch_plan(config, ranks=trainer.world_size)), flush=True)
+        print(describe_batching(run.optim, run.batch_plan), flush=True)
     for logger in trainer.loggers:
-        logger.log_hyperparams(config)
+        logger.log_hyperparams(module.config)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     if trainer.is_global_zero:
         print(summary(module, run_dir), flush=True)
@@ -97,10 +89,13 @@ def initialise_from(module: PretrainingModule, source: str) -> None:
         model_cfg = saved["model"]
     ours = module.config["model"]
     for key, value in model_cfg.items():
-        if key not in ("name", "reference_vocab_size") and ours.get(key) != value:
+        if key in ("name", "reference_vocab_size"):
+            continue
+        if key not in ours or ours[key] != value:
             raise ConfigError(
-                f"init_from={source}: model.{key} is {value!r} there but {ours.get(key)!r} in "
-                "this run; choose the matching model config"
+                f"init_from={source}: model.{key} is {value!r} there but "
+                f"{ours[key] if key in ours else 'unset'!r} in this run; choose the matching "
+                "model config"
             )
     module.load_pretrained(state_dict, source)
     print(f"Initialised from {source}", flush=True)

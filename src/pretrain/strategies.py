@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 
-from pretrain.batching import BatchPlan, batch_plan
 from pretrain.checkpointing import PARTIAL_SUFFIX, replace_directory
 from pretrain.errors import ConfigError
 
@@ -34,37 +33,32 @@ def _deep_merge(base: dict, extra: Mapping) -> dict:
     return merged
 
 
-def _get(section: Any, key: str) -> Any:
-    return section[key] if isinstance(section, Mapping) else getattr(section, key)
-
-
-def deepspeed_config(config: Any, plan: BatchPlan | None = None) -> dict:
-    """The DeepSpeed JSON of a run (plain dict config or TrainConfig): micro-batch per rank,
-    gradient clipping, precision and the ZeRO section from `strategy`, with
+def deepspeed_config(config: Any) -> dict:
+    """The DeepSpeed JSON of a run (the typed TrainConfig): micro-batch per rank (its batch
+    plan), gradient clipping, precision and the ZeRO section from `strategy`, with
     `strategy.deepspeed` merged over it. Without `gradient_accumulation_steps`, which
     Lightning fills in from the Trainer (it refuses the key in the JSON)."""
-    strategy, trainer = _get(config, "strategy"), _get(config, "trainer")
-    plan = plan or batch_plan(config)
-    zero: dict[str, Any] = {"stage": _get(strategy, "zero_stage")}
+    strategy, trainer = config.strategy, config.trainer
+    zero: dict[str, Any] = {"stage": strategy.zero_stage}
     ds: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
-        "gradient_clipping": _get(trainer, "gradient_clip_val") or 0.0,
+        "train_micro_batch_size_per_gpu": config.batch_plan.micro_batch_size,
+        "gradient_clipping": trainer.gradient_clip_val or 0.0,
         "zero_allow_untested_optimizer": True,
         "zero_optimization": zero,
     }
-    if _get(strategy, "offload_optimizer"):
+    if strategy.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
         # keep the configured optimizer (AdamW, LAMB) rather than requiring DeepSpeedCPUAdam,
         # which needs compiled ops
         ds["zero_force_ds_cpu_optimizer"] = False
-    if _get(strategy, "offload_parameters"):
+    if strategy.offload_parameters:
         zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    precision = str(_get(trainer, "precision"))
+    precision = str(trainer.precision)
     if precision.startswith("bf16"):
         ds["bf16"] = {"enabled": True}
     elif precision.startswith("16"):
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
-    extra = _get(strategy, "deepspeed") or {}
+    extra = strategy.deepspeed
     if "gradient_accumulation_steps" in extra or "train_batch_size" in extra:
         raise ConfigError(
             "strategy.deepspeed: do not set gradient_accumulation_steps or train_batch_size; "
@@ -94,11 +88,11 @@ def check_deepspeed_config(ds_config: dict, accumulation: int) -> None:
 
 
 def check_strategy(config: Any) -> None:
-    """Validation hook of TrainConfig: for DeepSpeed, build and parse the JSON now."""
-    if _get(_get(config, "strategy"), "name") != "deepspeed":
+    """Validation hook of TrainConfig (typed, with its batch plan): for DeepSpeed, build and
+    parse the JSON now."""
+    if config.strategy.name != "deepspeed":
         return
-    plan = batch_plan(config)
-    check_deepspeed_config(deepspeed_config(config, plan), plan.accumulate_grad_batches)
+    check_deepspeed_config(deepspeed_config(config), config.batch_plan.accumulate_grad_batches)
 
 
 class PretrainDeepSpeedStrategy(DeepSpeedStrategy):
@@ -140,32 +134,32 @@ class CPUDeepSpeedStrategy(PretrainDeepSpeedStrategy):
         return torch.device("cpu", self.local_rank)
 
 
-def is_cpu_run(trainer: Mapping) -> bool:
-    """True when the run's accelerator is the CPU (`cpu`, or `auto` without CUDA)."""
-    accelerator = trainer["accelerator"]
+def is_cpu_run(trainer: Any) -> bool:
+    """True when the run's accelerator (of the typed TrainerConfig) is the CPU (`cpu`, or
+    `auto` without CUDA)."""
+    accelerator = trainer.accelerator
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
 
-def build_strategy(config: Mapping) -> Strategy | str:
-    """The Lightning strategy of a run (plain dict config): 'auto', a DDPStrategy, or a
+def build_strategy(config: Any) -> Strategy | str:
+    """The Lightning strategy of a run (the typed TrainConfig): 'auto', a DDPStrategy, or a
     DeepSpeed strategy (the CPU subclass when the accelerator is the CPU)."""
-    strategy, trainer = config["strategy"], config["trainer"]
-    name = strategy["name"]
+    strategy, trainer = config.strategy, config.trainer
+    name = strategy.name
     cpu = is_cpu_run(trainer)
-    backend = strategy.get("process_group_backend") or ("gloo" if cpu else None)
+    backend = strategy.process_group_backend or ("gloo" if cpu else None)
     if name == "auto":
         return "auto"
     if name == "ddp":
         return DDPStrategy(
             process_group_backend=backend,
-            find_unused_parameters=strategy.get("find_unused_parameters", False),
+            find_unused_parameters=strategy.find_unused_parameters,
         )
     if name == "deepspeed":
         os.environ.setdefault("DS_BUILD_OPS", "0")
-        plan = batch_plan(config)
         strategy_class = CPUDeepSpeedStrategy if cpu else PretrainDeepSpeedStrategy
         return strategy_class(
-            config=deepspeed_config(config, plan),
+            config=deepspeed_config(config),
             process_group_backend=backend,
         )
     raise ConfigError(f"strategy.name = {name!r}: must be auto, ddp or deepspeed")

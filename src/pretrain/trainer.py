@@ -4,13 +4,13 @@
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
-from pretrain.batching import batch_plan
 from pretrain.checkpointing import AtomicCheckpointIO, checkpoint_dir
 from pretrain.preemption import preemption_callbacks, slurm_plugins
 from pretrain.strategies import build_strategy
@@ -52,21 +52,22 @@ class StepProgressBar(TQDMProgressBar):
         self.train_progress_bar.close()
 
 
-def build_loggers(config: dict, run_dir: Path) -> list[Logger]:
+def build_loggers(config: Any, run_dir: Path) -> list[Logger]:
     """CSV always (a new version folder per launch, nothing overwritten); wandb when
     logger.wandb, offline unless an API key is configured, with a run id derived from the
-    run directory so a resumed run continues the same wandb run."""
+    run directory so a resumed run continues the same wandb run. `config`: the typed
+    TrainConfig."""
     loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="csv")]
-    options = config["logger"]
-    if options["wandb"]:
-        mode = options["mode"]
+    options = config.logger
+    if options.wandb:
+        mode = options.mode
         offline = mode == "offline" or (mode == "auto" and not os.environ.get("WANDB_API_KEY"))
         run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
         loggers.append(
             WandbLogger(
-                project=options["project"],
-                group=options["group"] or config["experiment_name"],
-                name=config["run_name"],
+                project=options.project,
+                group=options.group or config.experiment_name,
+                name=config.run_name,
                 id=run_id,
                 save_dir=str(run_dir),
                 offline=offline,
@@ -76,35 +77,36 @@ def build_loggers(config: dict, run_dir: Path) -> list[Logger]:
     return loggers
 
 
-def build_trainer(config: dict, run_dir: Path) -> L.Trainer:
-    """A Trainer for `config` (plain dict) writing logs and checkpoints under `run_dir`."""
-    t = config["trainer"]
+def build_trainer(config: Any, run_dir: str | Path) -> L.Trainer:
+    """A Trainer for `config` (the typed TrainConfig, with its batch plan) writing logs and
+    checkpoints under `run_dir`."""
+    t, run_dir = config.trainer, Path(run_dir)
     checkpoints = StepCheckpoint(
         dirpath=str(checkpoint_dir(run_dir)),
         filename="step-{step:07d}",
         auto_insert_metric_name=False,
         monitor="step",
         mode="max",
-        save_top_k=t["keep_checkpoints"],
+        save_top_k=t.keep_checkpoints,
         save_last=True,
-        every_n_train_steps=t["checkpoint_every_n_steps"],
+        every_n_train_steps=t.checkpoint_every_n_steps,
         enable_version_counter=False,
     )
     loggers = build_loggers(config, run_dir)
     return L.Trainer(
-        accelerator=t["accelerator"],
-        devices=t["devices"],
-        num_nodes=t["num_nodes"],
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
         strategy=build_strategy(config),
-        precision=t["precision"],
-        max_steps=t["max_steps"],
+        precision=t.precision,
+        max_steps=t.max_steps,
         max_epochs=-1,
-        accumulate_grad_batches=batch_plan(config).accumulate_grad_batches,
-        gradient_clip_val=t["gradient_clip_val"],
-        log_every_n_steps=t["log_every_n_steps"],
-        enable_progress_bar=t["enable_progress_bar"],
-        callbacks=[checkpoints, *preemption_callbacks(config)]
-        + ([StepProgressBar(refresh_rate=5)] if t["enable_progress_bar"] else []),
+        accumulate_grad_batches=config.batch_plan.accumulate_grad_batches,
+        gradient_clip_val=t.gradient_clip_val,
+        log_every_n_steps=t.log_every_n_steps,
+        enable_progress_bar=t.enable_progress_bar,
+        callbacks=[checkpoints, *preemption_callbacks(t)]
+        + ([StepProgressBar(refresh_rate=5)] if t.enable_progress_bar else []),
         logger=loggers,
         plugins=[AtomicCheckpointIO(), *slurm_plugins()],
         reload_dataloaders_every_n_epochs=1,

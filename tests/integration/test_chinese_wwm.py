@@ -22,8 +22,8 @@ def test_chinese_words_are_masked_whole(prepared_chinese_corpus):
             "data.batch_size=8",
         ]
     )
-    config, spec, _ = build_stream(cfg)
-    tokenizer = Tokenizer.from_file(f"{config['data']['tokenizer_dir']}/tokenizer.json")
+    run, spec, _ = build_stream(cfg)
+    tokenizer = Tokenizer.from_file(f"{run.data.tokenizer_dir}/tokenizer.json")
     multi_char_words, jieba_words = 0, 0
     for epoch in range(3):
         for batch in training_stream(spec, epoch=epoch):

@@ -45,11 +45,15 @@ def student_config(layers: int) -> dict:
     return model | {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
+DATA = {"format": "full_sentences", "max_seq_length": 32}  # within the models' 40 positions
+
+
 def student(teacher_path, layers: int, vocab) -> DistillationModule:
     config = {
         "seed": 0,
         "model": student_config(layers),
         "objective": OBJECTIVE | {"teacher": str(teacher_path)},
+        "data": DATA,
     }
     return DistillationModule(config, vocab)
 
@@ -167,7 +171,8 @@ def test_bad_settings_name_their_key(prepared_corpus, tmp_path):
     vocab = load_vocabulary(prepared_corpus / "tokenizer")
     with pytest.raises(ConfigError, match="^objective.teacher is not set"):
         DistillationModule(
-            {"seed": 0, "model": student_config(2), "objective": dict(OBJECTIVE)}, vocab
+            {"seed": 0, "model": student_config(2), "objective": dict(OBJECTIVE), "data": DATA},
+            vocab,
         )
     with pytest.raises(ConfigError, match="^objective.teacher=.*no such file"):
         student(tmp_path / "missing.ckpt", 2, vocab)

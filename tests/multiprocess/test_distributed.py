@@ -281,15 +281,13 @@ def compose_strategy(*extra: str) -> dict:
     ],
 )
 def test_strategy_configs_compose_and_pass_deepspeeds_parser(strategy):
-    from omegaconf import OmegaConf
 
     from pretrain.strategies import CPUDeepSpeedStrategy, build_strategy, deepspeed_config
 
     cfg = compose_config(
         ["trainer=cpu", f"strategy={strategy}", "trainer.devices=2", "data.global_batch_size=256"]
     )
-    validate(cfg)
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = validate(cfg)
     built = build_strategy(config)
     if strategy == "ddp":
         assert built.process_group_backend == "gloo"

@@ -14,13 +14,18 @@ from pretrain.batching import (
     lr_scale,
     warmup_steps,
 )
-from pretrain.config import ConfigError, compose_config, validate
+from pretrain.config import ConfigError, TrainConfig, compose_config, run_config, validate
 
 
 def plain(*overrides: str) -> dict:
     cfg = compose_config(list(overrides))
     validate(cfg)
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+def typed(config: dict) -> TrainConfig:
+    """The validated run object of a plain config, with its batch plan."""
+    return run_config(config)
 
 
 @pytest.mark.parametrize(
@@ -79,8 +84,8 @@ def test_lr_scaling_rules():
         "optim.reference_batch_size=256",
         "optim.optimizer.lr=1e-4",
     )
-    plan = batch_plan(config)
-    assert learning_rate(config, plan) == pytest.approx(4e-4)
+    run = typed(config)
+    assert learning_rate(run.optim, run.batch_plan) == pytest.approx(4e-4)
 
 
 def test_warmup_in_samples_covers_the_same_data_at_any_batch():
@@ -91,9 +96,11 @@ def test_warmup_in_samples_covers_the_same_data_at_any_batch():
             f"data.global_batch_size={global_batch}",
             "optim.warmup_samples=2560000",
         )
-        steps[global_batch] = warmup_steps(config, batch_plan(config))
+        run = typed(config)
+        steps[global_batch] = warmup_steps(run.optim, run.batch_plan)
     assert steps == {256: 10000, 2048: 1250, 8192: 313}
-    assert warmup_steps(plain("optim.warmup_steps=7"), batch_plan(plain())) == 7
+    run = typed(plain("optim.warmup_steps=7"))
+    assert warmup_steps(run.optim, run.batch_plan) == 7
 
 
 def test_module_uses_scaled_lr_and_derived_warmup():

@@ -52,11 +52,11 @@ def teacher(prepared_corpus, tmp_path_factory) -> Path:
     head on the corpus's tokenizer: enough of a teacher to build and step a student."""
     run_dir = tmp_path_factory.mktemp("teacher")
     overrides = ["objective=mlm", "model=bert_tiny", "data=full_sentences"]
-    config, module, _ = prepare_run(
+    _, module, _ = prepare_run(
         compose_config(cpu_run_overrides(prepared_corpus, run_dir, *overrides))
     )
     path = run_dir / "teacher.ckpt"
-    torch.save({"state_dict": module.state_dict(), "config": config}, path)
+    torch.save({"state_dict": module.state_dict(), "config": module.config}, path)
     return path
 
 
@@ -75,8 +75,8 @@ def test_objective_builds_and_steps_one_batch(objective, request, tmp_path):
         *extra,
         batch_size=2,
     )
-    config, module, datamodule = prepare_run(compose_config(overrides))
-    assert config["objective"]["name"] == objective and config["data"]["format"] == data
+    run, module, datamodule = prepare_run(compose_config(overrides))
+    assert run.objective.name == objective and run.data.format == data
     batch = next(iter(datamodule.train_dataloader()))
     with warnings.catch_warnings():  # self.log without a Trainer warns and does nothing
         warnings.simplefilter("ignore")

@@ -17,8 +17,9 @@ from pretrain.data.vocab import Vocabulary
 from pretrain.export import electra as electra_export
 from pretrain.export import export_checkpoint, import_hf_model
 from pretrain.export.hf import read_hf_model
+from pretrain.models.electra import generator_config
+from pretrain.objectives.electra import ElectraModule, sample_replacements
 from pretrain.param_counts import parameter_counts
-from pretrain.objectives.electra import ElectraModule, generator_config, sample_replacements
 from pretrain.run import initialise_from, train
 
 transformers = pytest.importorskip("transformers")
@@ -143,7 +144,7 @@ def test_parameter_counts_match_transformers_and_the_paper(model):
     assert abs(counts["total"] - PUBLISHED_PARAMETERS[model]) / PUBLISHED_PARAMETERS[model] < 0.04
     if model in RELEASED_GENERATORS:
         fraction = PAPER[model]["fraction"]
-        generator = generator_config(plain, {"generator_size_fraction": fraction})
+        generator = generator_config(plain, fraction, 1.0)
         sizes = tuple(
             generator[k] for k in ("hidden_size", "num_attention_heads", "intermediate_size")
         )

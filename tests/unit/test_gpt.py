@@ -42,6 +42,7 @@ RUN_CONFIG = {
     "seed": 0,
     "model": MODEL_CFG,
     "objective": {"_target_": "pretrain.objectives.causal_lm.CausalLanguageModel"},
+    "data": {"format": "full_sentences", "max_seq_length": 20},
     "model_runtime": {"vocab_size": VOCAB.size, "pad_token_id": VOCAB.pad},
 }
 

@@ -30,7 +30,7 @@ def make_module(nsp: bool = True) -> MaskedLanguageModel:
             "warmup_steps": 10,
         },
         trainer={**defaults["trainer"], "max_steps": 100},
-        data=defaults["data"],
+        data={**defaults["data"], "max_seq_length": 64},
         strategy=defaults["strategy"],
     )
     return MaskedLanguageModel(config, VOCAB)

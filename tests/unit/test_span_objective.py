@@ -166,7 +166,7 @@ def test_span_boundary_head_shapes_tied_decoder_and_position_clipping():
 def tiny_span_module(vocab: Vocabulary) -> SpanBert:
     config = tiny_module_config(
         {"pair_task": "none", "sbo_max_span_tokens": 30},
-        data={"max_seq_length": 64},
+        data={"max_seq_length": 64, "format": "full_sentences"},
         optim={},
         trainer={"max_steps": 10},
     )

@@ -47,7 +47,7 @@ PAIR_LABELS = {
 def preview_records(overrides: list[str], n: int) -> tuple[list[dict], str, str]:
     """The first n sequences of epoch 0 as records of plain lists (every per-token array the
     objective produced, cut at the sequence's length), the tokenizer dir and the pair task."""
-    config, spec, _ = build_stream(compose_config(overrides))
+    run, spec, _ = build_stream(compose_config(overrides))
     records = []
     for batch_index, batch in enumerate(training_stream(spec, epoch=0)):
         for row, key in enumerate(batch["keys"]):
@@ -68,7 +68,7 @@ def preview_records(overrides: list[str], n: int) -> tuple[list[dict], str, str]
                 break
         if len(records) == n:
             break
-    return records, config["data"]["tokenizer_dir"], spec.pair_task
+    return records, run.data.tokenizer_dir, spec.pair_task
 
 
 def render_seq2seq(record: dict, tokenizer: Tokenizer) -> str:

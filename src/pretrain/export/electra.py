@@ -2,19 +2,24 @@
 
 Our names: `encoder.*` (an ElectraEncoder), `discriminator_head.*` (ReplacedTokenHead) and
 `mlm_head.*` (MaskedLMHead, the generator's head). `to_hf` writes ElectraConfig as a plain
-dict; `from_hf` is its inverse. An ELECTRA checkpoint holds two models: the objective
-(`pretrain.objectives.electra.ElectraModule.hf_exports`) calls `to_hf` once for each.
+dict; `from_hf` is its inverse. A checkpoint of the ELECTRA objective holds two models
+(`ElectraModule`: discriminator `encoder.*` + `discriminator_head.*`, generator `generator.*` +
+`generator_head.*`, embeddings shared): `pretraining_models` exports both,
+`generator_weights` imports an exported generator back under the objective's names.
 """
 
 from collections.abc import Mapping
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from pretrain.config import component_config
+from pretrain.errors import ConfigError
 from pretrain.export import bert
 from pretrain.export.checkpoint import ExportError
-from pretrain.export.hf import HFModel
+from pretrain.export.hf import HFModel, import_hf_model
 from pretrain.export.naming import (
     FusedQKV,
     check_tied,
@@ -25,7 +30,8 @@ from pretrain.export.naming import (
     to_hf_names,
     without_compile_prefix,
 )
-from pretrain.models.electra import ElectraEncoderConfig
+from pretrain.models import DESCRIPTIVE_KEYS
+from pretrain.models.electra import ElectraEncoderConfig, generator_config
 
 PREFIXES = ("encoder.", "discriminator_head.", "mlm_head.")
 
@@ -167,3 +173,60 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
             )
         ours[TIED_DECODER] = ours[WORD_EMBEDDINGS]
     return model_cfg, ours
+
+
+def objective_generator_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The generator's `model` group of an ELECTRA objective's (checkpoint's) plain run
+    config; settings it lacks take the objective's defaults."""
+    objective = component_config("objective", config["objective"])
+    return generator_config(
+        config["model"], objective.generator_size_fraction, objective.generator_layer_fraction
+    )
+
+
+def pretraining_models(
+    state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]
+) -> dict[str, HFModel]:
+    """An ELECTRA objective's checkpoint -> the discriminator as `ElectraForPreTraining` (the
+    export directory itself, "") and the generator as `ElectraForMaskedLM` ("generator")."""
+    generator_state = {}
+    for key, tensor in without_compile_prefix(state_dict).items():
+        if key.startswith("generator."):
+            generator_state["encoder." + key.removeprefix("generator.")] = tensor
+        elif key.startswith("generator_head."):
+            generator_state["mlm_head." + key.removeprefix("generator_head.")] = tensor
+    generator = {**config, "model": objective_generator_config(config)}
+    return {"": to_hf(state_dict, config), "generator": to_hf(generator_state, generator)}
+
+
+def generator_weights(
+    directory: Path, generator_cfg: Mapping[str, Any], discriminator: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The weights of an exported generator (`<export>/generator`, an `ElectraForMaskedLM`)
+    under the ELECTRA objective's names (`generator.*`, `generator_head.*`). Its sizes must be
+    `generator_cfg`'s (the run's generator) and its embeddings the discriminator's (shared):
+    ConfigError / ValueError naming the directory otherwise."""
+    model_cfg, weights = import_hf_model(directory)
+    for key, value in model_cfg.items():
+        if key in (*DESCRIPTIVE_KEYS, "_target_"):
+            continue
+        if key not in generator_cfg or generator_cfg[key] != value:
+            raise ConfigError(
+                f"init_from={directory}: the generator's {key} is {value!r} there but "
+                f"{generator_cfg[key] if key in generator_cfg else 'unset'!r} in this run; set "
+                "objective.generator_size_fraction to match"
+            )
+    renamed_weights = {}
+    for key, tensor in weights.items():
+        if key.startswith("encoder.embeddings."):
+            if key in discriminator and not torch.equal(tensor, discriminator[key]):
+                raise ValueError(
+                    f"init_from={directory}: the generator's {key} differs from the "
+                    "discriminator's; ELECTRA shares its embeddings between them"
+                )
+            continue
+        if key.startswith("encoder."):
+            renamed_weights["generator." + key.removeprefix("encoder.")] = tensor
+        elif key.startswith("mlm_head."):
+            renamed_weights["generator_head." + key.removeprefix("mlm_head.")] = tensor
+    return renamed_weights

@@ -48,6 +48,10 @@ class AlbertEncoderConfig(BertEncoderConfig):
         require_choice(self, "share_layers", SHARE_MODES)
         require_choice(self, "hidden_act", ACTIVATIONS)
 
+    @property
+    def head_activation(self) -> str:
+        return self.hidden_act
+
 
 class AlbertAttentionBlock(nn.Module):
     """Self-attention, dropout, add & LayerNorm: (batch, seq, H) -> (batch, seq, H)."""

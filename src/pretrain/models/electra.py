@@ -7,12 +7,14 @@ An ELECTRA generator and discriminator share one `embeddings` module: pass the o
 module as `embeddings` to the constructor.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.errors import require_positive
+from pretrain.errors import ConfigError, require_positive
 from pretrain.models.bert import (
     BertEmbeddings,
     BertEncoderConfig,
@@ -34,6 +36,35 @@ class ElectraEncoderConfig(BertEncoderConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, ("embedding_size",))
+
+
+def generator_config(
+    model_cfg: Mapping[str, Any], size_fraction: float, layer_fraction: float
+) -> dict[str, Any]:
+    """The generator's `model` group (plain) from the discriminator's: hidden and intermediate
+    sizes scaled by `size_fraction`, heads of the discriminator's head size (at least one),
+    layers scaled by `layer_fraction` (ELECTRA's `get_generator_config`); the embedding width
+    is the shared one. ConfigError naming `objective.generator_size_fraction` when the sizes
+    do not make an encoder."""
+    hidden = round(model_cfg["hidden_size"] * size_fraction)
+    head_size = model_cfg["hidden_size"] // model_cfg["num_attention_heads"]
+    heads = max(1, hidden // head_size)
+    layers = round(model_cfg["num_hidden_layers"] * layer_fraction)
+    if hidden < 1 or hidden % heads or layers < 1:
+        raise ConfigError(
+            f"objective.generator_size_fraction = {size_fraction!r}: gives a generator of "
+            f"hidden size {hidden}, {heads} heads, {layers} layers for model "
+            f"{model_cfg['name']}; choose a fraction that makes hidden_size a positive "
+            f"multiple of the head size ({head_size}) and at least one layer"
+        )
+    return {
+        **model_cfg,
+        "name": f"{model_cfg['name']}_generator",
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "intermediate_size": round(model_cfg["intermediate_size"] * size_fraction),
+        "num_hidden_layers": layers,
+    }
 
 
 class ElectraEncoder(nn.Module):

@@ -4,7 +4,7 @@ of non-finite losses and gradients (`trainer.nonfinite`)."""
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import lightning as L
 import numpy as np
@@ -13,10 +13,12 @@ from hydra.utils import instantiate
 from torch.nn.utils import get_total_norm
 from torch.optim.lr_scheduler import LambdaLR
 
-from pretrain.batching import batch_plan, learning_rate, warmup_steps
+from pretrain.batching import BatchPlan, learning_rate, warmup_steps
+from pretrain.config import TrainConfig, plain_config, run_config, settings_from
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
-from pretrain.export.hf import HFModel, family_module
+
+Corruption = Callable[[dict, int], dict]
 
 
 def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
@@ -65,14 +67,28 @@ def set_rng_state(state: dict) -> None:
 
 
 class PretrainingModule(L.LightningModule):
-    """Base of the objective modules. `config` is the composed run config as plain dicts;
-    subclasses build model and heads in __init__ and define `build_corruption`."""
+    """Base of the objective modules. Built from the typed run config (`TrainConfig`, or a
+    plain run config such as a checkpoint's, validated into one): `run` is the typed config
+    whose sections subclasses read, `batch_plan` the launch's, and `config` the same as plain
+    containers, which checkpoints store. Subclasses build model and heads in __init__ and name
+    their `corruption_class`."""
 
     summary_metric = "mlm_loss"  # the loss the run summary reports, first and last logged
+    # The picklable transform data-loader workers apply to each batch: (batch, epoch) ->
+    # batch; a dataclass built by `build_corruption`.
+    corruption_class: type | None = None
 
-    def __init__(self, config: dict, vocab: Vocabulary):
+    def __init__(self, config: TrainConfig | Mapping, vocab: Vocabulary):
         super().__init__()
-        self.config = config
+        if not isinstance(config, TrainConfig):  # a plain config: this module's objective
+            objective = dict(config["objective"]) if "objective" in config else {}
+            objective.setdefault("_target_", f"{type(self).__module__}.{type(self).__qualname__}")
+            config = {**config, "objective": objective}
+        self.run = run_config(config)
+        self.batch_plan: BatchPlan = self.run.batch_plan
+        self.config = plain_config(self.run)
+        if vocab is not None:
+            self.config["model_runtime"] = {"vocab_size": vocab.size, "pad_token_id": vocab.pad}
         self.vocab = vocab
         self._restored_rng: dict | None = None
         self._tokens_since_log = 0
@@ -84,15 +100,27 @@ class PretrainingModule(L.LightningModule):
         self._last_step_applied = True
 
     @classmethod
-    def build_corruption(cls, config: dict, vocab: Vocabulary) -> Callable[[dict, int], dict]:
-        """The picklable transform data-loader workers apply to each batch: (batch, epoch) -> batch."""
-        raise NotImplementedError
+    def build_corruption(cls, config: TrainConfig | Mapping, vocab: Vocabulary) -> Corruption:
+        """The objective's corruption (`corruption_class`) for the run config `config`:
+        each field from `corruption_inputs`, else the objective's setting of that name, else
+        the run's (`seed`)."""
+        config = run_config(config)
+        inputs = cls.corruption_inputs(config, vocab)
+        return settings_from(cls.corruption_class, config.objective, config, **inputs)
 
     @classmethod
-    def hf_exports(cls, state_dict: dict, config: dict) -> dict[str, "HFModel"]:
-        """The Hugging Face models a checkpoint of this objective holds, by subdirectory of
-        the export ("" = the export directory itself): by default the one model of
-        `config.model`, converted by its family's `to_hf`."""
+    def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
+        """Fields of the corruption that are not objective settings (vocabulary ids, ...)."""
+        return {}
+
+    @classmethod
+    def hf_exports(cls, state_dict: dict, config: dict) -> dict:
+        """The Hugging Face models (`pretrain.export.hf.HFModel`) a checkpoint of this
+        objective holds, by subdirectory of the export ("" = the export directory itself):
+        by default the one model of `config.model` (a checkpoint's plain config), converted
+        by its family's `to_hf`."""
+        from pretrain.export.hf import family_module
+
         return {"": family_module(config["model"]).to_hf(state_dict, config)}
 
     def load_pretrained(self, state_dict: dict[str, torch.Tensor], source: str) -> None:
@@ -106,24 +134,25 @@ class PretrainingModule(L.LightningModule):
             print(f"init_from={source}: freshly initialised: {', '.join(result.missing_keys)}")
 
     def configure_optimizers(self) -> dict:
-        optim = self.config["optim"]
+        """AdamW-style parameter groups (no weight decay on biases and LayerNorms), the
+        optimizer at the batch plan's learning rate, and warm-up then decay per step."""
+        optim = self.run.optim
         decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
         no_decay = [
             p for p in self.parameters() if p.requires_grad and p.ndim < 2
         ]  # biases, LayerNorm
-        trainer = self._trainer
-        plan = batch_plan(self.config, ranks=trainer.world_size if trainer else None)
-        if trainer is not None and trainer.accumulate_grad_batches != plan.accumulate_grad_batches:
+        trainer, plan = self._trainer, self.batch_plan
+        if trainer is not None and trainer.world_size != plan.world_size:
             raise ConfigError(
-                f"trainer.devices = {self.config['trainer']['devices']!r}: the run has "
+                f"trainer.devices = {self.run.trainer.devices!r}: the run has "
                 f"{trainer.world_size} ranks, not the {plan.world_size} the batch plan assumed; "
                 "give trainer.devices as a number"
             )
-        optimizer = instantiate(
-            optim["optimizer"], lr=learning_rate(self.config, plan), _convert_="all"
-        )([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
+        optimizer = instantiate(optim.optimizer, lr=learning_rate(optim, plan), _convert_="all")(
+            [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        )
         factor = warmup_then_decay(
-            warmup_steps(self.config, plan), self.config["trainer"]["max_steps"], optim["schedule"]
+            warmup_steps(optim, plan), self.run.trainer.max_steps, optim.schedule
         )
         return {
             "optimizer": optimizer,
@@ -181,7 +210,7 @@ class PretrainingModule(L.LightningModule):
 
     def _on_skipped_step(self, ranks: int | None) -> None:
         where = "DeepSpeed's overflow check" if ranks is None else f"{ranks} rank(s)"
-        if self.config["trainer"].get("nonfinite", "skip") == "stop":
+        if self.run.trainer.nonfinite == "stop":
             raise NonFiniteError(
                 f"step {self.global_step}: non-finite loss or gradient ({where}); "
                 "trainer.nonfinite=stop. Lower optim.optimizer.lr or check the data, or set "

@@ -13,13 +13,14 @@ Loss: cross-entropy of the logits at position t against the label at t + 1, aver
 every non-padding target token (the tied LM head projects to the vocabulary only there).
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
 
-from pretrain.config import DataConfig, ObjectiveConfig
+from pretrain.config import DataConfig, ObjectiveConfig, TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
@@ -67,19 +68,16 @@ class CausalLanguageModel(PretrainingModule):
     summary_metric = "lm_loss"
 
     config_class = CausalLMConfig
+    corruption_class = CausalLMCorruption
 
-    def __init__(self, config: dict, vocab: Vocabulary):
+    def __init__(self, config: TrainConfig | Mapping, vocab: Vocabulary):
         super().__init__(config, vocab)
-        self.encoder = build_encoder(config["model"], vocab.size, vocab.pad)
+        self.encoder = build_encoder(self.run.model, vocab.size, vocab.pad)
         if not getattr(self.encoder, "is_causal", False):
             raise ConfigError(
-                f"model._target_ = {config['model']['_target_']!r}: objective=causal_lm needs a "
+                f"model._target_ = {self.run.model._target_!r}: objective=causal_lm needs a "
                 "decoder-only model that sees only the past (model=gpt_tiny, gpt_small)"
             )
-
-    @classmethod
-    def build_corruption(cls, config: dict, vocab: Vocabulary) -> CausalLMCorruption:
-        return CausalLMCorruption()
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Next-token loss, accuracy and perplexity of one batch (targets: non-padding tokens

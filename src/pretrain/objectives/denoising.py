@@ -11,13 +11,14 @@ Loss: cross-entropy over the non-padding target tokens, label-smoothed by
 `objective.label_smoothing` (0.1 in the Transformer's recipe).
 """
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import ObjectiveConfig
+from pretrain.config import ObjectiveConfig, TrainConfig, settings_from
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.noise import (
     STREAM_NOISE,
@@ -153,27 +154,23 @@ class DenoisingAutoencoder(PretrainingModule):
     summary_metric = "lm_loss"
 
     config_class = DenoisingConfig
+    corruption_class = DenoisingCorruption
 
-    def __init__(self, config: dict, vocab: Vocabulary):
+    def __init__(self, config: TrainConfig | Mapping, vocab: Vocabulary):
         super().__init__(config, vocab)
-        self.encoder = build_encoder(config["model"], vocab.size, vocab.pad)
+        self.encoder = build_encoder(self.run.model, vocab.size, vocab.pad)
         self.lm_head = TiedLMHead(self.encoder.word_embeddings)
-        self.label_smoothing = float(config["objective"].get("label_smoothing", 0.0))
+        self.label_smoothing = float(self.run.objective.label_smoothing)
 
     @classmethod
-    def build_corruption(cls, config: dict, vocab: Vocabulary) -> DenoisingCorruption:
-        objective = config["objective"]
-        names = {f.name for f in fields(NoiseSettings)}
-        return DenoisingCorruption(
-            seed=config["seed"],
-            pad_id=vocab.pad,
-            mask_id=vocab.mask,
-            start_id=vocab.sep,
-            max_length=config["data"]["max_seq_length"],
-            noise=NoiseSettings(**{k: v for k, v in objective.items() if k in names}),
-            masking=objective.get("masking", "dynamic"),
-            dupe_factor=objective.get("dupe_factor", 10),
-        )
+    def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
+        return {
+            "pad_id": vocab.pad,
+            "mask_id": vocab.mask,
+            "start_id": vocab.sep,
+            "max_length": config.data.max_seq_length,
+            "noise": settings_from(NoiseSettings, config.objective),
+        }
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses and accuracy of one batch."""
@@ -217,7 +214,7 @@ class DenoisingAutoencoder(PretrainingModule):
             hidden = self.encoder.decode(ids, source, source_mask)[:, -1]  # (rows, d_model)
             return self.lm_head(hidden)  # (rows, vocab)
 
-        max_length = self.config["model"].get("max_position_embeddings")
+        max_length = self.run.model.max_sequence_tokens
         return GenerationSetup(step, prefix, eos_id=self.vocab.sep, max_length=max_length)
 
     @torch.no_grad()

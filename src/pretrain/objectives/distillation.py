@@ -16,6 +16,7 @@ the student's checkpoints, nor exported. Loss, as in Hugging Face's distiller wi
   + alpha_cos * mean(1 - cos(student hidden, teacher hidden))         over real tokens
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require
@@ -122,7 +124,7 @@ def initialise_student(student: MaskedLanguageModel, teacher: Teacher) -> None:
     """Copy the teacher's embeddings, MLM head and every `stride`-th layer into the student
     (student layer i <- teacher layer i * stride); a teacher's token-type row 0 is folded
     into the student's position embeddings when the student has no token types."""
-    source = student.config["objective"]["teacher"]
+    source = student.run.objective.teacher
     student_layers, teacher_layers = student.encoder.layers, teacher.encoder.layers
     if len(teacher_layers) < len(student_layers):
         raise ConfigError(
@@ -153,7 +155,7 @@ def initialise_student(student: MaskedLanguageModel, teacher: Teacher) -> None:
             student.mlm_head.load_state_dict(teacher.mlm_head.state_dict())
         except RuntimeError as error:
             raise ConfigError(
-                f"model.hidden_size = {student.config['model']['hidden_size']}: the student's "
+                f"model.hidden_size = {student.run.model.hidden_size}: the student's "
                 f"sizes must match the teacher's (objective.teacher={source}): {error}"
             ) from error
 
@@ -178,13 +180,13 @@ class DistillationModule(MaskedLanguageModel):
 
     config_class = DistillationConfig
 
-    def __init__(self, config: dict, vocab: Vocabulary):
+    def __init__(self, config: TrainConfig | Mapping, vocab: Vocabulary):
         super().__init__(config, vocab)
-        objective = config["objective"]
-        teacher = load_teacher(objective.get("teacher"), vocab)
+        objective = self.run.objective
+        teacher = load_teacher(objective.teacher, vocab)
         # Not a submodule: kept out of parameters(), state_dict() and train()/eval().
         object.__setattr__(self, "teacher", teacher)
-        if objective.get("init_from_teacher", True):
+        if objective.init_from_teacher:
             initialise_student(self, teacher)
 
     def _teacher_on(self, reference: torch.Tensor) -> Teacher:
@@ -196,7 +198,7 @@ class DistillationModule(MaskedLanguageModel):
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses (`loss`, `mlm_loss`, `kl_loss`, `cos_loss`) and metrics of one batch."""
-        objective = self.config["objective"]
+        objective = self.run.objective
         inputs = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         hidden = self.encoder(*inputs)  # (batch, seq, hidden)
         selected = batch["labels"] != IGNORE_INDEX
@@ -208,12 +210,12 @@ class DistillationModule(MaskedLanguageModel):
             teacher_logits = teacher.mlm_head(teacher_hidden[selected])
         out = classification_metrics("mlm", logits, targets)
         real = batch["attention_mask"].bool()
-        out["kl_loss"] = distillation_kl(logits, teacher_logits, objective["temperature"])
+        out["kl_loss"] = distillation_kl(logits, teacher_logits, objective.temperature)
         out["cos_loss"] = cosine_loss(hidden[real], teacher_hidden[real])
         out["loss"] = (
-            objective["alpha_ce"] * out["kl_loss"]
-            + objective["alpha_mlm"] * out["mlm_loss"]
-            + objective["alpha_cos"] * out["cos_loss"]
+            objective.alpha_ce * out["kl_loss"]
+            + objective.alpha_mlm * out["mlm_loss"]
+            + objective.alpha_cos * out["cos_loss"]
         )
         out["teacher_mlm_accuracy"] = (teacher_logits.argmax(-1) == targets).float().mean()
         return out

@@ -13,22 +13,21 @@ replaced by [MASK] (the paper's text; the released code keeps 15% of them unchan
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require, require_positive, require_unit_interval
-from pretrain.export.hf import HFModel
 from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
-from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead
+from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
 from pretrain.models.heads import MaskedLMHead
 from pretrain.objectives.base import PretrainingModule
-from pretrain.objectives.mlm import MaskedLMConfig, MaskedLMCorruption
+from pretrain.objectives.mlm import MaskedLMConfig, MaskedLMCorruption, mlm_corruption_inputs
 
 
 @dataclass
@@ -59,33 +58,6 @@ class ElectraObjectiveConfig(MaskedLMConfig):
         require_positive(self, ("discriminator_weight", "temperature"), group="objective")
 
 
-def generator_config(model_cfg: Mapping[str, Any], objective: Mapping[str, Any]) -> dict:
-    """The generator's `model` group: the discriminator's, with hidden and intermediate sizes
-    scaled by `generator_size_fraction`, heads of the discriminator's head size (at least
-    one), layers scaled by `generator_layer_fraction` (ELECTRA's `get_generator_config`);
-    the embedding width is the shared one."""
-    fraction = objective.get("generator_size_fraction", 0.25)
-    hidden = round(model_cfg["hidden_size"] * fraction)
-    head_size = model_cfg["hidden_size"] // model_cfg["num_attention_heads"]
-    heads = max(1, hidden // head_size)
-    layers = round(model_cfg["num_hidden_layers"] * objective.get("generator_layer_fraction", 1.0))
-    if hidden < 1 or hidden % heads or layers < 1:
-        raise ConfigError(
-            f"objective.generator_size_fraction = {fraction!r}: gives a generator of hidden size "
-            f"{hidden}, {heads} heads, {layers} layers for model {model_cfg.get('name')}; choose "
-            "a fraction that makes hidden_size a positive multiple of the head size "
-            f"({head_size}) and at least one layer"
-        )
-    return {
-        **model_cfg,
-        "name": f"{model_cfg.get('name', 'electra')}_generator",
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "intermediate_size": round(model_cfg["intermediate_size"] * fraction),
-        "num_hidden_layers": layers,
-    }
-
-
 @torch.no_grad()
 def sample_replacements(
     logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None
@@ -109,19 +81,24 @@ class ElectraModule(PretrainingModule):
     `discriminator_head`) sharing `encoder.embeddings`."""
 
     config_class = ElectraObjectiveConfig
+    corruption_class = MaskedLMCorruption
 
-    def __init__(self, config: dict, vocab: Vocabulary):
+    def __init__(self, config: TrainConfig | Mapping, vocab: Vocabulary):
         super().__init__(config, vocab)
-        model, objective = config["model"], config["objective"]
+        model, objective = self.run.model, self.run.objective
         self.encoder = build_encoder(model, vocab.size, vocab.pad)  # the discriminator
         if not isinstance(self.encoder, ElectraEncoder):
             raise ConfigError(
-                f"model._target_ = {model['_target_']!r}: objective=electra needs an ELECTRA "
+                f"model._target_ = {model._target_!r}: objective=electra needs an ELECTRA "
                 "model (model=electra_small, electra_base, electra_large or electra_tiny)"
             )
-        init = model["initializer_range"]
-        self.discriminator_head = ReplacedTokenHead(model["hidden_size"], init)
-        self.generator_model_config = generator_config(model, objective)
+        init = model.initializer_range
+        self.discriminator_head = ReplacedTokenHead(model.hidden_size, init)
+        self.generator_model_config = generator_config(
+            self.config["model"],
+            objective.generator_size_fraction,
+            objective.generator_layer_fraction,
+        )
         sizes = {
             key: value
             for key, value in self.generator_model_config.items()
@@ -133,25 +110,17 @@ class ElectraModule(PretrainingModule):
         self.generator_head = MaskedLMHead(
             sizes["hidden_size"],
             vocab.size,
-            model["layer_norm_eps"],
+            model.layer_norm_eps,
             self.encoder.word_embeddings,
             initializer_range=init,
         )
-        self.temperature = float(objective.get("temperature", 1.0))
-        self.discriminator_weight = float(objective.get("discriminator_weight", 50.0))
+        self.temperature = float(objective.temperature)
+        self.discriminator_weight = float(objective.discriminator_weight)
 
     @classmethod
-    def build_corruption(cls, config: dict, vocab: Vocabulary) -> MaskedLMCorruption:
+    def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
         """BERT's MLM selection with the objective's probabilities (see the module docstring)."""
-        names = {f.name for f in fields(MaskedLMCorruption)}
-        settings = {k: v for k, v in config["objective"].items() if k in names}
-        return MaskedLMCorruption(
-            seed=config["seed"],
-            vocab_size=vocab.size,
-            mask_token_id=vocab.mask,
-            special_ids=vocab.special_ids,
-            **settings,
-        )
+        return mlm_corruption_inputs(vocab)
 
     def generate(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Generator logits at the masked positions, (n_masked, vocab), and the (batch, seq)
@@ -202,59 +171,24 @@ class ElectraModule(PretrainingModule):
         return out["loss"]
 
     @classmethod
-    def hf_exports(cls, state_dict: dict, config: dict) -> dict[str, HFModel]:
+    def hf_exports(cls, state_dict: dict, config: dict) -> dict:
         """The discriminator as `ElectraForPreTraining` (the export directory itself) and the
         generator as `ElectraForMaskedLM` (its `generator/` subdirectory)."""
-        from pretrain.export import electra
+        from pretrain.export.electra import pretraining_models
 
-        generator_state = {}
-        for key, tensor in state_dict.items():
-            key = key.replace("_orig_mod.", "")
-            if key.startswith("generator."):
-                generator_state["encoder." + key.removeprefix("generator.")] = tensor
-            elif key.startswith("generator_head."):
-                generator_state["mlm_head." + key.removeprefix("generator_head.")] = tensor
-        generator_cfg = generator_config(config["model"], config["objective"])
-        return {
-            "": electra.to_hf(state_dict, config),
-            "generator": electra.to_hf(generator_state, {**config, "model": generator_cfg}),
-        }
+        return pretraining_models(state_dict, config)
 
     def load_pretrained(self, state_dict: dict[str, torch.Tensor], source: str) -> None:
         """Initialise from a checkpoint of this objective, or from an ELECTRA export directory
         (the discriminator; the generator too when `<source>/generator` exists, whose sizes
         must match this run's and whose embeddings must equal the discriminator's)."""
+        from pretrain.export.electra import generator_weights
+
         state = dict(state_dict)
         generator_dir = Path(source) / "generator"
         if generator_dir.is_dir():
-            state.update(self._generator_weights(generator_dir, state))
+            state.update(generator_weights(generator_dir, self.generator_model_config, state))
         for key, tensor in list(state.items()):  # the shared module, under its second name
             if key.startswith("encoder.embeddings."):
                 state["generator." + key.removeprefix("encoder.")] = tensor
         super().load_pretrained(state, source)
-
-    def _generator_weights(self, directory: Path, discriminator: dict) -> dict:
-        from pretrain.export import import_hf_model
-
-        model_cfg, weights = import_hf_model(directory)
-        for key, value in model_cfg.items():
-            ours = self.generator_model_config.get(key)
-            if key not in (*DESCRIPTIVE_KEYS, "_target_") and ours != value:
-                raise ConfigError(
-                    f"init_from={directory}: the generator's {key} is {value!r} there but "
-                    f"{ours!r} in this run; set objective.generator_size_fraction to match"
-                )
-        renamed = {}
-        for key, tensor in weights.items():
-            if key.startswith("encoder.embeddings."):
-                if key in discriminator and not torch.equal(tensor, discriminator[key]):
-                    raise ValueError(
-                        f"init_from={directory}: the generator's {key} differs from the "
-                        "discriminator's; ELECTRA shares its embeddings between them"
-                    )
-                continue
-            if key.startswith("encoder."):
-                renamed["generator." + key.removeprefix("encoder.")] = tensor
-            elif key.startswith("mlm_head."):
-                renamed["generator_head." + key.removeprefix("mlm_head.")] = tensor
-        return renamed

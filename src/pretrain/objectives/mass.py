@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.noise import STREAM_MASS, mass_fragment, sequence_generator
 from pretrain.data.vocab import Vocabulary
@@ -65,15 +66,8 @@ class MaskedSeq2Seq(DenoisingAutoencoder):
     """MASS: the denoising autoencoder's model and loss on MASS's fragment corruption."""
 
     config_class = MassConfig
+    corruption_class = MassCorruption
 
     @classmethod
-    def build_corruption(cls, config: dict, vocab: Vocabulary) -> MassCorruption:
-        objective = config["objective"]
-        return MassCorruption(
-            seed=config["seed"],
-            pad_id=vocab.pad,
-            mask_id=vocab.mask,
-            fragment_fraction=objective.get("fragment_fraction", 0.5),
-            masking=objective.get("masking", "dynamic"),
-            dupe_factor=objective.get("dupe_factor", 10),
-        )
+    def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
+        return {"pad_id": vocab.pad, "mask_id": vocab.mask}

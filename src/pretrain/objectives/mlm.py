@@ -9,13 +9,14 @@ only there) + the sentence task on [CLS] (NSP or SOP: 2 classes) + `extra_losses
 subclasses.
 """
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import PAIR_FORMATS, DataConfig, ObjectiveConfig
+from pretrain.config import PAIR_FORMATS, DataConfig, ObjectiveConfig, TrainConfig
 from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
 from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_fraction
 from pretrain.data.vocab import Vocabulary
@@ -55,6 +56,10 @@ class MaskedLMConfig(ObjectiveConfig):
             raise ConfigError(
                 f"objective.pair_task = {self.pair_task!r}: must be one of {', '.join(self.pair_tasks)}"
             )
+
+    @property
+    def sentence_task(self) -> str:
+        return self.pair_task
 
     def check_data(self, data: DataConfig) -> None:
         if self.pair_task != "none" and data.format not in PAIR_FORMATS:
@@ -113,6 +118,11 @@ class MaskedLMCorruption:
         return batch
 
 
+def mlm_corruption_inputs(vocab: Vocabulary) -> dict:
+    """The vocabulary's part of a `MaskedLMCorruption`: its size, [MASK] and special ids."""
+    return {"vocab_size": vocab.size, "mask_token_id": vocab.mask, "special_ids": vocab.special_ids}
+
+
 def classification_metrics(
     name: str, logits: torch.Tensor, targets: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -130,40 +140,30 @@ class MaskedLanguageModel(PretrainingModule):
     config_class = MaskedLMConfig
     corruption_class = MaskedLMCorruption
 
-    def __init__(self, config: dict, vocab: Vocabulary):
+    def __init__(self, config: TrainConfig | Mapping, vocab: Vocabulary):
         super().__init__(config, vocab)
-        model = config["model"]
-        init = model["initializer_range"]
+        model = self.run.model
+        init = model.initializer_range
         self.encoder = build_encoder(model, vocab.size, vocab.pad)
         self.mlm_head = MaskedLMHead(
-            model["hidden_size"],
+            model.hidden_size,
             vocab.size,
-            model["layer_norm_eps"],
+            model.layer_norm_eps,
             self.encoder.word_embeddings,
             initializer_range=init,
-            hidden_act=model.get("hidden_act", "gelu"),
+            hidden_act=model.head_activation,
         )
-        self.pair_task = config["objective"].get("pair_task", "none")
+        self.pair_task = self.run.objective.pair_task
         head = None
         if self.pair_task != "none":
-            head = NextSentenceHead(
-                model["hidden_size"], init, SENTENCE_TASK_LABELS[self.pair_task]
-            )
+            head = NextSentenceHead(model.hidden_size, init, SENTENCE_TASK_LABELS[self.pair_task])
         # 2-way heads export as BERT's NSP head; StructBERT's 3-way one is not BERT's.
         self.nsp_head = head if self.pair_task in ("nsp", "sop") else None
         self.sentence_head = head if self.pair_task == "three_way" else None
 
     @classmethod
-    def build_corruption(cls, config: dict, vocab: Vocabulary) -> MaskedLMCorruption:
-        names = {f.name for f in fields(cls.corruption_class)}
-        settings = {k: v for k, v in config["objective"].items() if k in names}
-        return cls.corruption_class(
-            seed=config["seed"],
-            vocab_size=vocab.size,
-            mask_token_id=vocab.mask,
-            special_ids=vocab.special_ids,
-            **settings,
-        )
+    def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
+        return mlm_corruption_inputs(vocab)
 
     def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
         """Losses a subclass adds to MLM (e.g. SpanBERT's SBO); each `*_loss` is summed."""

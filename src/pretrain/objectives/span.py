@@ -10,12 +10,13 @@ position inside the span), all (batch, seq) int64, 0 where labels is IGNORE_INDE
 Loss: MLM + SBO (`SpanBoundaryHead`, decoder tied to the word embeddings).
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from pretrain.config import PAIR_FORMATS, DataConfig
+from pretrain.config import PAIR_FORMATS, DataConfig, TrainConfig
 from pretrain.data.masking import IGNORE_INDEX, word_start_flags
 from pretrain.data.span_masking import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary
@@ -103,15 +104,15 @@ class SpanBert(MaskedLanguageModel):
     config_class = SpanMaskingConfig
     corruption_class = SpanCorruption
 
-    def __init__(self, config: dict, vocab: Vocabulary):
+    def __init__(self, config: TrainConfig | Mapping, vocab: Vocabulary):
         super().__init__(config, vocab)
-        model = config["model"]
+        model = self.run.model
         self.sbo_head = SpanBoundaryHead(
-            model["hidden_size"],
-            config["objective"].get("sbo_max_span_tokens", 200),
-            model["layer_norm_eps"],
+            model.hidden_size,
+            self.run.objective.sbo_max_span_tokens,
+            model.layer_norm_eps,
             self.encoder.word_embeddings,
-            initializer_range=model["initializer_range"],
+            initializer_range=model.initializer_range,
         )
 
     def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:

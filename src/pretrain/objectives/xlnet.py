@@ -13,12 +13,13 @@ steps (detached, per batch slot) and masks a slot's memory when the batch flags
 empty one). Other formats train without memory.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from pretrain.config import DataConfig, ObjectiveConfig
+from pretrain.config import DataConfig, ObjectiveConfig, TrainConfig
 from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.permutation import (
@@ -117,29 +118,20 @@ class PermutationLanguageModel(PretrainingModule):
     summary_metric = "plm_loss"
 
     config_class = PermutationLMConfig
+    corruption_class = PermutationCorruption
 
-    def __init__(self, config: dict, vocab: Vocabulary):
+    def __init__(self, config: TrainConfig | Mapping, vocab: Vocabulary):
         super().__init__(config, vocab)
-        self.encoder = build_encoder(config["model"], vocab.size, vocab.pad)
+        self.encoder = build_encoder(self.run.model, vocab.size, vocab.pad)
         self.lm_head = XLNetLMHead(vocab.size)
-        self.use_memory = config.get("data", {}).get("format") == "xlnet_memory"
+        self.use_memory = self.run.data.format == "xlnet_memory"
         self._mems: list[torch.Tensor] | None = None
         self._mems_mask: torch.Tensor | None = None
         self._restored_memory: dict | None = None
 
     @classmethod
-    def build_corruption(cls, config: dict, vocab: Vocabulary) -> PermutationCorruption:
-        objective = config["objective"]
-        return PermutationCorruption(
-            seed=config["seed"],
-            special_ids=vocab.special_ids,
-            partial_prediction_k=objective.get("partial_prediction_k", 6.0),
-            order=objective.get("order", "uniform"),
-            max_span_length=objective.get("max_span_length", 5),
-            masking=objective.get("masking", "dynamic"),
-            dupe_factor=objective.get("dupe_factor", 10),
-            reuse_len=config["model"].get("reuse_len"),
-        )
+    def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
+        return {"special_ids": vocab.special_ids, "reuse_len": config.model.reuse_len}
 
     def carried_memory(self, batch: dict) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
         """The memory for this batch: the last step's, with the slots that start a new
