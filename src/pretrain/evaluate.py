@@ -16,7 +16,7 @@ def heldout_accuracy(module: MaskedLanguageModel, batches: Iterable[dict]) -> di
     "predictions"}."""
     was_training = module.training
     module.eval()
-    head = module.nsp_head if module.nsp_head is not None else module.sentence_head
+    head = module.sentence_head
     mlm_right = mlm_total = sentence_right = sentence_total = 0
     for batch in batches:
         hidden = module.encoder(

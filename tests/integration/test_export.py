@@ -58,12 +58,12 @@ class FakeLightningModule(torch.nn.Module):
         self.mlm_head = MaskedLMHead(
             48, len(WORDS), MODEL_CFG["layer_norm_eps"], self.encoder.word_embeddings
         )
-        self.nsp_head = NextSentenceHead(48) if nsp else None
+        self.sentence_head = NextSentenceHead(48) if nsp else None
         self.loss_weights = torch.nn.Linear(2, 1)  # another prefix, which the export must ignore
 
     def outputs(self, input_ids, token_type_ids, attention_mask):
         hidden = self.encoder(input_ids, token_type_ids, attention_mask)
-        nsp = self.nsp_head(hidden) if self.nsp_head is not None else None
+        nsp = self.sentence_head(hidden) if self.sentence_head is not None else None
         return self.mlm_head(hidden), nsp
 
 

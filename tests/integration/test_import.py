@@ -187,7 +187,7 @@ def test_bert_pretraining_heads_round_trip(prepared_corpus, tmp_path):
     assert model_cfg["_target_"] == "pretrain.models.bert.BertEncoder"
     assert (model_cfg["hidden_size"], model_cfg["intermediate_size"]) == (32, 40)
     torch.testing.assert_close(
-        state_dict["nsp_head.classifier.weight"], reference.cls.seq_relationship.weight
+        state_dict["sentence_head.classifier.weight"], reference.cls.seq_relationship.weight
     )
     torch.testing.assert_close(
         state_dict["encoder.layers.1.attention.qkv.weight"][32:64],

@@ -16,9 +16,9 @@ from data_pipelines.prepare_config import TokenizerSettings
 from data_pipelines.tokenizer import save_tokenizer, train_tokenizer
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.export import ExportError, export_checkpoint, import_hf_model
-from pretrain.param_counts import parameter_counts
 from pretrain.models import build_encoder, count_parameters
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
+from pretrain.param_counts import parameter_counts
 from pretrain.run import train
 
 transformers = pytest.importorskip("transformers")
@@ -129,11 +129,11 @@ class FakeAlbertModule(torch.nn.Module):
         self.mlm_head = MaskedLMHead(
             48, vocab_size, 1e-6, self.encoder.word_embeddings, hidden_act="gelu_new"
         )
-        self.nsp_head = NextSentenceHead(48)
+        self.sentence_head = NextSentenceHead(48)
 
     def outputs(self, input_ids, token_type_ids, attention_mask):
         hidden = self.encoder(input_ids, token_type_ids, attention_mask)
-        return self.mlm_head(hidden), self.nsp_head(hidden)
+        return self.mlm_head(hidden), self.sentence_head(hidden)
 
 
 @pytest.fixture(scope="module")

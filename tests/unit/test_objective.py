@@ -101,7 +101,7 @@ def test_heldout_accuracy_counts_predictions():
         hidden = module.encoder(ids, batch["token_type_ids"], batch["attention_mask"])
         expected = (module.mlm_head(hidden[:, 2]).argmax(-1) == ids[:, 2]).float().mean().item()
         sentence = (
-            (module.nsp_head(hidden).argmax(-1) == batch["next_sentence_label"])
+            (module.sentence_head(hidden).argmax(-1) == batch["next_sentence_label"])
             .float()
             .mean()
             .item()

@@ -178,7 +178,7 @@ def test_sbo_loss_is_added_and_decreases_in_a_few_steps():
     vocab = Vocabulary(size=300, pad=0, unk=1, cls=2, sep=3, mask=4)
     module = tiny_span_module(vocab)
     assert module.sbo_head.decoder.weight is module.encoder.word_embeddings.weight
-    assert module.pair_task == "none" and module.nsp_head is None
+    assert module.pair_task == "none" and module.sentence_head is None
     batch = make_word_batch(16, 64, seed=13, vocab=vocab.size)
     corruption = SpanCorruption(
         seed=1, vocab_size=vocab.size, mask_token_id=vocab.mask, special_ids=vocab.special_ids

@@ -17,6 +17,7 @@ from pretrain.export.naming import (
     FusedQKV,
     check_tied,
     cpu_copies,
+    exported_heads,
     invert,
     renamed,
     require_hf_keys,
@@ -64,8 +65,8 @@ RENAMES = [
     (r"mlm_head\.dense\.(weight|bias)", r"predictions.dense.\1"),
     (r"mlm_head\.norm\.(weight|bias)", r"predictions.LayerNorm.\1"),
     (r"mlm_head\.bias", r"predictions.bias"),
-    (r"nsp_head\.pooler\.(weight|bias)", r"albert.pooler.\1"),
-    (r"nsp_head\.classifier\.(weight|bias)", r"sop_classifier.classifier.\1"),
+    (r"sentence_head\.pooler\.(weight|bias)", r"albert.pooler.\1"),
+    (r"sentence_head\.classifier\.(weight|bias)", r"sop_classifier.classifier.\1"),
 ]
 INVERSE_RENAMES = invert(RENAMES)
 QKV = FusedQKV(
@@ -74,7 +75,7 @@ QKV = FusedQKV(
 )
 WORD_EMBEDDINGS = "encoder.embeddings.word_embeddings.weight"
 TIED_DECODER = "mlm_head.decoder.weight"
-PREFIXES = ("encoder.", "mlm_head.", "nsp_head.")
+PREFIXES = ("encoder.", "mlm_head.", "sentence_head.")
 
 
 def num_hidden_groups(model_cfg: Mapping[str, Any]) -> int:
@@ -95,10 +96,10 @@ def albert_to_hf_state_dict(
     state_dict: Mapping[str, torch.Tensor], model_cfg: Mapping[str, Any]
 ) -> dict[str, torch.Tensor]:
     """Rename a checkpoint's AlbertEncoder/MaskedLMHead/NextSentenceHead weights to HF's
-    names (keys outside `encoder.`, `mlm_head.`, `nsp_head.` are ignored; an unknown key
+    names (keys outside `encoder.`, `mlm_head.`, `sentence_head.` are ignored; an unknown key
     inside them raises ValueError). Returns contiguous, unshared tensors."""
     num_hidden_groups(model_cfg)
-    state_dict = without_compile_prefix(state_dict)
+    state_dict = exported_heads(without_compile_prefix(state_dict))
     check_tied(state_dict, TIED_DECODER, WORD_EMBEDDINGS, "cannot export")
     hf = to_hf_names(
         state_dict,

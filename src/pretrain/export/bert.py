@@ -16,6 +16,7 @@ from pretrain.export.naming import (
     FusedQKV,
     check_tied,
     cpu_copies,
+    exported_heads,
     invert,
     renamed,
     require_hf_keys,
@@ -25,9 +26,9 @@ from pretrain.export.naming import (
 )
 from pretrain.models.bert import BertEncoderConfig
 
-PREFIXES = ("encoder.", "mlm_head.", "nsp_head.")
+PREFIXES = ("encoder.", "mlm_head.", "sentence_head.")
 
-# Our parameter names (with the checkpoint's `encoder.`/`mlm_head.`/`nsp_head.` module prefix)
+# Our parameter names (with the checkpoint's `encoder.`/`mlm_head.`/`sentence_head.` prefix)
 # -> HF BertForPreTraining names.
 RENAMES = [
     (
@@ -55,8 +56,8 @@ RENAMES = [
     (r"mlm_head\.dense\.(weight|bias)", r"cls.predictions.transform.dense.\1"),
     (r"mlm_head\.norm\.(weight|bias)", r"cls.predictions.transform.LayerNorm.\1"),
     (r"mlm_head\.bias", r"cls.predictions.bias"),
-    (r"nsp_head\.pooler\.(weight|bias)", r"bert.pooler.dense.\1"),
-    (r"nsp_head\.classifier\.(weight|bias)", r"cls.seq_relationship.\1"),
+    (r"sentence_head\.pooler\.(weight|bias)", r"bert.pooler.dense.\1"),
+    (r"sentence_head\.classifier\.(weight|bias)", r"cls.seq_relationship.\1"),
 ]
 QKV = FusedQKV(
     "encoder.layers.{layer}.attention.qkv.{kind}",
@@ -70,12 +71,12 @@ WORD_EMBEDDINGS = "encoder.embeddings.word_embeddings.weight"
 def bert_to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename a checkpoint's BertEncoder/MaskedLMHead/NextSentenceHead weights to HF's names.
 
-    Keys outside `encoder.`, `mlm_head.` and `nsp_head.` are ignored; an unknown key inside them
-    raises ValueError. The fused qkv projection is split into query/key/value; the MLM decoder
+    Keys outside `encoder.`, `mlm_head.` and `sentence_head.` are ignored (a sentence head
+    only when 2-way: `exported_heads`); an unknown key inside them raises ValueError. The fused qkv projection is split into query/key/value; the MLM decoder
     weight (tied to the word embeddings) and bias are written under both of HF's tied names
     (`cls.predictions.decoder.*`, `cls.predictions.bias`). Returns contiguous, unshared tensors.
     """
-    state_dict = without_compile_prefix(state_dict)
+    state_dict = exported_heads(without_compile_prefix(state_dict))
     check_tied(state_dict, TIED_DECODER, WORD_EMBEDDINGS, "BERT ties them, cannot export")
     hf = to_hf_names(
         state_dict,
@@ -152,7 +153,7 @@ def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> 
 
 def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """A Hugging Face BERT model -> (our `model` config group, state_dict under our names:
-    `encoder.*`, plus `mlm_head.*` / `nsp_head.*` when the model has those heads).
+    `encoder.*`, plus `mlm_head.*` / `sentence_head.*` when the model has those heads).
     The inverse of `to_hf`: export -> import -> export gives the same weights and config."""
     require_hf_keys(hf_model.config, SIZE_KEYS, "a BERT")
     model_cfg = {

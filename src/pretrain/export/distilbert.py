@@ -15,8 +15,10 @@ from pretrain.export.bert import TIED_DECODER, WORD_EMBEDDINGS
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import HFModel
 from pretrain.export.naming import (
+    SENTENCE_HEAD,
     FusedQKV,
     cpu_copies,
+    exported_heads,
     invert,
     renamed,
     require_hf_keys,
@@ -26,7 +28,7 @@ from pretrain.export.naming import (
 )
 from pretrain.models.distilbert import DISTILBERT_LAYER_NORM_EPS
 
-PREFIXES = ("encoder.", "mlm_head.", "nsp_head.")
+PREFIXES = ("encoder.", "mlm_head.", "sentence_head.")
 LAYER = "distilbert.transformer.layer"
 # Our parameter names (with the checkpoint's module prefix) -> HF DistilBertForMaskedLM names.
 RENAMES = [
@@ -73,8 +75,8 @@ def distilbert_to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[
     Keys outside `encoder.`/`mlm_head.` are ignored; an NSP head or an unknown key raises
     ValueError. Returns contiguous, unshared CPU tensors (the tied decoder weight included).
     """
-    state_dict = without_compile_prefix(state_dict)
-    pair_heads = [key for key in state_dict if key.startswith("nsp_head.")]
+    state_dict = exported_heads(without_compile_prefix(state_dict))
+    pair_heads = [key for key in state_dict if key.startswith(SENTENCE_HEAD)]
     if pair_heads:
         raise ValueError(
             f"the checkpoint has a sentence-pair head ({pair_heads[0]}) but DistilBERT has none; "

@@ -125,7 +125,14 @@ class PretrainingModule(L.LightningModule):
 
     def load_pretrained(self, state_dict: dict[str, torch.Tensor], source: str) -> None:
         """Initialise from weights under our names (`encoder.*`, heads): every weight of the
-        encoder must be there; heads missing from `state_dict` keep their initialisation."""
+        encoder must be there; heads missing from `state_dict`, or of another shape (a 2-way
+        sentence head for StructBERT's three-way one), keep their initialisation."""
+        ours = self.state_dict()
+        state_dict = {
+            key: tensor
+            for key, tensor in state_dict.items()
+            if key.startswith("encoder.") or key not in ours or ours[key].shape == tensor.shape
+        }
         result = self.load_state_dict(state_dict, strict=False)
         missing = [key for key in result.missing_keys if key.startswith("encoder.")]
         if missing:

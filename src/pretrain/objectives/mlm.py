@@ -118,6 +118,17 @@ class MaskedLMCorruption:
         return batch
 
 
+def renamed_legacy_head(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state_dict` with the sentence head's former name (`nsp_head.*`, checkpoints written
+    before NSP/SOP and three-way heads were one `sentence_head`) replaced."""
+    return {
+        (
+            "sentence_head." + key.removeprefix("nsp_head.") if key.startswith("nsp_head.") else key
+        ): t
+        for key, t in state_dict.items()
+    }
+
+
 def mlm_corruption_inputs(vocab: Vocabulary) -> dict:
     """The vocabulary's part of a `MaskedLMCorruption`: its size, [MASK] and special ids."""
     return {"vocab_size": vocab.size, "mask_token_id": vocab.mask, "special_ids": vocab.special_ids}
@@ -157,13 +168,18 @@ class MaskedLanguageModel(PretrainingModule):
         head = None
         if self.pair_task != "none":
             head = NextSentenceHead(model.hidden_size, init, SENTENCE_TASK_LABELS[self.pair_task])
-        # 2-way heads export as BERT's NSP head; StructBERT's 3-way one is not BERT's.
-        self.nsp_head = head if self.pair_task in ("nsp", "sop") else None
-        self.sentence_head = head if self.pair_task == "three_way" else None
+        self.sentence_head = head
 
     @classmethod
     def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
         return mlm_corruption_inputs(vocab)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        checkpoint["state_dict"] = renamed_legacy_head(checkpoint["state_dict"])
+
+    def load_pretrained(self, state_dict: dict[str, torch.Tensor], source: str) -> None:
+        super().load_pretrained(renamed_legacy_head(state_dict), source)
 
     def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
         """Losses a subclass adds to MLM (e.g. SpanBERT's SBO); each `*_loss` is summed."""
@@ -179,10 +195,10 @@ class MaskedLanguageModel(PretrainingModule):
         out = classification_metrics(
             "mlm", self.mlm_head(hidden[selected]), targets
         )  # (n_masked, vocab)
-        head = self.nsp_head if self.nsp_head is not None else self.sentence_head
-        if head is not None:
+        if self.sentence_head is not None:
+            sentence = self.sentence_head(hidden)
             out.update(
-                classification_metrics(self.pair_task, head(hidden), batch["next_sentence_label"])
+                classification_metrics(self.pair_task, sentence, batch["next_sentence_label"])
             )
         out.update(self.extra_losses(hidden, batch))
         out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))
