@@ -32,6 +32,7 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
     spec = settings_from(
         StreamSpec,
         run.data,
+        run.objective,  # masking, dupe_factor: the epoch that seeds the corruption
         run,
         shard_paths=training_paths,
         vocab=corpus.vocab,

@@ -109,12 +109,31 @@ def test_masks_depend_only_on_seed_epoch_and_key():
     assert (other["labels"] != out["labels"]).mean() > 0.1
 
 
-def test_static_masking_repeats_every_dupe_factor_epochs():
-    batch = make_batch(32, 48, seed=3)
-    epochs = [corrupt(batch, epoch=e, masking="static", dupe_factor=3)["labels"] for e in range(6)]
-    np.testing.assert_array_equal(epochs[0], epochs[3])
-    np.testing.assert_array_equal(epochs[2], epochs[5])
-    assert (epochs[0] != epochs[1]).any()
+@pytest.mark.parametrize("objective", ["mlm_nsp", "bart", "xlnet"])
+def test_static_masking_seeds_every_objective_with_the_epochs_copy(prepared_corpus, objective):
+    """The stream decides static masking once for every objective: the corruption of epoch e
+    is seeded by e % dupe_factor (BERT's dupe_factor copies), by e itself when dynamic."""
+    from dataclasses import replace
+
+    from pretrain.config import compose_config
+    from pretrain.data.stream import training_stream
+    from pretrain.run import build_stream
+
+    data = {"mlm_nsp": "segment_pair", "bart": "full_sentences", "xlnet": "xlnet_pair"}[objective]
+    overrides = [f"data.shards_dir={prepared_corpus}", f"objective={objective}", f"data={data}"]
+    overrides += ["objective.masking=static", "objective.dupe_factor=3", "data.batch_size=2"]
+    overrides += ["model=xlnet_tiny"] if objective == "xlnet" else []
+    _, spec, _ = build_stream(compose_config(overrides))
+    assert [spec.mask_epoch(e) for e in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert [replace(spec, masking="dynamic").mask_epoch(e) for e in (0, 4)] == [0, 4]
+    seen = []
+
+    def corruption(batch: dict, epoch: int) -> dict:
+        seen.append(epoch)
+        return spec.corruption(batch, epoch)
+
+    next(iter(training_stream(replace(spec, corruption=corruption), epoch=4)))
+    assert seen == [1]
 
 
 def test_mask_tokens_handles_rows_without_candidates():

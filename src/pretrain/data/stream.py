@@ -45,6 +45,13 @@ class StreamSpec:
     random_document_pool: int = 100
     rank: int = 0
     world_size: int = 1
+    masking: str = "dynamic"  # the objective's: static = dupe_factor copies of the masks
+    dupe_factor: int = 10
+
+    def mask_epoch(self, epoch: int) -> int:
+        """The epoch that seeds the corruption's draws: the epoch itself (dynamic masking) or
+        its copy among dupe_factor (static, BERT's dupe_factor copies of the data)."""
+        return epoch % self.dupe_factor if self.masking == "static" else epoch
 
 
 def worker_role(skip_batches: int = 0) -> tuple[int, int]:
@@ -165,7 +172,7 @@ def batch_sequences(
 def to_model_batch(batches: Iterable[list[dict]], spec: StreamSpec, epoch: int) -> Iterator[dict]:
     """Collate, corrupt and convert to tensors (keys stay a list of str)."""
     for sequences in batches:
-        batch = spec.corruption(collate(sequences, spec.vocab.pad), epoch)
+        batch = spec.corruption(collate(sequences, spec.vocab.pad), spec.mask_epoch(epoch))
         yield {k: (v if k == "keys" else torch.from_numpy(v)) for k, v in batch.items()}
 
 

@@ -219,5 +219,5 @@ class MemoryStream(torch.utils.data.IterableDataset):
                 continue
             batch = collate(sequences, spec.vocab.pad)
             batch["new_document"] = new_document
-            batch = spec.corruption(batch, self.epoch)
+            batch = spec.corruption(batch, spec.mask_epoch(self.epoch))
             yield {k: (v if k == "keys" else torch.from_numpy(v)) for k, v in batch.items()}

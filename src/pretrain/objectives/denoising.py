@@ -130,11 +130,8 @@ class DenoisingCorruption:
     start_id: int
     max_length: int
     noise: NoiseSettings = NoiseSettings()
-    masking: str = "dynamic"
-    dupe_factor: int = 10
 
     def __call__(self, batch: dict, epoch: int) -> dict:
-        epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
         encoder_rows, decoder_rows, label_rows = [], [], []
         for key, (ids, starts) in zip(batch["keys"], real_rows(batch), strict=True):
             rng = sequence_generator(self.seed, epoch, STREAM_NOISE, key)

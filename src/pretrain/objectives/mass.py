@@ -45,11 +45,8 @@ class MassCorruption:
     pad_id: int
     mask_id: int
     fragment_fraction: float = 0.5
-    masking: str = "dynamic"
-    dupe_factor: int = 10
 
     def __call__(self, batch: dict, epoch: int) -> dict:
-        epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
         encoder_rows, decoder_rows, label_rows = [], [], []
         for key, (ids, _) in zip(batch["keys"], real_rows(batch), strict=True):
             rng = sequence_generator(self.seed, epoch, STREAM_MASS, key)

@@ -2,8 +2,8 @@
 every MLM-family objective.
 
 Corruption: `MaskedLMCorruption` selects 15% of the non-special tokens of each sequence and
-applies the 80/10/10 rule, keyed by (seed, epoch, sequence key); static masking uses
-epoch % dupe_factor. Subclasses change only `select` (which tokens, grouped in which units).
+applies the 80/10/10 rule, keyed by (seed, epoch, sequence key), where the stream passes the
+epoch that seeds the masks (under static masking epoch % dupe_factor). Subclasses change only `select` (which tokens, grouped in which units).
 Loss: cross-entropy over the selected positions only (the head projects to the vocabulary
 only there) + the sentence task on [CLS] (NSP or SOP: 2 classes) + `extra_losses` of
 subclasses.
@@ -81,8 +81,6 @@ class MaskedLMCorruption:
     mlm_probability: float = 0.15
     mask_token_probability: float = 0.8
     random_token_probability: float = 0.1
-    masking: str = "dynamic"
-    dupe_factor: int = 10
 
     def select(
         self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
@@ -93,23 +91,18 @@ class MaskedLMCorruption:
         uniform = keyed_uniform(self.seed, epoch, STREAM_MASK_SELECT, hashes, candidates.shape[1])
         return select_exact_fraction(uniform, candidates, self.mlm_probability), None
 
-    def mask_epoch(self, epoch: int) -> int:
-        """The epoch that seeds the masks: itself (dynamic) or its copy among dupe_factor (static)."""
-        return epoch % self.dupe_factor if self.masking == "static" else epoch
-
     def __call__(self, batch: dict, epoch: int) -> dict:
-        mask_epoch = self.mask_epoch(epoch)
         ids = batch["input_ids"]
         hashes = key_hashes(batch["keys"])
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(ids, self.special_ids)
-        selected, unit_start = self.select(batch, candidates, hashes, mask_epoch)
+        selected, unit_start = self.select(batch, candidates, hashes, epoch)
         batch["input_ids"], batch["labels"] = corrupt_selected(
             ids,
             selected,
             unit_start,
             hashes,
             seed=self.seed,
-            epoch=mask_epoch,
+            epoch=epoch,
             vocab_size=self.vocab_size,
             mask_token_id=self.mask_token_id,
             mask_token_probability=self.mask_token_probability,

@@ -71,11 +71,10 @@ class StructBertCorruption(MaskedLMCorruption):
         original = batch["input_ids"].copy()
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(original, self.special_ids)
         batch = super().__call__(batch, epoch)
-        mask_epoch = self.mask_epoch(epoch)
         free = candidates & (batch["labels"] == IGNORE_INDEX)
         shuffle_labels = np.full_like(original, IGNORE_INDEX)
         for row, key in enumerate(batch["keys"]):
-            rng = keyed_generator(self.seed, mask_epoch, STREAM_TRIGRAMS, key)
+            rng = keyed_generator(self.seed, epoch, STREAM_TRIGRAMS, key)
             batch["input_ids"][row], positions = shuffle_trigrams(
                 batch["input_ids"][row], free[row], self.shuffle_probability, rng
             )

@@ -79,7 +79,8 @@ class PermutationLMConfig(ObjectiveConfig):
 @dataclass(frozen=True)
 class PermutationCorruption:
     """(batch, epoch) -> batch + perm_mask, target_mapping, target_labels, labels, target_rank.
-    Draws are keyed by (seed, epoch, sequence key); static masking uses epoch % dupe_factor.
+    Draws are keyed by (seed, epoch, sequence key); the stream passes the epoch that seeds
+    them (under static masking epoch % dupe_factor).
     `reuse_len` is read by the xlnet_memory stream (model.reuse_len)."""
 
     seed: int
@@ -87,12 +88,9 @@ class PermutationCorruption:
     partial_prediction_k: float = 6.0
     order: str = "uniform"
     max_span_length: int = 5
-    masking: str = "dynamic"
-    dupe_factor: int = 10
     reuse_len: int | None = None
 
     def __call__(self, batch: dict, epoch: int) -> dict:
-        epoch = epoch % self.dupe_factor if self.masking == "static" else epoch
         ids = batch["input_ids"]
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(ids, self.special_ids)
         k = self.partial_prediction_k
