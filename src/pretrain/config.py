@@ -199,8 +199,8 @@ class OptimConfig:
     reference_batch_size: int = 256
 
     def __post_init__(self) -> None:
-        lr = self.optimizer.get("lr", 0)
-        require(lr > 0, "optim.optimizer.lr", lr, "must be positive")
+        lr = self.optimizer["lr"] if "lr" in self.optimizer else None
+        require(lr is not None and lr > 0, "optim.optimizer.lr", lr, "must be set and positive")
         require(
             self.lr_scaling in LR_SCALINGS,
             "optim.lr_scaling",

@@ -13,12 +13,12 @@ from test_train import tiny_overrides
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.vocab import load_vocabulary
 from pretrain.export import export_checkpoint
-from pretrain.param_counts import parameter_counts
 from pretrain.objectives.distillation import (
     DistillationModule,
     cosine_loss,
     distillation_kl,
 )
+from pretrain.param_counts import parameter_counts
 from pretrain.run import train
 
 transformers = pytest.importorskip("transformers")

@@ -17,8 +17,8 @@ from pretrain.data.vocab import Vocabulary
 from pretrain.export import ExportError, export_checkpoint, import_hf_model
 from pretrain.export.gpt2 import from_hf, to_hf
 from pretrain.export.hf import HFModel, write_hf_model
-from pretrain.param_counts import parameter_counts
 from pretrain.objectives.causal_lm import CausalLanguageModel, CausalLMCorruption
+from pretrain.param_counts import parameter_counts
 
 transformers = pytest.importorskip("transformers")
 
