@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrain.data.shard_format import BLOCK_KEY, encode_keys
+from pretrain.data.shard_blocks import BLOCK_KEY, encode_keys
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 TOKENS_PER_BLOCK = 1 << 20  # ids of 2 MB at uint16
