@@ -256,20 +256,24 @@ def read_blocks(
 
 
 def block_documents(block: _Block, first: int) -> Iterator[dict]:
-    """The documents of a checked block from document `first` on, as the reader yields them."""
-    ids = block.ids.astype(np.int64)
-    words = np.unpackbits(block.words, count=len(ids)).view(bool)
-    phrases = block.phrases if block.phrases is not None else np.zeros(len(ids), np.uint8)
+    """The documents of a checked block from document `first` on, as the reader yields them.
+    Every array is a document's own copy: a document held in a shuffle buffer keeps its
+    tokens alive, never its whole block."""
+    words = np.unpackbits(block.words, count=len(block.ids)).view(bool)
     sentence_ends = np.cumsum(block.docs)
-    token_ends = block.sents[sentence_ends - 1]
-    for i in range(first, len(block.docs)):
-        start = int(token_ends[i - 1]) if i else 0
-        end = int(token_ends[i])
-        sents = block.sents[sentence_ends[i] - block.docs[i] : sentence_ends[i]] - np.int32(start)
+    token_ends = block.sents[sentence_ends - 1].tolist()
+    sentence_ends, counts = sentence_ends.tolist(), block.docs.tolist()
+    for i in range(first, len(counts)):
+        start = token_ends[i - 1] if i else 0
+        end = token_ends[i]
         yield {
             "key": block.keys[i],
-            "ids": ids[start:end],
-            "sents": sents,
-            "words": words[start:end],
-            "phrases": phrases[start:end],
+            "ids": block.ids[start:end].astype(np.int64),
+            "sents": block.sents[sentence_ends[i] - counts[i] : sentence_ends[i]] - np.int32(start),
+            "words": words[start:end].copy(),
+            "phrases": (
+                np.zeros(end - start, np.uint8)
+                if block.phrases is None
+                else block.phrases[start:end].copy()
+            ),
         }
