@@ -326,7 +326,12 @@ def _format1_copy(corpus: Path, target: Path) -> Path:
         path = target / shard["name"]
         documents = [
             TokenizedDocument(
-                d["key"], "", d["ids"].astype(np.uint16), d["sents"], d["words"].astype(np.uint8)
+                d["key"],
+                "",
+                d["ids"].astype(np.uint16),
+                d["sents"],
+                d["words"].astype(np.uint8),
+                d["phrases"] if raw["annotations"] else None,
             )
             for d in read_documents(corpus / shard["name"])
         ]
@@ -339,7 +344,9 @@ def _format1_copy(corpus: Path, target: Path) -> Path:
     return target
 
 
-def test_format1_corpus_is_one_line_error_then_upgraded(prepared_corpus, tmp_path, capsys):
+@pytest.mark.parametrize("corpus", ["prepared_corpus", "prepared_chinese_corpus"])
+def test_format1_corpus_is_one_line_error_then_upgraded(corpus, tmp_path, capsys, request):
+    prepared_corpus = request.getfixturevalue(corpus)  # the Chinese one has span annotations
     old = _format1_copy(prepared_corpus, tmp_path / "old")
     with pytest.raises(ShardError) as raised:
         load_manifest(old)
@@ -350,7 +357,8 @@ def test_format1_corpus_is_one_line_error_then_upgraded(prepared_corpus, tmp_pat
     assert cli.main(["upgrade", str(old)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]  # originals removed once done
     assert cli.main(["verify", str(old)]) == 0
-    for name in ("tokenizer/tokenizer.json", *(f"shard-{i:06d}.tar" for i in range(6))):
+    shards = [p.name for p in load_manifest(prepared_corpus).shard_paths]
+    for name in ("tokenizer/tokenizer.json", *shards):
         assert (old / name).read_bytes() == (prepared_corpus / name).read_bytes(), name
     assert json.loads((old / "manifest.json").read_text()) == json.loads(
         (prepared_corpus / "manifest.json").read_text()
