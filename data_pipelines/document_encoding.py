@@ -272,6 +272,7 @@ def encode_corpus(
             for chunk, size in _chunks(documents, chunk_bytes):
                 yield chunk, encode_documents(chunk, tokenizer, dtype, word_segmenter)
                 bar.update(size)
+            _complete(bar)
             return
         # spawn: the parent's tokenizers threads must not be forked. A worker that dies raises
         # BrokenProcessPool here instead of hanging the run.
@@ -292,5 +293,12 @@ def encode_corpus(
                 chunk, size, future = pending.popleft()
                 yield chunk, future.result()
                 bar.update(size)
+        _complete(bar)
     finally:
         bar.close()
+
+
+def _complete(bar: tqdm) -> None:
+    """Fill the bar: its total counts the blank lines between documents too."""
+    if bar.total:
+        bar.update(max(0, bar.total - bar.n))
