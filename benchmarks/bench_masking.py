@@ -14,7 +14,7 @@ import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import BertTokenizerFast, DataCollatorForLanguageModeling
 
-from pretrain.data.stream import collate
+from pretrain.data.reading import collate
 from pretrain.objectives.mlm import MaskedLMCorruption
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -15,11 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain.batching import BatchPlan, batch_plan
+from pretrain.data.input_formats import INPUT_FORMATS
 from pretrain.errors import ConfigError, require, require_unit_interval
 
-FORMATS = ("full_sentences", "doc_sentences", "segment_pair", "sentence_pair")
-FORMATS += ("xlnet_pair", "xlnet_memory")  # XLNet (pretrain.data.xlnet_format)
-PAIR_FORMATS = ("segment_pair", "sentence_pair")
+FORMATS = tuple(INPUT_FORMATS)
 LR_SCALINGS = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "deepspeed")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
@@ -251,6 +250,9 @@ class TrainerConfig:
     # Signal that means "save last.ckpt at the next step boundary, requeue, stop" (sbatch
     # --signal / the launcher's); SIGTERM always saves and stops. null: SIGTERM only.
     preemption_signal: str | None = "USR1"
+    # Seconds a collective (all-reduce, barrier) may wait for the other ranks before the run
+    # fails with an error naming the step, instead of hanging until the job's time limit.
+    collective_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         require(
@@ -266,6 +268,12 @@ class TrainerConfig:
             f"must be one of {', '.join(PRECISIONS)}",
         )
         require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
+        require(
+            self.collective_timeout_s > 0,
+            "trainer.collective_timeout_s",
+            self.collective_timeout_s,
+            "must be positive (seconds)",
+        )
         require(
             self.accumulate_grad_batches >= 1,
             "trainer.accumulate_grad_batches",

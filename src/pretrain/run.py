@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from pretrain.batching import describe as describe_batching
 from pretrain.checkpointing import config_changes, find_resume_checkpoint, saved_config
+from pretrain.collectives import CollectiveTimeout, collective_failure
 from pretrain.config import TrainConfig, settings_from, validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
 from pretrain.data.shard_format import ShardError
@@ -35,6 +36,9 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
         run.objective,  # masking, dupe_factor: the epoch that seeds the corruption
         run,
         shard_paths=training_paths,
+        shard_tokens=tuple(
+            shard["tokens"] for shard in corpus.manifest.shards[: len(training_paths)]
+        ),
         vocab=corpus.vocab,
         corruption=module_class.build_corruption(run, corpus.vocab),
         pair_task=run.objective.sentence_task,
@@ -70,7 +74,13 @@ def train(cfg: DictConfig) -> Path:
         print(describe_batching(run.optim, run.batch_plan), flush=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(module.config)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    except RuntimeError as error:
+        stuck = collective_failure(error, trainer, run.trainer.collective_timeout_s)
+        if stuck is None:
+            raise
+        raise stuck from error
     if trainer.is_global_zero:
         print(summary(module, run_dir), flush=True)
     return run_dir
@@ -118,7 +128,8 @@ def summary(module: PretrainingModule, run_dir: Path) -> str:
 
 def run_or_exit(cfg: DictConfig) -> Path:
     """`train`, turning config and data errors into a clear message and exit status 2, a
-    non-finite loss under trainer.nonfinite=stop into exit status 3."""
+    non-finite loss under trainer.nonfinite=stop into exit status 3, a collective that
+    timed out (a stuck or dead rank) into exit status 4."""
     try:
         return train(cfg)
     except (ConfigError, ShardError, ExportError, FileNotFoundError) as error:
@@ -127,3 +138,6 @@ def run_or_exit(cfg: DictConfig) -> Path:
     except NonFiniteError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(3)
+    except CollectiveTimeout as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(4)

@@ -10,6 +10,7 @@ CPU: ZeRO-3 with optimizer and parameter offload); on GPUs DeepSpeedCPUAdam woul
 """
 
 import copy
+import datetime
 import os
 import shutil
 from collections.abc import Mapping
@@ -148,12 +149,14 @@ def build_strategy(config: Any) -> Strategy | str:
     name = strategy.name
     cpu = is_cpu_run(trainer)
     backend = strategy.process_group_backend or ("gloo" if cpu else None)
+    timeout = datetime.timedelta(seconds=trainer.collective_timeout_s)
     if name == "auto":
         return "auto"
     if name == "ddp":
         return DDPStrategy(
             process_group_backend=backend,
             find_unused_parameters=strategy.find_unused_parameters,
+            timeout=timeout,
         )
     if name == "deepspeed":
         os.environ.setdefault("DS_BUILD_OPS", "0")
@@ -161,5 +164,6 @@ def build_strategy(config: Any) -> Strategy | str:
         return strategy_class(
             config=deepspeed_config(config),
             process_group_backend=backend,
+            timeout=timeout,
         )
     raise ConfigError(f"strategy.name = {name!r}: must be auto, ddp or deepspeed")

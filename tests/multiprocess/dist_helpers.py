@@ -1,13 +1,17 @@
 """Test-only objective for multi-process runs (`objective._target_=dist_helpers.RecordingMLM`
 with `tests/` on PYTHONPATH): the MLM module that records, per rank, the sample keys and loss
-of every micro-batch and, at the end, its skipped steps, learning-rate scheduler steps and a
-checksum of its parameters; it can force a NaN loss on one rank at one step.
+of every micro-batch and, at the end, its skipped steps, learning-rate scheduler steps, epoch
+tails and a checksum of its parameters; it can inject faults at one optimizer step of one rank.
 
-Environment: PRETRAIN_TEST_RECORD_DIR (where rank<r>.jsonl files go), PRETRAIN_TEST_NAN_STEP
-and PRETRAIN_TEST_NAN_RANK (optimizer step and rank whose loss is multiplied by NaN)."""
+Environment: PRETRAIN_TEST_RECORD_DIR (where rank<r>.jsonl files go); faults, each at step
+PRETRAIN_TEST_<FAULT>_STEP of rank PRETRAIN_TEST_<FAULT>_RANK (default 0): NAN (the loss is
+multiplied by NaN), SIGTERM (the rank sends itself SIGTERM, as a preemption does), HANG (the
+rank sleeps for an hour, as a stuck rank would)."""
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import torch
@@ -31,15 +35,27 @@ def read_records(directory: Path) -> dict[int, list[dict]]:
 
 
 class RecordingMLM(MaskedLanguageModel):
+    def _fault(self, name: str) -> bool:
+        step = int(os.environ.get(f"PRETRAIN_TEST_{name}_STEP", "-1"))
+        rank = int(os.environ.get(f"PRETRAIN_TEST_{name}_RANK", "0"))
+        return self.global_step == step and self.global_rank == rank
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = super().training_step(batch, batch_idx)
-        nan_step = int(os.environ.get("PRETRAIN_TEST_NAN_STEP", "-1"))
-        nan_rank = int(os.environ.get("PRETRAIN_TEST_NAN_RANK", "0"))
-        if self.global_step == nan_step and self.global_rank == nan_rank:
+        if self._fault("NAN"):
             loss = loss * float("nan")  # NaN loss and NaN gradients, this rank only
+        if self._fault("SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        if self._fault("HANG"):
+            time.sleep(3600)
         _record(
             self.global_rank,
-            {"step": self.global_step, "keys": list(batch["keys"]), "loss": float(loss)},
+            {
+                "step": self.global_step,
+                "epoch": self.current_epoch,
+                "keys": list(batch["keys"]),
+                "loss": float(loss),
+            },
         )
         return loss
 
@@ -53,6 +69,7 @@ class RecordingMLM(MaskedLanguageModel):
             {
                 "end": True,
                 "skipped_steps": self.skipped_steps,
+                "epoch_tails": self.epoch_tails,
                 "scheduler_steps": scheduler.last_epoch,
                 "param_checksum": checksum,
             },

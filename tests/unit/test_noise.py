@@ -19,7 +19,7 @@ from pretrain.data.noise import (
     poisson_span_lengths,
     rotate_document,
 )
-from pretrain.data.stream import collate
+from pretrain.data.reading import collate
 from pretrain.objectives.denoising import DenoisingCorruption
 from pretrain.objectives.mass import MassCorruption
 

@@ -11,7 +11,7 @@ from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.stream import training_stream
 from pretrain.data.vocab import Vocabulary
-from pretrain.data.xlnet_format import make_xlnet_pairs, memory_batches
+from pretrain.data.xlnet_formats import make_xlnet_pairs, memory_batches
 from pretrain.objectives.xlnet import PermutationCorruption, PermutationLanguageModel
 from pretrain.run import build_stream
 

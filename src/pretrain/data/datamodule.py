@@ -6,8 +6,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader
 
+from pretrain.data.epoch_tail import StepAlignedLoader
 from pretrain.data.shard_format import (
     Manifest,
     ShardError,
@@ -59,9 +59,10 @@ def split_holdout(corpus: Corpus, holdout_shards: int) -> tuple[tuple[str, ...],
 
 
 class PretrainingDataModule(L.LightningDataModule):
-    """Serves `training_stream(spec, epoch)`; the DataLoader is rebuilt every epoch
-    (the Trainer runs with reload_dataloaders_every_n_epochs=1) so each epoch has its own
-    shard order, shuffle and masks."""
+    """Serves `training_stream(spec, epoch)` in whole optimizer steps (`StepAlignedLoader`,
+    so every rank ends the epoch at the same step); the loader is rebuilt every epoch (the
+    Trainer runs with reload_dataloaders_every_n_epochs=1) so each epoch has its own shard
+    order, shuffle and masks."""
 
     def __init__(self, spec: StreamSpec, num_workers: int = 0):
         super().__init__()
@@ -69,7 +70,7 @@ class PretrainingDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self._resume: dict | None = None
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> StepAlignedLoader:
         trainer = self.trainer
         epoch = trainer.current_epoch if trainer else 0
         spec = self.spec
@@ -79,9 +80,10 @@ class PretrainingDataModule(L.LightningDataModule):
         if self._resume and self._resume["epoch"] == epoch:
             skip = self._resume["batches"]
         self._resume = None
-        return DataLoader(
+        return StepAlignedLoader(
             training_stream(spec, epoch, skip_batches=skip),
-            batch_size=None,
+            accumulation=trainer.accumulate_grad_batches if trainer else 1,
+            start_batch=skip,
             num_workers=self.num_workers,
             persistent_workers=False,
             generator=torch.Generator().manual_seed(spec.seed),  # keeps the global RNG untouched

@@ -98,6 +98,7 @@ class PretrainingModule(L.LightningModule):
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self._nonfinite_loss: torch.Tensor | None = None  # any micro-batch of this step
         self._last_step_applied = True
+        self.epoch_tails: list[tuple[int, int, int]] = []  # (epoch, step, sequences dropped)
 
     @classmethod
     def build_corruption(cls, config: TrainConfig | Mapping, vocab: Vocabulary) -> Corruption:
@@ -257,10 +258,42 @@ class PretrainingModule(L.LightningModule):
         if self._last_step_applied:
             super().lr_scheduler_step(scheduler, metric)
 
-    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> int | None:
+        """Ends the epoch on every rank alike (returns -1) at the first optimizer step some
+        rank lacks batches for (`pretrain.data.epoch_tail`); restores a resumed run's random
+        state at its first batch."""
+        if batch_idx % self.trainer.accumulate_grad_batches == 0 and not self._epoch_continues(
+            batch, batch_idx
+        ):
+            return -1
         if self._restored_rng is not None:
             set_rng_state(self._restored_rng)
             self._restored_rng = None
+
+    def _epoch_continues(self, batch: dict, batch_idx: int) -> bool:
+        """Whether every rank has a whole optimizer step of batches (one all-reduce on the
+        host); when not, counts, logs and prints the sequences the ranks' tails held."""
+        import torch.distributed as dist
+
+        from pretrain.collectives import reduce_on_host
+        from pretrain.data.epoch_tail import StepAlignedLoader, is_end_of_epoch
+
+        timeout = self.run.trainer.collective_timeout_s
+        if reduce_on_host(int(not is_end_of_epoch(batch)), dist.ReduceOp.MIN, timeout):
+            return True
+        loader = self.trainer.train_dataloader
+        tail = loader.drain(batch_idx) if isinstance(loader, StepAlignedLoader) else 0
+        dropped = reduce_on_host(tail, dist.ReduceOp.SUM, timeout)
+        self.epoch_tails.append((self.current_epoch, self.global_step, dropped))
+        self.log("train/epoch_dropped_samples", float(dropped), on_epoch=True, rank_zero_only=True)
+        if self.trainer.is_global_zero and self.trainer.world_size > 1:
+            print(
+                f"epoch {self.current_epoch} ends at step {self.global_step} on every rank; "
+                f"{dropped} sequences of the ranks' unequal shares were not trained "
+                "(train/epoch_dropped_samples)",
+                flush=True,
+            )
+        return False
 
     def log_step(self, metrics: dict[str, torch.Tensor], batch: dict) -> None:
         """Log a micro-batch's metrics under train/ and count its non-padding input tokens."""

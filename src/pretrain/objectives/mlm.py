@@ -16,7 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import PAIR_FORMATS, DataConfig, ObjectiveConfig, TrainConfig
+from pretrain.config import DataConfig, ObjectiveConfig, TrainConfig
+from pretrain.data.input_formats import PAIR_FORMATS
 from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
 from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_fraction
 from pretrain.data.vocab import Vocabulary

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pretrain.config import PAIR_FORMATS, DataConfig, TrainConfig
+from pretrain.config import DataConfig, TrainConfig
+from pretrain.data.input_formats import PAIR_FORMATS
 from pretrain.data.masking import IGNORE_INDEX, word_start_flags
 from pretrain.data.span_masking import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary

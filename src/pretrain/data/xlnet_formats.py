@@ -13,23 +13,17 @@ batch t, slot b, and the model's memory (the hidden states of the reuse part) is
 just before. A slot whose document is used up takes the next document of the rank's stream
 and flags `new_document` (batch,) so the objective resets that slot's memory. Every data-loader
 worker builds the rank's whole sequence of batches (cheap slicing) and corrupts only its own
-(batches w, w + W, ...), so the slots stay continuous whatever the number of workers.
+(batches w, w + W, ...), so the slots stay continuous whatever the number of workers
+(`workers_share_documents` in input_formats.py).
 """
 
 from collections.abc import Iterable, Iterator
 
 import numpy as np
-import torch
 
 from pretrain.data.formats import make_segment_pairs
-from pretrain.data.keyed_rng import (
-    STREAM_FORMAT,
-    STREAM_SHARD_ORDER,
-    STREAM_SHUFFLE,
-    keyed_generator,
-)
+from pretrain.data.keyed_rng import STREAM_FORMAT, keyed_generator
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.shard_format import read_documents
 from pretrain.data.vocab import Vocabulary
 
 CLS_TOKEN_TYPE = 2  # XLNet's segment id of the final [CLS]
@@ -164,60 +158,3 @@ def memory_batches(
             sequences.append(sequence)
             slots[b] = None if following is None else (document, following)
         yield sequences, new_document
-
-
-def rank_documents(spec, epoch: int) -> Iterator[dict]:
-    """The documents of this rank (all its data-loader workers read the same ones), in the
-    epoch's shard order, shuffled by a buffer keyed by (seed, epoch, rank)."""
-    from pretrain.data.stream import shuffle_documents
-
-    order = np.random.default_rng([spec.seed, epoch, STREAM_SHARD_ORDER]).permutation(
-        len(spec.shard_paths)
-    )
-
-    def read() -> Iterator[dict]:
-        if len(order) >= spec.world_size:
-            for index in order[spec.rank :: spec.world_size]:
-                yield from read_documents(spec.shard_paths[index])
-            return
-        for index in order:
-            for n, document in enumerate(read_documents(spec.shard_paths[index])):
-                if n % spec.world_size == spec.rank:
-                    yield document
-
-    rng = np.random.default_rng([spec.seed, epoch, STREAM_SHUFFLE, spec.rank, 0])
-    return shuffle_documents(read(), spec.shuffle_buffer_documents, rng)
-
-
-class MemoryStream(torch.utils.data.IterableDataset):
-    """The `xlnet_memory` stream of one epoch (see the module docstring): whole, corrupted
-    batches with `new_document`; worker w of W yields global batches w, w + W, ... from
-    `skip_batches` on. reuse_len comes from the corruption (the objective's, set from
-    model.reuse_len), else half of max_seq_length."""
-
-    def __init__(self, spec, epoch: int, skip_batches: int = 0) -> None:
-        super().__init__()
-        self.spec, self.epoch, self.skip_batches = spec, epoch, skip_batches
-
-    def __iter__(self) -> Iterator[dict]:
-        from pretrain.data.stream import collate, worker_role
-
-        spec = self.spec
-        worker, workers = worker_role(self.skip_batches)
-        reuse_len = getattr(spec.corruption, "reuse_len", None) or spec.max_seq_length // 2
-        batches = memory_batches(
-            rank_documents(spec, self.epoch),
-            spec.batch_size,
-            reuse_len,
-            spec.max_seq_length,
-            spec.vocab,
-            spec.seed,
-            self.epoch,
-        )
-        for n, (sequences, new_document) in enumerate(batches):
-            if n < self.skip_batches or n % workers != worker % workers:
-                continue
-            batch = collate(sequences, spec.vocab.pad)
-            batch["new_document"] = new_document
-            batch = spec.corruption(batch, spec.mask_epoch(self.epoch))
-            yield {k: (v if k == "keys" else torch.from_numpy(v)) for k, v in batch.items()}

@@ -1,0 +1,97 @@
+"""Equal steps on every rank: where an epoch ends, decided the same way on all ranks.
+
+Each rank's share of an epoch has its own length (documents differ in length, and formats
+pack or pair them at random), and Lightning cannot run ranks with unequal batch counts: the
+rank that runs out first waits at the epoch's barrier while the others wait in the next
+step's collective, forever. So an epoch ends for everyone at the first optimizer step for
+which some rank lacks a full step of batches:
+
+- `StepAlignedLoader` (each rank's DataLoader) looks ahead: at the first micro-batch of every
+  optimizer step it makes sure it holds `accumulation` more batches; when it does not, it
+  yields `END_OF_EPOCH` instead (the fewer batches it held are the rank's tail);
+- the module's `on_train_batch_start` calls `collectives.reduce_on_host`, one all-reduce (MIN) of one
+  host-side flag per optimizer step, on a gloo group so that it never syncs a CUDA stream;
+  when any rank is at its end, every rank returns -1 at the same step and the epoch ends;
+- what the ranks held and did not train (their tails) is counted by draining the loaders
+  (`StepAlignedLoader.drain`) and logged as `train/epoch_dropped_samples`.
+
+Shares are balanced by tokens (`reading.read_split`), so a tail is about a batch per rank.
+The rule holds for every input format, strategy, number of data-loader workers and on a
+resume in the middle of an epoch (the loader counts from the resumed batch).
+"""
+
+from collections import deque
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+END_OF_EPOCH_KEY = "end_of_epoch"
+
+
+def is_end_of_epoch(batch: object) -> bool:
+    """True for the marker batch a `StepAlignedLoader` yields when its rank is out of steps."""
+    return isinstance(batch, dict) and END_OF_EPOCH_KEY in batch
+
+
+def batch_samples(batch: dict) -> int:
+    """Number of sequences in a batch of the stream."""
+    return len(batch["keys"])
+
+
+class StepAlignedLoader(DataLoader):
+    """A DataLoader (batch_size=None over a stream of whole batches) that yields batches only
+    in whole optimizer steps of `accumulation` micro-batches, then one `END_OF_EPOCH` marker.
+    `start_batch` is the epoch's first micro-batch index (non-zero on a mid-epoch resume), so
+    steps line up with Lightning's `batch_idx`."""
+
+    def __init__(self, dataset, *, accumulation: int = 1, start_batch: int = 0, **kwargs):
+        super().__init__(dataset, batch_size=None, **kwargs)
+        self.accumulation = accumulation
+        self.start_batch = start_batch
+        self.tail_samples = 0  # sequences this rank held at its own end and did not yield
+        self._yielded: deque[tuple[int, int]] = deque()  # (batch index, samples) not trained
+        self._buffer: deque[dict] = deque()
+        self._source: Iterator | None = None
+
+    def __iter__(self) -> Iterator[dict]:
+        self._source = super().__iter__()
+        self._buffer.clear()
+        self._yielded.clear()
+        self.tail_samples = 0
+        return self._steps(self._source)
+
+    def _steps(self, source: Iterator[dict]) -> Iterator[dict]:
+        index = self.start_batch
+        while True:
+            if index % self.accumulation == 0:
+                while len(self._buffer) < self.accumulation:
+                    batch = next(source, None)
+                    if batch is None:
+                        break
+                    self._buffer.append(batch)
+                if len(self._buffer) < self.accumulation:
+                    self.tail_samples = sum(batch_samples(b) for b in self._buffer)
+                    self._buffer.clear()
+                    yield {END_OF_EPOCH_KEY: torch.ones(1)}
+                    return
+            batch = self._buffer.popleft()
+            self._yielded.append((index, batch_samples(batch)))
+            while len(self._yielded) > 4 * self.accumulation + 4:  # only the last few matter
+                self._yielded.popleft()
+            yield batch
+            index += 1
+
+    def drain(self, stopped_at: int) -> int:
+        """Sequences this rank's stream holds from micro-batch `stopped_at` on (the epoch was
+        ended there by another rank): those already handed to Lightning, those looked ahead,
+        and the rest of the stream, read to its end. Returns the count."""
+        count = self.tail_samples
+        count += sum(n for index, n in self._yielded if index >= stopped_at)
+        count += sum(batch_samples(b) for b in self._buffer)
+        self._buffer.clear()
+        self._yielded.clear()
+        if self._source is not None:
+            count += sum(batch_samples(b) for b in self._source)
+            self._source = None
+        return count

@@ -1,0 +1,99 @@
+"""The registry of input formats (`data.format`): how an epoch's documents become batches of
+sequences. The config checks names against it, the stream dispatches on it; adding a format
+is one entry here.
+
+A format's `batches(documents, spec, epoch)` yields (sequences of one batch, extra per-batch
+arrays). Most formats make independent sequences, batched `data.batch_size` at a time (the
+last batch of a reader may be short). `workers_share_documents`: batch t + 1 continues batch t
+slot by slot (XLNet's memory), so every data-loader worker of a rank reads the rank's
+documents and builds its whole sequence of batches, keeping batches w, w + W, ...
+"""
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+from pretrain.data.formats import make_segment_pairs, pack_sentences
+from pretrain.data.reading import StreamSpec
+from pretrain.data.xlnet_formats import make_xlnet_pairs, memory_batches
+
+Batches = Iterator[tuple[list[dict], dict]]
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """One input format: its batches, and whether its two segments carry a pair label."""
+
+    batches: Callable[[Iterable[dict], StreamSpec, int], Batches]
+    pairs: bool = False
+    workers_share_documents: bool = False
+
+
+def _batched(sequences: Iterable[dict], spec: StreamSpec) -> Batches:
+    sequences = iter(sequences)
+    while batch := list(islice(sequences, spec.batch_size)):
+        yield batch, {}
+
+
+def _packed(cross_documents: bool) -> Callable[[Iterable[dict], StreamSpec, int], Batches]:
+    def batches(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
+        packed = pack_sentences(
+            documents, spec.max_seq_length, spec.vocab, cross_documents=cross_documents
+        )
+        return _batched(packed, spec)
+
+    return batches
+
+
+def _pairs(single_sentences: bool) -> Callable[[Iterable[dict], StreamSpec, int], Batches]:
+    def batches(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
+        pairs = make_segment_pairs(
+            documents,
+            spec.max_seq_length,
+            spec.vocab,
+            seed=spec.seed,
+            epoch=epoch,
+            pair_task=spec.pair_task,
+            single_sentences=single_sentences,
+            short_seq_probability=spec.short_seq_probability,
+            random_probability=spec.nsp_random_probability,
+            pool_size=spec.random_document_pool,
+        )
+        return _batched(pairs, spec)
+
+    return batches
+
+
+def _xlnet_pairs(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
+    pairs = make_xlnet_pairs(
+        documents,
+        spec.max_seq_length,
+        spec.vocab,
+        seed=spec.seed,
+        epoch=epoch,
+        short_seq_probability=spec.short_seq_probability,
+        random_probability=spec.nsp_random_probability,
+        pool_size=spec.random_document_pool,
+    )
+    return _batched(pairs, spec)
+
+
+def _xlnet_memory(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
+    """reuse_len comes from the corruption (the objective's, set from model.reuse_len), else
+    half of max_seq_length."""
+    reuse_len = getattr(spec.corruption, "reuse_len", None) or spec.max_seq_length // 2
+    for sequences, new_document in memory_batches(
+        documents, spec.batch_size, reuse_len, spec.max_seq_length, spec.vocab, spec.seed, epoch
+    ):
+        yield sequences, {"new_document": new_document}
+
+
+INPUT_FORMATS: dict[str, InputFormat] = {
+    "full_sentences": InputFormat(_packed(cross_documents=True)),
+    "doc_sentences": InputFormat(_packed(cross_documents=False)),
+    "segment_pair": InputFormat(_pairs(single_sentences=False), pairs=True),
+    "sentence_pair": InputFormat(_pairs(single_sentences=True), pairs=True),
+    "xlnet_pair": InputFormat(_xlnet_pairs),  # A [SEP] B [SEP] [CLS], no pair label
+    "xlnet_memory": InputFormat(_xlnet_memory, workers_share_documents=True),
+}
+PAIR_FORMATS = tuple(name for name, entry in INPUT_FORMATS.items() if entry.pairs)

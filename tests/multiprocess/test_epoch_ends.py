@@ -1,0 +1,172 @@
+"""Multi-rank runs across epoch ends: every rank takes the same number of steps in every epoch
+(`pretrain.data.epoch_tail`), with DDP and ZeRO-2, 2 and 4 CPU processes, through a
+preemption and resume in the middle of the second epoch; every sample of a completed epoch is
+trained by exactly one rank, except the logged tail; a stuck rank fails the run instead of
+hanging it."""
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import cpu_run_overrides
+from dist_helpers import read_records
+
+from pretrain.config import compose_config
+from pretrain.data.stream import training_stream
+
+TESTS_DIR = Path(__file__).parent
+GUARD_S = 900  # a run that would hang fails the test after this long (a guard, not a speed check)
+
+
+def overrides(shards_dir: Path, run_dir: Path, *extra: str) -> list[str]:
+    return cpu_run_overrides(
+        shards_dir,
+        run_dir,
+        "model.hidden_dropout_prob=0",
+        "model.attention_probs_dropout_prob=0",
+        "objective=mlm",
+        "objective._target_=dist_helpers.RecordingMLM",
+        "data=full_sentences",
+        "trainer.log_every_n_steps=5",
+        "trainer.checkpoint_every_n_steps=1000",
+        "optim.warmup_steps=2",
+        *extra,
+    )
+
+
+def launch(
+    shards_dir: Path, run_dir: Path, ranks: int, *extra: str, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`pretrain` with `ranks` CPU processes; records go to `<run_dir>-records`."""
+    records = Path(f"{run_dir}-records")
+    records.mkdir(parents=True, exist_ok=True)
+    environment = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {})
+    environment["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "pretrain.train", *overrides(shards_dir, run_dir, *extra)]
+    try:
+        return subprocess.run(
+            [*command, f"trainer.devices={ranks}"],
+            env=environment,
+            cwd=run_dir.parent,
+            capture_output=True,
+            text=True,
+            timeout=GUARD_S,
+        )
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"{ranks}-rank run still running after {GUARD_S} s: it hangs\n{error.stdout}")
+
+
+def rank_streams(shards_dir: Path, ranks: int, epoch: int, *extra: str) -> dict[int, list[str]]:
+    """{rank: sample keys of its whole stream in `epoch`}, built in this process."""
+    from pretrain.run import build_stream
+
+    _, spec, _ = build_stream(compose_config(overrides(shards_dir, Path("unused"), *extra)))
+    return {
+        rank: [
+            key
+            for batch in training_stream(replace(spec, rank=rank, world_size=ranks), epoch)
+            for key in batch["keys"]
+        ]
+        for rank in range(ranks)
+    }
+
+
+def trained_keys(records: list[dict], epoch: int) -> list[str]:
+    return [k for e in records if e.get("epoch") == epoch for k in e["keys"]]
+
+
+def check_epochs(shards_dir: Path, records: dict, ranks: int, steps: int, *extra: str) -> None:
+    """Every rank trained `steps` steps, the same number in each epoch; the keys of a completed
+    epoch are the head of each rank's stream, trained once, and the rest is the logged tail."""
+    assert sorted(records) == list(range(ranks))
+    entries = {r: [e for e in records[r] if "step" in e] for r in records}
+    for r in records:
+        assert [e["step"] for e in entries[r]] == list(range(steps)), r
+    tails = next(e for e in records[0] if e.get("end"))["epoch_tails"]
+    assert [epoch for epoch, _, _ in tails] == [0, 1], tails  # crossed two epoch ends
+    for epoch, end_step, dropped in tails:
+        per_rank = {r: [e["step"] for e in entries[r] if e["epoch"] == epoch] for r in records}
+        assert len({tuple(s) for s in per_rank.values()}) == 1, per_rank  # same steps everywhere
+        assert per_rank[0][-1] == end_step - 1
+        streams = rank_streams(shards_dir, ranks, epoch, *extra)
+        trained = {r: trained_keys(entries[r], epoch) for r in records}
+        every = [k for keys in trained.values() for k in keys]
+        assert len(every) == len(set(every)), f"epoch {epoch}: a sample was trained twice"
+        for r in records:
+            assert trained[r] == streams[r][: len(trained[r])], (epoch, r)
+        untrained = sum(len(streams[r]) - len(trained[r]) for r in records)
+        assert dropped == untrained, (epoch, dropped, untrained)
+        batch = len(entries[0][0]["keys"])
+        assert dropped <= 3 * batch * ranks, f"epoch {epoch}: tail of {dropped} sequences"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("ranks", "strategy", "batch", "steps"),
+    [(2, "ddp", 16, 60), (2, "deepspeed_zero2", 16, 60), (4, "ddp", 8, 55)],
+)
+def test_ranks_cross_epoch_ends_together(prepared_corpus, tmp_path, ranks, strategy, batch, steps):
+    extra = (f"strategy={strategy}", f"data.batch_size={batch}", f"trainer.max_steps={steps}")
+    result = launch(prepared_corpus, tmp_path / "run", ranks, *extra)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "epoch 1 ends at step" in result.stdout
+    records = read_records(tmp_path / "run-records")
+    check_epochs(prepared_corpus, records, ranks, steps, f"data.batch_size={batch}")
+
+
+@pytest.mark.slow
+def test_preempted_in_the_second_epoch_resumes_like_the_uninterrupted_run(
+    prepared_corpus, tmp_path
+):
+    """ZeRO-2 on 2 ranks: rank 1 gets SIGTERM at step 34 (inside epoch 1, which spans about
+    steps 24-48); the resumed run (resume=auto) continues from the saved step with the same
+    samples, masks and losses as a run that was never stopped, and crosses the next epoch end."""
+    extra = ("strategy=deepspeed_zero2", "data.batch_size=16", "trainer.max_steps=60")
+    whole = launch(prepared_corpus, tmp_path / "whole", 2, *extra)
+    assert whole.returncode == 0, whole.stderr[-5000:]
+    signal_env = {"PRETRAIN_TEST_SIGTERM_STEP": "34", "PRETRAIN_TEST_SIGTERM_RANK": "1"}
+    first = launch(prepared_corpus, tmp_path / "parts", 2, *extra, env=signal_env)
+    assert (tmp_path / "parts" / "checkpoints" / "last.ckpt" / "latest").is_file(), (
+        first.stdout[-3000:] + first.stderr[-5000:]
+    )
+    second = launch(prepared_corpus, tmp_path / "parts", 2, *extra)
+    assert second.returncode == 0, second.stderr[-5000:]
+    assert "Resuming from" in second.stdout
+    reference, parts = (
+        read_records(tmp_path / "whole-records"),
+        read_records(tmp_path / "parts-records"),
+    )
+    for rank in (0, 1):
+        want = {e["step"]: e for e in reference[rank] if "step" in e}
+        got = [e for e in parts[rank] if "step" in e]
+        saved = max(e["step"] for e in got if e["step"] <= 34)
+        resumed = [e for e in got[got.index(next(e for e in got if e["step"] == saved)) + 1 :]]
+        assert resumed and resumed[0]["step"] in (34, 35), [e["step"] for e in got]
+        assert [e["step"] for e in resumed] == list(range(resumed[0]["step"], 60))
+        for entry in resumed:
+            assert entry["keys"] == want[entry["step"]]["keys"], (rank, entry["step"])
+            assert entry["epoch"] == want[entry["step"]]["epoch"]
+            assert entry["loss"] == pytest.approx(want[entry["step"]]["loss"], abs=1e-4)
+    check_epochs(prepared_corpus, reference, 2, 60, "data.batch_size=16")
+
+
+@pytest.mark.slow
+def test_a_stuck_rank_fails_the_run_naming_the_step(prepared_corpus, tmp_path):
+    """Rank 1 stops answering at step 3: rank 0's next collective gives up after
+    trainer.collective_timeout_s and the run ends with an error, not a hang."""
+    result = launch(
+        prepared_corpus,
+        tmp_path / "run",
+        2,
+        "strategy=ddp",
+        "trainer.max_steps=10",
+        "trainer.collective_timeout_s=20",
+        env={"PRETRAIN_TEST_HANG_STEP": "3", "PRETRAIN_TEST_HANG_RANK": "1"},
+    )
+    assert result.returncode != 0
+    assert "trainer.collective_timeout_s" in result.stderr and "step 3" in result.stderr, (
+        result.stderr[-3000:]
+    )
