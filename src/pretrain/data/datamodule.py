@@ -17,6 +17,7 @@ from pretrain.data.shard_format import (
 )
 from pretrain.data.stream import StreamSpec, training_stream
 from pretrain.data.vocab import Vocabulary, load_vocabulary
+from pretrain.job_signals import ignore_in_data_worker
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class PretrainingDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=False,
             generator=torch.Generator().manual_seed(spec.seed),  # keeps the global RNG untouched
+            worker_init_fn=ignore_in_data_worker,  # SLURM's signals: the main process decides
         )
 
     def state_dict(self) -> dict:

@@ -1,0 +1,54 @@
+"""The signals SLURM sends a job, where the training loop does not handle them itself.
+
+SLURM delivers preemption as SIGTERM or a warning signal (`--signal=USR1@90`, submitit's
+USR2), often to every process of the job: `scancel --full`, a time limit and
+`--signal=USR1@...` without `B:` reach the data-loader workers too, and a signal can come
+before the training loop is ready to save. `pretrain.preemption.PreemptionCheckpoint`
+decides what happens (a checkpoint at the next step boundary, exit status 75); this module
+keeps the signals from killing processes before it can:
+
+- `hold_preemption_signals`: from the first line of the entry point until the preemption
+  callback installs its handlers, the signals are recorded, not fatal (Python's default for
+  USR1/USR2/TERM ends the process). The callback takes the recorded one (`take_held`) and
+  saves at the first step boundary.
+- `ignore_in_data_worker` (a DataLoader `worker_init_fn`): data-loader workers ignore them;
+  the main process stops the workers when it stops.
+
+Imports only the standard library, so the entry point installs it before torch loads.
+"""
+
+import signal
+from types import FrameType
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+_held: list[signal.Signals] = []
+
+
+def _record(signum: int, _frame: FrameType | None) -> None:
+    _held.append(signal.Signals(signum))
+
+
+def hold_preemption_signals() -> None:
+    """Record SIGTERM, SIGUSR1 and SIGUSR2 instead of dying of them, until a handler of the
+    training loop replaces this one (main thread only)."""
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, _record)
+
+
+def is_holding(handler: object) -> bool:
+    """Whether `handler` is the recording handler of `hold_preemption_signals`."""
+    return handler is _record
+
+
+def take_held() -> list[signal.Signals]:
+    """The signals recorded since `hold_preemption_signals`, oldest first; forgets them."""
+    held = list(_held)
+    _held.clear()
+    return held
+
+
+def ignore_in_data_worker(_worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: the worker ignores SIGTERM, SIGUSR1 and SIGUSR2 sent to
+    the whole job, so the main process can finish the step and save; it ends the workers."""
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
