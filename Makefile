@@ -9,7 +9,7 @@ DEMO_EXPORT := exports/demo-bert
 comma := ,
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
-.PHONY: setup demo demo-chinese demo-families test golden conf-tables lint clean
+.PHONY: setup demo demo-ddp demo-chinese demo-families test golden conf-tables lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,13 @@ demo: $(STAMP) data/builtin/manifest.json
 	$(VENV)/bin/pretrain experiment=demo
 	$(VENV)/bin/pretrain-export $(DEMO_RUN)/checkpoints/last.ckpt $(DEMO_EXPORT) --overwrite
 	$(PY) -m pretrain.export.check $(DEMO_EXPORT)
+
+# The demo on 2 CPU ranks (DDP, gloo), long enough to cross epoch ends: every rank ends each
+# epoch at the same step, and the tail the ranks did not share equally is printed.
+demo-ddp: $(STAMP) data/builtin/manifest.json
+	rm -rf runs/demo-ddp
+	$(VENV)/bin/pretrain experiment=demo strategy=ddp trainer.devices=2 data.num_workers=0 \
+		trainer.max_steps=250 run_dir=runs/demo-ddp logger=csv
 
 data/chinese/manifest.json: | $(STAMP)
 	$(VENV)/bin/pretrain-data prepare "inputs=[$(CHINESE_INPUTS)]" out_dir=data/chinese \

@@ -85,7 +85,9 @@ def check_epochs(shards_dir: Path, records: dict, ranks: int, steps: int, *extra
     entries = {r: [e for e in records[r] if "step" in e] for r in records}
     for r in records:
         assert [e["step"] for e in entries[r]] == list(range(steps)), r
-    tails = next(e for e in records[0] if e.get("end"))["epoch_tails"]
+    end = next(e for e in records[0] if e.get("end"))
+    assert end["scheduler_steps"] == steps  # the learning rate moved once per step, not per epoch
+    tails = end["epoch_tails"]
     assert [epoch for epoch, _, _ in tails] == [0, 1], tails  # crossed two epoch ends
     for epoch, end_step, dropped in tails:
         per_rank = {r: [e["step"] for e in entries[r] if e["epoch"] == epoch] for r in records}
@@ -106,7 +108,7 @@ def check_epochs(shards_dir: Path, records: dict, ranks: int, steps: int, *extra
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("ranks", "strategy", "batch", "steps"),
-    [(2, "ddp", 16, 60), (2, "deepspeed_zero2", 16, 60), (4, "ddp", 8, 55)],
+    [(2, "ddp", 16, 70), (2, "deepspeed_zero2", 16, 70), (4, "ddp", 8, 70)],
 )
 def test_ranks_cross_epoch_ends_together(prepared_corpus, tmp_path, ranks, strategy, batch, steps):
     extra = (f"strategy={strategy}", f"data.batch_size={batch}", f"trainer.max_steps={steps}")
@@ -121,13 +123,13 @@ def test_ranks_cross_epoch_ends_together(prepared_corpus, tmp_path, ranks, strat
 def test_preempted_in_the_second_epoch_resumes_like_the_uninterrupted_run(
     prepared_corpus, tmp_path
 ):
-    """ZeRO-2 on 2 ranks: rank 1 gets SIGTERM at step 34 (inside epoch 1, which spans about
-    steps 24-48); the resumed run (resume=auto) continues from the saved step with the same
+    """ZeRO-2 on 2 ranks: rank 1 gets SIGTERM at step 45 (inside epoch 1, which spans about
+    steps 32-64); the resumed run (resume=auto) continues from the saved step with the same
     samples, masks and losses as a run that was never stopped, and crosses the next epoch end."""
-    extra = ("strategy=deepspeed_zero2", "data.batch_size=16", "trainer.max_steps=60")
+    extra = ("strategy=deepspeed_zero2", "data.batch_size=16", "trainer.max_steps=70")
     whole = launch(prepared_corpus, tmp_path / "whole", 2, *extra)
     assert whole.returncode == 0, whole.stderr[-5000:]
-    signal_env = {"PRETRAIN_TEST_SIGTERM_STEP": "34", "PRETRAIN_TEST_SIGTERM_RANK": "1"}
+    signal_env = {"PRETRAIN_TEST_SIGTERM_STEP": "45", "PRETRAIN_TEST_SIGTERM_RANK": "1"}
     first = launch(prepared_corpus, tmp_path / "parts", 2, *extra, env=signal_env)
     assert (tmp_path / "parts" / "checkpoints" / "last.ckpt" / "latest").is_file(), (
         first.stdout[-3000:] + first.stderr[-5000:]
@@ -142,15 +144,15 @@ def test_preempted_in_the_second_epoch_resumes_like_the_uninterrupted_run(
     for rank in (0, 1):
         want = {e["step"]: e for e in reference[rank] if "step" in e}
         got = [e for e in parts[rank] if "step" in e]
-        saved = max(e["step"] for e in got if e["step"] <= 34)
+        saved = max(e["step"] for e in got if e["step"] <= 45)
         resumed = [e for e in got[got.index(next(e for e in got if e["step"] == saved)) + 1 :]]
-        assert resumed and resumed[0]["step"] in (34, 35), [e["step"] for e in got]
-        assert [e["step"] for e in resumed] == list(range(resumed[0]["step"], 60))
+        assert resumed and resumed[0]["step"] in (45, 46), [e["step"] for e in got]
+        assert [e["step"] for e in resumed] == list(range(resumed[0]["step"], 70))
         for entry in resumed:
             assert entry["keys"] == want[entry["step"]]["keys"], (rank, entry["step"])
             assert entry["epoch"] == want[entry["step"]]["epoch"]
             assert entry["loss"] == pytest.approx(want[entry["step"]]["loss"], abs=1e-4)
-    check_epochs(prepared_corpus, reference, 2, 60, "data.batch_size=16")
+    check_epochs(prepared_corpus, reference, 2, 70, "data.batch_size=16")
 
 
 @pytest.mark.slow

@@ -113,3 +113,78 @@ def test_holdout_shards_are_kept_out_of_training(prepared_corpus):
     assert [p.rsplit("/", 1)[1] for p in spec.shard_paths] == names[:-2]
     with pytest.raises(ShardError, match="data.holdout_shards"):
         stream_spec(prepared_corpus, f"data.holdout_shards={len(names)}")
+
+
+@pytest.mark.parametrize("readers", [1, 2, 3, 4, 8])
+def test_readers_split_documents_exactly_and_balanced_by_tokens(prepared_corpus, readers):
+    """Every document goes to exactly one reader; one reader reads the epoch's shard order;
+    token shares differ by at most about one reader's unit (1/UNITS_PER_READER of a share)."""
+    from pretrain.data.reading import UNITS_PER_READER, read_split
+    from pretrain.data.shard_format import read_documents
+
+    spec = stream_spec(prepared_corpus, "data=doc_sentences", "objective=mlm")
+    shares = [list(read_split(spec, 1, r, readers)) for r in range(readers)]
+    keys = [d["key"] for share in shares for d in share]
+    every = [d["key"] for path in spec.shard_paths for d in read_documents(path)]
+    assert len(keys) == len(set(keys)) and sorted(keys) == sorted(every)
+    if readers == 1:
+        order = np.random.default_rng([spec.seed, 1, 1]).permutation(len(spec.shard_paths))
+        assert keys == [d["key"] for i in order for d in read_documents(spec.shard_paths[i])]
+    tokens = [sum(len(d["ids"]) for d in share) for share in shares]
+    longest = max(len(d["ids"]) for share in shares for d in share)
+    mean = sum(tokens) / readers
+    assert max(tokens) - min(tokens) <= 2 * mean / UNITS_PER_READER + 2 * longest, tokens
+
+
+def fake_batches(sizes: list[int]) -> list[dict]:
+    return [{"keys": [f"b{i}-{j}" for j in range(n)]} for i, n in enumerate(sizes)]
+
+
+@pytest.mark.parametrize(("accumulation", "start"), [(1, 0), (3, 0), (3, 2), (4, 8)])
+def test_step_aligned_loader_yields_whole_steps_then_the_end_marker(accumulation, start):
+    from pretrain.data.epoch_tail import StepAlignedLoader, is_end_of_epoch
+
+    batches = fake_batches([4] * 10 + [3])
+    loader = StepAlignedLoader(batches, accumulation=accumulation, start_batch=start)
+    out = list(loader)
+    assert is_end_of_epoch(out[-1]) and not any(is_end_of_epoch(b) for b in out[:-1])
+    real = out[:-1]
+    assert real == batches[: len(real)]
+    # the marker stands where a step would begin, and fewer than a step of batches was left
+    assert (start + len(real)) % accumulation == 0
+    assert len(batches) - len(real) < accumulation
+    assert loader.tail_samples == sum(len(b["keys"]) for b in batches[len(real) :])
+
+
+def test_step_aligned_loader_drain_counts_what_another_rank_cut_off():
+    from pretrain.data.epoch_tail import StepAlignedLoader
+
+    batches = fake_batches([4] * 10)
+    loader = StepAlignedLoader(batches, accumulation=2)
+    iterator = iter(loader)
+    taken = [next(iterator) for _ in range(5)]  # Lightning trained 4, prefetched the 5th
+    assert taken == batches[:5]
+    assert loader.drain(stopped_at=4) == 4 * 6  # batches 4..9 were never trained
+
+
+@pytest.mark.parametrize(
+    "data", ["segment_pair", "full_sentences", "doc_sentences", "xlnet_memory"]
+)
+@pytest.mark.parametrize(("ranks", "workers"), [(2, 0), (4, 0), (2, 2)])
+def test_ranks_shares_differ_by_a_few_batches_in_every_format(
+    prepared_corpus, data, ranks, workers
+):
+    """The epoch ends for all at the shortest rank's last whole step: the sequences the other
+    ranks hold then (the dropped tail) stay within a few batches per rank."""
+    extra = (
+        ("objective=xlnet", "model=xlnet_tiny") if data == "xlnet_memory" else ("objective=mlm",)
+    )
+    spec = stream_spec(prepared_corpus, f"data={data}", *extra)
+    counts = [
+        [len(b["keys"]) for b in collect(replace(spec, rank=r, world_size=ranks), 0, workers)]
+        for r in range(ranks)
+    ]
+    steps = min(len(c) for c in counts)
+    assert steps > 5
+    dropped = sum(sum(c[steps:]) for c in counts)
+    assert dropped <= 3 * spec.batch_size * ranks, (data, [len(c) for c in counts])

@@ -64,13 +64,14 @@ class StepAlignedLoader(DataLoader):
     def _steps(self, source: Iterator[dict]) -> Iterator[dict]:
         index = self.start_batch
         while True:
-            if index % self.accumulation == 0:
-                while len(self._buffer) < self.accumulation:
+            if not self._buffer:  # a step begins (or a resume continues one): fetch it whole
+                need = self.accumulation - index % self.accumulation
+                while len(self._buffer) < need:
                     batch = next(source, None)
                     if batch is None:
                         break
                     self._buffer.append(batch)
-                if len(self._buffer) < self.accumulation:
+                if len(self._buffer) < need:
                     self.tail_samples = sum(batch_samples(b) for b in self._buffer)
                     self._buffer.clear()
                     yield {END_OF_EPOCH_KEY: torch.ones(1)}

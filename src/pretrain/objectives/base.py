@@ -97,7 +97,7 @@ class PretrainingModule(L.LightningModule):
         self.loss_history: list[tuple[int, float]] = []
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self._nonfinite_loss: torch.Tensor | None = None  # any micro-batch of this step
-        self._last_step_applied = True
+        self._last_step_applied = False  # an optimizer step was applied since the schedule's last
         self.epoch_tails: list[tuple[int, int, int]] = []  # (epoch, step, sequences dropped)
 
     @classmethod
@@ -254,9 +254,11 @@ class PretrainingModule(L.LightningModule):
         self.log("train/skipped_steps", float(self.skipped_steps))
 
     def lr_scheduler_step(self, scheduler, metric=None) -> None:
-        """The schedule advances only on applied optimizer steps."""
+        """The schedule advances once per applied optimizer step (Lightning also calls this
+        when an epoch is ended by on_train_batch_start, where no step was taken)."""
         if self._last_step_applied:
             super().lr_scheduler_step(scheduler, metric)
+        self._last_step_applied = False
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> int | None:
         """Ends the epoch on every rank alike (returns -1) at the first optimizer step some
