@@ -170,7 +170,8 @@ class MaskedLanguageModel(PretrainingModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        checkpoint["state_dict"] = renamed_legacy_head(checkpoint["state_dict"])
+        if "state_dict" in checkpoint:  # not under DeepSpeed, which loads its own partitions
+            checkpoint["state_dict"] = renamed_legacy_head(checkpoint["state_dict"])
 
     def load_pretrained(self, state_dict: dict[str, torch.Tensor], source: str) -> None:
         super().load_pretrained(renamed_legacy_head(state_dict), source)
