@@ -282,6 +282,13 @@ def test_changed_byte_fails_the_sha256_check(corpus_copy):
     assert len(list(read_documents(path, start_document=1))) == 49  # seeking does not hash
 
 
+def test_ids_outside_the_manifest_vocabulary_are_an_error(corpus_copy):
+    _rewrite_manifest(corpus_copy, lambda m: m["tokenizer"].update(vocab_size=100))
+    path = load_manifest(corpus_copy).shard_paths[0]
+    with pytest.raises(ShardError, match=re.escape(f"{path}: member 000000.ids.npy: id ")):
+        list(read_documents(path))
+
+
 def _raw_block(**changes) -> list[tuple[str, object]]:
     members = {
         "docs": np.array([1, 1], np.int32),

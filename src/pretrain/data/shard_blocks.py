@@ -158,7 +158,7 @@ def _load_array(path: Path, name: str, data: bytes) -> np.ndarray:
     return array
 
 
-def _check_block(path: Path, block: _Block, dtype: str | None) -> None:
+def _check_block(path: Path, block: _Block, dtype: str | None, vocab_size: int | None) -> None:
     """Raise ShardError naming the shard and member when the block's arrays disagree."""
 
     def fail(ext: str, what: str) -> None:
@@ -178,6 +178,8 @@ def _check_block(path: Path, block: _Block, dtype: str | None) -> None:
         fail("docs.npy", f"{len(docs)} documents whose sentences do not add up to {len(sents)}")
     if sents[0] <= 0 or int(sents[-1]) != len(ids) or not np.all(sents[1:] > sents[:-1]):
         fail("sents.npy", f"sentence ends are not increasing up to the {len(ids)} ids")
+    if vocab_size is not None and len(ids) and int(ids.max()) >= vocab_size:
+        fail("ids.npy", f"id {int(ids.max())} outside the vocabulary of {vocab_size}")
     if len(words) != (len(ids) + 7) // 8:
         fail("words.npy", f"{len(words)} bytes of bits for {len(ids)} tokens")
     if len(block.keys) != len(docs):
@@ -190,7 +192,11 @@ def _check_block(path: Path, block: _Block, dtype: str | None) -> None:
 
 
 def read_blocks(
-    path: Path, reader: HashingReader, dtype: str | None, skip_documents: int
+    path: Path,
+    reader: HashingReader,
+    dtype: str | None,
+    skip_documents: int,
+    vocab_size: int | None = None,
 ) -> Iterator[tuple[_Block, int]]:
     """(block, its first document to yield) for the blocks of the shard in order; blocks
     wholly inside the first `skip_documents` documents are skipped after reading their
@@ -250,7 +256,7 @@ def read_blocks(
             block.keys = decode_keys(arrays["keys.txt"].decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as error:
             raise ShardError(f"{path}: member {key}.keys.txt is malformed ({error})") from error
-        _check_block(path, block, dtype)
+        _check_block(path, block, dtype, vocab_size)
         yield block, skip_documents
         skip_documents = 0
 

@@ -29,12 +29,13 @@ A shards directory (written by `pretrain-data prepare`) holds
   end-of-archive marker, so a shard is about the size of its content.
 
 Shards are read as a stream, a block at a time, never whole (the blocks' members, key runs
-and checks: `pretrain.data.shard_blocks`). Every block is checked as it is
-read (member names and order, dtypes, lengths, offsets, key count), and a shard read from its
-start is hashed on the way and compared with the manifest's sha256 (when a manifest lies
-beside it) once its last byte is read: sha256 runs at about 1 GB/s, far above the stream's
-MB/s, so the check costs about 1% (benchmarks/RESULTS.md). `pretrain-data verify` checks every
-shard of a directory in full without training.
+and checks: `pretrain.data.shard_blocks`). Every block is checked as it is read (member names
+and order, dtypes, lengths, offsets, ids inside the vocabulary, key count), and a shard read
+from its start is hashed on the way and compared with the manifest's sha256 (when a manifest
+lies beside it) once its last byte is read. sha256 runs at about 500 MB/s on one core, the
+training stream consumes a few MB of shards per second and core, so the check costs well
+under 1% there (benchmarks/RESULTS.md). `pretrain-data verify` checks every shard of a
+directory in full without training.
 """
 
 import functools
@@ -267,7 +268,10 @@ def _manifest_shards(root: str, mtime_ns: int) -> dict[str, dict]:
         raw = json.loads((Path(root) / MANIFEST_FILE).read_text(encoding="utf-8"))
         if raw.get("format_version") != FORMAT_VERSION:
             return {}
-        return {s["name"]: {**s, "dtype": raw["dtype"]} for s in raw["shards"]}
+        vocab_size = int(raw["tokenizer"]["vocab_size"])
+        return {
+            s["name"]: {**s, "dtype": raw["dtype"], "vocab_size": vocab_size} for s in raw["shards"]
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
@@ -303,7 +307,8 @@ def read_documents(
     try:
         with open(path, "rb") as f:
             reader = HashingReader(f, digest)
-            for block, first in read_blocks(path, reader, dtype, start_document):
+            vocab_size = (record or {}).get("vocab_size")
+            for block, first in read_blocks(path, reader, dtype, start_document, vocab_size):
                 yield from block_documents(block, first)
     except OSError as error:
         raise ShardError(f"{path}: cannot be read ({error}); {PREPARE_HINT}") from error
