@@ -167,6 +167,20 @@ def test_step_aligned_loader_drain_counts_what_another_rank_cut_off():
     assert loader.drain(stopped_at=4) == 4 * 6  # batches 4..9 were never trained
 
 
+def test_step_aligned_loader_holds_back_short_batches():
+    from pretrain.data.epoch_tail import StepAlignedLoader, is_end_of_epoch
+
+    batches = fake_batches([4, 4, 2, 4, 3, 4, 4])  # readers' short last batches, interleaved
+    loader = StepAlignedLoader(batches, accumulation=2, full_batch=4)
+    out = list(loader)
+    assert is_end_of_epoch(out[-1])
+    assert [len(b["keys"]) for b in out[:-1]] == [4, 4, 4, 4]
+    assert loader.tail_samples == 2 + 3 + 4  # the short ones and the half step left at the end
+    # a resume after 2 trained batches skips the 2 stream batches they took; after 3, the
+    # short one held back before the third as well
+    assert [loader.stream_position(n) for n in (0, 1, 2, 3, 4)] == [0, 1, 2, 4, 6]
+
+
 @pytest.mark.parametrize(
     "data", ["segment_pair", "full_sentences", "doc_sentences", "xlnet_memory"]
 )

@@ -70,6 +70,7 @@ class PretrainingDataModule(L.LightningDataModule):
         self.spec = spec
         self.num_workers = num_workers
         self._resume: dict | None = None
+        self._loader: StepAlignedLoader | None = None
 
     def train_dataloader(self) -> StepAlignedLoader:
         trainer = self.trainer
@@ -77,26 +78,39 @@ class PretrainingDataModule(L.LightningDataModule):
         spec = self.spec
         if trainer is not None:
             spec = replace(spec, rank=trainer.global_rank, world_size=trainer.world_size)
-        skip = 0
+        trained = taken = 0
         if self._resume and self._resume["epoch"] == epoch:
-            skip = self._resume["batches"]
+            trained = self._resume["batches"]
+            taken = self._resume.get("stream_batches", trained)  # older checkpoints: equal
         self._resume = None
-        return StepAlignedLoader(
-            training_stream(spec, epoch, skip_batches=skip),
+        self.teardown("fit")  # the previous epoch's loader and its workers
+        self._loader = StepAlignedLoader(
+            training_stream(spec, epoch, skip_batches=taken),
             accumulation=trainer.accumulate_grad_batches if trainer else 1,
-            start_batch=skip,
+            start_batch=trained,
+            start_source=taken,
+            full_batch=spec.batch_size,
             num_workers=self.num_workers,
             persistent_workers=False,
             generator=torch.Generator().manual_seed(spec.seed),  # keeps the global RNG untouched
             worker_init_fn=ignore_in_data_worker,  # SLURM's signals: the main process decides
         )
+        return self._loader
+
+    def teardown(self, stage: str) -> None:
+        """Stop the data-loader workers (at the end of fit, and before each new epoch's)."""
+        if self._loader is not None:
+            self._loader.close()
 
     def state_dict(self) -> dict:
-        """Position in the stream: the epoch and the batches already processed in it."""
-        return {
-            "epoch": self.trainer.current_epoch,
-            "batches": self.trainer.fit_loop.epoch_loop.batch_progress.current.processed,
-        }
+        """Position in the stream: the epoch, the micro-batches trained in it, and the batches
+        of the stream taken for them (short batches held back included), which a resume skips."""
+        trained = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        loader = self.trainer.train_dataloader
+        taken = (
+            loader.stream_position(trained) if isinstance(loader, StepAlignedLoader) else trained
+        )
+        return {"epoch": self.trainer.current_epoch, "batches": trained, "stream_batches": taken}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._resume = dict(state_dict)

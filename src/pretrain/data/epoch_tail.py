@@ -43,22 +43,39 @@ class StepAlignedLoader(DataLoader):
     """A DataLoader (batch_size=None over a stream of whole batches) that yields batches only
     in whole optimizer steps of `accumulation` micro-batches, then one `END_OF_EPOCH` marker.
     `start_batch` is the epoch's first micro-batch index (non-zero on a mid-epoch resume), so
-    steps line up with Lightning's `batch_idx`."""
+    steps line up with Lightning's `batch_idx`. With `full_batch`, a shorter batch (the last
+    of a reader) is held back too, so every micro-batch has the same number of sequences and
+    weighs the same in the accumulated loss; it counts in the tail."""
 
-    def __init__(self, dataset, *, accumulation: int = 1, start_batch: int = 0, **kwargs):
+    def __init__(
+        self,
+        dataset,
+        *,
+        accumulation: int = 1,
+        start_batch: int = 0,
+        start_source: int | None = None,
+        full_batch: int | None = None,
+        **kwargs,
+    ):
         super().__init__(dataset, batch_size=None, **kwargs)
         self.accumulation = accumulation
         self.start_batch = start_batch
-        self.tail_samples = 0  # sequences this rank held at its own end and did not yield
-        self._yielded: deque[tuple[int, int]] = deque()  # (batch index, samples) not trained
-        self._buffer: deque[dict] = deque()
+        self.start_source = start_batch if start_source is None else start_source
+        self.full_batch = full_batch
+        self._pulled = self.start_source  # batches taken from the stream, counted from its start
+        self.tail_samples = 0  # sequences held back: short batches, and at the end what was left
+        # (batch index, samples, stream batches taken up to it) of the last batches handed out
+        self._yielded: deque[tuple[int, int, int]] = deque()
+        self._buffer: deque[tuple[dict, int]] = deque()  # (batch, stream batches taken up to it)
         self._source: Iterator | None = None
 
     def __iter__(self) -> Iterator[dict]:
+        self.close()
         self._source = super().__iter__()
         self._buffer.clear()
         self._yielded.clear()
         self.tail_samples = 0
+        self._pulled = self.start_source
         return self._steps(self._source)
 
     def _steps(self, source: Iterator[dict]) -> Iterator[dict]:
@@ -70,29 +87,52 @@ class StepAlignedLoader(DataLoader):
                     batch = next(source, None)
                     if batch is None:
                         break
-                    self._buffer.append(batch)
+                    self._pulled += 1
+                    if self.full_batch and batch_samples(batch) < self.full_batch:
+                        self.tail_samples += batch_samples(batch)  # a reader's last, short one
+                        continue
+                    self._buffer.append((batch, self._pulled))
                 if len(self._buffer) < need:
-                    self.tail_samples = sum(batch_samples(b) for b in self._buffer)
+                    self.tail_samples += sum(batch_samples(b) for b, _ in self._buffer)
                     self._buffer.clear()
                     yield {END_OF_EPOCH_KEY: torch.ones(1)}
                     return
-            batch = self._buffer.popleft()
-            self._yielded.append((index, batch_samples(batch)))
+            batch, taken = self._buffer.popleft()
+            self._yielded.append((index, batch_samples(batch), taken))
             while len(self._yielded) > 4 * self.accumulation + 4:  # only the last few matter
                 self._yielded.popleft()
             yield batch
             index += 1
+
+    def close(self) -> None:
+        """Stop the data-loader workers of the current iteration now. They ignore SIGTERM
+        (`job_signals`), so they must be told through their queues, which is what DataLoader's
+        iterator does when shut down; nothing else would, while this loader holds it."""
+        source, self._source = self._source, None
+        self._buffer.clear()
+        if source is not None and hasattr(source, "_shutdown_workers"):
+            source._shutdown_workers()
+
+    def stream_position(self, processed: int) -> int:
+        """Batches of the stream (short ones held back included) taken up to the `processed`
+        micro-batches Lightning has trained: what a resume skips (`training_stream`)."""
+        if processed <= self.start_batch:
+            return self.start_source
+        for index, _, taken in self._yielded:
+            if index == processed - 1:
+                return taken
+        return self._pulled  # past the last batch handed out: the epoch's end
 
     def drain(self, stopped_at: int) -> int:
         """Sequences this rank's stream holds from micro-batch `stopped_at` on (the epoch was
         ended there by another rank): those already handed to Lightning, those looked ahead,
         and the rest of the stream, read to its end. Returns the count."""
         count = self.tail_samples
-        count += sum(n for index, n in self._yielded if index >= stopped_at)
-        count += sum(batch_samples(b) for b in self._buffer)
+        count += sum(n for index, n, _ in self._yielded if index >= stopped_at)
+        count += sum(batch_samples(b) for b, _ in self._buffer)
         self._buffer.clear()
         self._yielded.clear()
         if self._source is not None:
             count += sum(batch_samples(b) for b in self._source)
-            self._source = None
+        self.close()
         return count
