@@ -20,9 +20,9 @@ from data_pipelines.prepare_config import TokenizerSettings
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.vocab import load_vocabulary
 from pretrain.export import ExportError, export_checkpoint
-from pretrain.param_counts import model_info
 from pretrain.models.bert import BertEncoder
 from pretrain.models.roberta import RobertaEncoder, roberta_position_ids
+from pretrain.param_counts import model_info
 from pretrain.run import train
 
 transformers = pytest.importorskip("transformers")

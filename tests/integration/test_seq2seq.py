@@ -10,8 +10,8 @@ from test_objectives_train import logged
 from test_train import tiny_overrides
 
 from pretrain.config import ConfigError, compose_config, validate
-from pretrain.param_counts import parameter_counts
 from pretrain.models.seq2seq import EncoderDecoder, TiedLMHead, sinusoidal_table
+from pretrain.param_counts import parameter_counts
 from pretrain.run import train
 
 TINY = {

@@ -10,9 +10,9 @@ import transformers
 
 from pretrain.export.hf import import_hf_model, write_hf_model
 from pretrain.export.xlnet import to_hf
-from pretrain.param_counts import parameter_counts
 from pretrain.models import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
+from pretrain.param_counts import parameter_counts
 
 VOCAB, PAD = 97, 0
 MODEL = {
