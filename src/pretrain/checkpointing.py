@@ -1,8 +1,10 @@
 """Checkpoints that a crash cannot corrupt, and finding the one to resume from.
 
 Every checkpoint is written beside its final name (`NAME.partial`), flushed to disk, then
-renamed over the final name: a file named `*.ckpt` is always complete, so resuming never
-meets a half-written one. Leftover `.partial` files are ignored and cleaned up.
+renamed over the final name, and the directory is fsynced so the rename itself survives a
+crash: a file named `*.ckpt` is complete once "saved" is printed. Leftover `.partial` files
+are ignored and cleaned up. `resume=auto` takes the newest complete checkpoint by the step
+stored in it (`last.ckpt` or a `step-*.ckpt`); one that cannot be read is skipped, named.
 
 Under DeepSpeed a checkpoint is a directory (`last.ckpt/` holding `latest` and a tag folder
 of per-rank shards), written by DeepSpeed's engine rather than CheckpointIO. The strategy
@@ -13,12 +15,16 @@ only when DeepSpeed's `latest` file (written last) is in it.
 
 import os
 import shutil
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from pretrain.batching import batch_plan
+from pretrain.errors import ConfigError
 
 PARTIAL_SUFFIX = ".partial"
 REPLACED_SUFFIX = ".replaced"
@@ -38,6 +44,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, path)
+        fsync_directory(path.parent)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         fs = get_filesystem(path)
@@ -45,7 +52,30 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             fs.rm(path, recursive=True)
 
 
+def fsync_directory(directory: str | Path) -> None:
+    """Flush `directory`'s entries (a rename into it) to disk."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and directory under `root` (a DeepSpeed checkpoint written by
+    `torch.save` without fsync) to disk."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(Path(directory) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_directory(directory)
+
+
 def checkpoint_dir(run_dir: str | Path) -> Path:
+    """`<run_dir>/checkpoints`: where a run's checkpoints are written and resumed from."""
     return Path(run_dir) / "checkpoints"
 
 
@@ -63,12 +93,14 @@ def replace_directory(written: Path, final: Path) -> None:
     """Move the complete directory `written` to `final`, replacing an older one. Between the
     two renames `final` is briefly absent; resuming then falls back to the newest step
     checkpoint (`find_resume_checkpoint`)."""
+    fsync_tree(written)
     replaced = final.with_name(final.name + REPLACED_SUFFIX)
     if replaced.exists():
         shutil.rmtree(replaced)
     if final.exists():
         os.replace(final, replaced)
     os.replace(written, final)
+    fsync_directory(final.parent)
     shutil.rmtree(replaced, ignore_errors=True)
 
 
@@ -79,14 +111,42 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The optimizer step stored in a checkpoint (file or ZeRO directory); raises (OSError,
+    RuntimeError, pickle/zip errors, KeyError) when it cannot be read."""
+    if Path(path).is_dir():
+        state = torch.load(deepspeed_client_state_file(path), weights_only=False, mmap=True)
+    else:
+        state = torch.load(path, weights_only=True, mmap=True)
+    return int(state["global_step"])
+
+
+def newest_checkpoint(directory: Path) -> str | None:
+    """The complete checkpoint of `directory` (`last.ckpt`, `step-*.ckpt`) with the highest
+    stored step, `last.ckpt` on a tie; a file or ZeRO directory that cannot be read (truncated,
+    a shard missing) is skipped with a warning naming it. None when there is none."""
+    candidates = [directory / "last.ckpt", *sorted(directory.glob("step-*.ckpt"), reverse=True)]
+    best: tuple[int, Path] | None = None
+    for path in candidates:
+        if not is_complete_checkpoint(path):
+            continue
+        try:
+            step = checkpoint_step(path)
+        except Exception as error:  # noqa: BLE001 - any unreadable checkpoint is skipped
+            print(f"warning: skipping unreadable checkpoint {path}: {error}", flush=True)
+            continue
+        if best is None or step > best[0]:
+            best = (step, path)
+    return str(best[1]) if best else None
+
+
 def find_resume_checkpoint(run_dir: str | Path, resume: str) -> str | None:
     """The checkpoint `resume` asks for: None for 'never' or when the run has none yet; for
-    'auto' `<run_dir>/checkpoints/last.ckpt` when complete, else the complete
-    `step-*.ckpt` of the highest step; else the given path (a file or a ZeRO directory, which
-    must exist and be complete)."""
+    'auto' and 'force' the newest complete one in `<run_dir>/checkpoints` (`newest_checkpoint`);
+    else the given path (a file or a ZeRO directory, which must exist and be complete)."""
     if resume == "never":
         return None
-    if resume != "auto":
+    if resume not in ("auto", "force"):
         if not is_complete_checkpoint(resume):
             raise FileNotFoundError(
                 f"resume={resume}: no such checkpoint file or complete DeepSpeed checkpoint "
@@ -96,11 +156,7 @@ def find_resume_checkpoint(run_dir: str | Path, resume: str) -> str | None:
     directory = checkpoint_dir(run_dir)
     for leftover in directory.glob(f"*{PARTIAL_SUFFIX}"):
         _remove(leftover)  # an interrupted write; the previous complete checkpoint is intact
-    last = directory / "last.ckpt"
-    if is_complete_checkpoint(last):
-        return str(last)
-    steps = sorted(p for p in directory.glob("step-*.ckpt") if is_complete_checkpoint(p))
-    return str(steps[-1]) if steps else None
+    return newest_checkpoint(directory)
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -113,15 +169,141 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
+# Keys that may differ between the launches of one run: they say how long, where, how
+# visibly and how fast it trains, not what it trains (fnmatch patterns over dotted keys).
+# `trainer.devices` and `trainer.num_nodes` may change too while the global batch stays the
+# same (`data.global_batch_size` set). Anything else makes `resume=auto` refuse.
+RELAUNCH_KEYS = (
+    "resume",
+    "run_name",
+    "run_dir",
+    "experiment_name",
+    "trainer.max_steps",
+    "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar",
+    "trainer.checkpoint_every_n_steps",
+    "trainer.keep_checkpoints",
+    "trainer.preemption_signal",
+    "trainer.collective_timeout_s",
+    "logger.*",
+    "data.num_workers",
+)
+RANK_KEYS = ("trainer.devices", "trainer.num_nodes")
+UNSET = "<unset>"
+
+
 def config_changes(saved: dict, current: dict, ignore: tuple[str, ...] = ("resume",)) -> list[str]:
     """Keys whose value differs between a checkpoint's config and the current one, as
-    'key: saved -> current' lines (keys in `ignore` are skipped)."""
+    'key: saved -> current' lines (keys matching a pattern of `ignore` are skipped)."""
     old, new = _flatten(saved), _flatten(current)
     return [
-        f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
+        f"{key}: {old.get(key, UNSET)!r} -> {new.get(key, UNSET)!r}"
         for key in sorted(old.keys() | new.keys())
-        if key not in ignore and old.get(key, "<unset>") != new.get(key, "<unset>")
+        if not any(fnmatch(key, pattern) for pattern in ignore)
+        and old.get(key, UNSET) != new.get(key, UNSET)
     ]
+
+
+def _global_batch(config: dict) -> int | None:
+    try:
+        return batch_plan(config).global_batch_size
+    except (ConfigError, KeyError, TypeError):
+        return None
+
+
+def refused_changes(saved: dict, current: dict) -> list[str]:
+    """The differences (`config_changes` lines) that stop `resume=auto` from continuing a
+    checkpoint with `current`: every key but `RELAUNCH_KEYS` and `init_from` (checked on its
+    own, `check_init_from`), and `RANK_KEYS` only when the global batch changes with them."""
+    changes = config_changes(saved, current, (*RELAUNCH_KEYS, *RANK_KEYS, "init_from"))
+    ranks = config_changes(saved, current, ())
+    ranks = [line for line in ranks if line.split(":")[0] in RANK_KEYS]
+    before, after = _global_batch(saved), _global_batch(current)
+    if ranks and (before is None or before != after):
+        batch = f" (global batch {before} -> {after} samples per step)"
+        changes += [line + batch for line in ranks]
+    return changes
+
+
+def check_init_from(saved: dict, current: dict, checkpoint: str) -> None:
+    """ConfigError when the run asks for `init_from` other than the one the checkpoint's run
+    started from: resuming continues the checkpoint's weights, so initialising from elsewhere
+    cannot be honoured. The same `init_from` (a relaunch or a requeue of that run) or none is
+    fine."""
+    wanted = current.get("init_from")
+    if wanted is None or wanted == saved.get("init_from"):
+        return
+    raise ConfigError(
+        f"init_from={wanted}: the run directory already holds a checkpoint ({checkpoint}) "
+        f"that started from {saved.get('init_from')!r}; resuming continues its weights, so "
+        "init_from cannot apply. To start a run from init_from, name a new run (run_name=...) "
+        "or start over here (resume=never)"
+    )
+
+
+def check_relaunch(saved: dict, current: dict, checkpoint: str, resume: str) -> None:
+    """Whether the run may continue `checkpoint` (whose config is `saved`) with `current`:
+    ConfigError listing the refused changes (`refused_changes`) and how to proceed for
+    `resume=auto`; printed as a warning for `resume=force` or an explicit path (the launch
+    names what it continues). `check_init_from` applies to every mode."""
+    check_init_from(saved, current, checkpoint)
+    changes = refused_changes(saved, current)
+    if not changes:
+        return
+    listing = "\n  ".join(changes)
+    if resume != "auto":
+        print(
+            f"warning: resume={resume}: continuing {checkpoint} although the config differs "
+            f"(saved -> now):\n  {listing}",
+            flush=True,
+        )
+        return
+    raise ConfigError(
+        f"the run directory holds a checkpoint ({checkpoint}) trained with another config; "
+        f"these keys differ (saved -> now):\n  {listing}\n"
+        f"Keys that may change between launches: {', '.join(RELAUNCH_KEYS)}; "
+        f"{' and '.join(RANK_KEYS)} with the same global batch.\n"
+        "To proceed: name a new run for this config (run_name=NAME), or start over in this "
+        "directory (resume=never; the old checkpoints move to checkpoints.previous/), or "
+        "continue the old run with the new values (resume=force)."
+    )
+
+
+def set_aside_checkpoints(run_dir: str | Path) -> Path | None:
+    """`resume=never` in a run directory that holds checkpoints: move them to
+    `checkpoints.previous/` (replacing an older one), so the new run's and the old run's
+    checkpoints never mix (`resume=auto` takes the highest step). Returns where they went."""
+    directory = checkpoint_dir(run_dir)
+    if not directory.is_dir() or not any(directory.iterdir()):
+        return None
+    previous = directory.with_name(directory.name + ".previous")
+    if previous.exists():
+        shutil.rmtree(previous)
+    os.replace(directory, previous)
+    fsync_directory(previous.parent)
+    return previous
+
+
+def save_hydra_config(cfg: Any) -> Path | None:
+    """Write what Hydra writes to `<output dir>/.hydra` (config.yaml, hydra.yaml,
+    overrides.yaml), after the relaunch check passed: `conf/train.yaml` sets
+    `hydra.output_subdir: null`, so Hydra itself no longer overwrites an old run's
+    `config.yaml` with a config it was not trained with. None outside a Hydra app (or when
+    Hydra writes it itself)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.output_subdir is not None or not hydra_cfg.runtime.get("output_dir"):
+        return None
+    out = Path(hydra_cfg.runtime.output_dir) / ".hydra"
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), out / "hydra.yaml")
+    OmegaConf.save(hydra_cfg.overrides.task, out / "overrides.yaml")
+    return out
 
 
 def deepspeed_client_state_file(checkpoint: str | Path) -> Path:

@@ -383,7 +383,8 @@ class TrainConfig:
     run_dir: str = "runs/${experiment_name}/${run_name}"
     resume: str = "auto"
     # A Hugging Face directory or a `pretrain` .ckpt whose weights initialise a new run
-    # (continued pretraining); ignored when the run resumes from its own checkpoint.
+    # (continued pretraining); an error when the run directory holds a checkpoint of a run
+    # that did not start from it (pretrain.checkpointing.check_init_from).
     init_from: str | None = None
 
     def __post_init__(self) -> None:
@@ -398,10 +399,10 @@ class TrainConfig:
             f"must not exceed the {longest} positions of model {self.model.name}",
         )
         require(
-            self.resume in ("auto", "never") or self.resume.endswith(".ckpt"),
+            self.resume in ("auto", "never", "force") or self.resume.endswith(".ckpt"),
             "resume",
             self.resume,
-            "must be 'auto', 'never' or the path of a .ckpt file",
+            "must be 'auto', 'never', 'force' or the path of a .ckpt file",
         )
         # Derived once per launch and passed down (trainer, strategy, optimizer, log line);
         # not a field, so never part of the plain config. ConfigError naming the key when the

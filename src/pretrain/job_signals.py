@@ -11,13 +11,16 @@ keeps the signals from killing processes before it can:
   callback installs its handlers, the signals are recorded, not fatal (Python's default for
   USR1/USR2/TERM ends the process). The callback takes the recorded one (`take_held`) and
   saves at the first step boundary.
-- `ignore_in_data_worker` (a DataLoader `worker_init_fn`): data-loader workers ignore them;
-  the main process stops the workers when it stops.
+- `ignore_in_data_worker` (a DataLoader `worker_init_fn`): data-loader workers ignore them
+  (SIGTERM only from other senders than their own main process); the main process stops
+  the workers when it stops.
 
 Imports only the standard library, so the entry point installs it before torch loads.
 """
 
+import os
 import signal
+import threading
 from types import FrameType
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -47,8 +50,27 @@ def take_held() -> list[signal.Signals]:
     return held
 
 
+def _ignore(_signum: int, _frame: FrameType | None) -> None:
+    """A handler that does nothing (unlike SIG_IGN, the signal stays pending while blocked)."""
+
+
+def _end_on_sigterm_from(parent: int) -> None:
+    """The worker's SIGTERM thread: the parent's own `terminate()` (a DataLoader shutting its
+    workers down, multiprocessing's exit) ends the worker; any other sender's is ignored."""
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(128 + signal.SIGTERM)
+
+
 def ignore_in_data_worker(_worker_id: int) -> None:
     """DataLoader `worker_init_fn`: the worker ignores SIGTERM, SIGUSR1 and SIGUSR2 sent to
-    the whole job, so the main process can finish the step and save; it ends the workers."""
+    the whole job, so the main process can finish the step and save; the main process ends
+    the workers. SIGTERM from the main process itself still ends the worker (else a worker
+    left at exit would keep the process waiting for it): SIGTERM is blocked and a thread
+    reads who sent each one."""
     for signum in PREEMPTION_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+        signal.signal(signum, _ignore)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later too
+    threading.Thread(
+        target=_end_on_sigterm_from, args=(os.getppid(),), name="sigterm", daemon=True
+    ).start()

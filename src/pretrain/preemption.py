@@ -20,6 +20,13 @@ Signals:
 - SIGTERM (scancel, time limit, SLURM's own preemption): save and stop, no requeue (a
   cancelled job must stay cancelled; SLURM requeues by itself where PreemptMode=REQUEUE).
 
+A run stopped this way before `trainer.max_steps` is not finished: `train` raises `Preempted`
+and the process exits with `PREEMPTED_EXIT_STATUS` (75, EX_TEMPFAIL of sysexits.h: a temporary
+failure, try again), distinct from success (0), config/data errors (2), a non-finite loss (3)
+and a stuck rank (4), so scripts and `make` do not take it for a finished run. Data-loader
+workers ignore the signals (`pretrain.job_signals`), and a signal that comes during start-up,
+before the handlers below exist, is held by the entry point and taken at `setup`.
+
 Handlers are installed at `setup` (so a signal that comes while the checkpoint is restored is
 kept for the first step) and again at `on_train_start` (Lightning registers its own in
 between, which they replace while training runs); the previous ones are put back at teardown.
@@ -40,9 +47,31 @@ from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElastic
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from pretrain.errors import ConfigError
+from pretrain.job_signals import PREEMPTION_SIGNALS, is_holding, take_held
 
 STOP_SIGNAL = signal.SIGTERM
 SUBMITIT_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)  # submitit's timeout signal is USR2
+# Exit status of a run stopped by a signal after saving a complete checkpoint: resumable, not
+# finished. EX_TEMPFAIL (sysexits.h): outside 0-4 (the run's other statuses), 124-127 (timeout
+# and shell errors) and 128+N (killed by signal N).
+PREEMPTED_EXIT_STATUS = 75
+
+
+class Preempted(Exception):
+    """A signal stopped the run at a step boundary before `trainer.max_steps`, after every
+    rank saved one complete checkpoint: resumable, not finished."""
+
+    def __init__(self, step: int, max_steps: int, checkpoint: str, requeued: bool):
+        self.step, self.max_steps, self.checkpoint = step, max_steps, checkpoint
+        then = (
+            "the SLURM job was requeued and will resume"
+            if requeued
+            else "run the same command again to resume (resume=auto)"
+        )
+        super().__init__(
+            f"preempted at step {step} of {max_steps}: saved {checkpoint}; not finished, "
+            f"{then} (exit status {PREEMPTED_EXIT_STATUS})"
+        )
 
 
 def parse_signal(name: str, key: str = "trainer.preemption_signal") -> signal.Signals:
@@ -114,6 +143,8 @@ class PreemptionCheckpoint(Callback):
         self._previous: dict[signal.Signals, Any] = {}
         self._last_checked_step = -1
         self.saved_step: int | None = None  # the step of the preemption checkpoint, once saved
+        self.saved_path: str | None = None
+        self.requeued = False
 
     @property
     def signals(self) -> tuple[signal.Signals, ...]:
@@ -132,9 +163,26 @@ class PreemptionCheckpoint(Callback):
             return  # signals can only be caught in the main thread
         # Under submitit, its timeout signal (USR2) is a requeue signal too.
         submitit = [s for s in SUBMITIT_SIGNALS if _is_submitit_handler(signal.getsignal(s))]
-        for signum in dict.fromkeys([*self.signals, *submitit]):
+        handled = dict.fromkeys([*self.signals, *submitit])
+        for signum in handled:
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handle)
+        self._take_held_signals(handled)
+
+    def _take_held_signals(self, handled: dict[signal.Signals, None]) -> None:
+        """Signals held since the entry point started (`pretrain.job_signals`): a handled one
+        counts as received now; the others get their default action back (and, when one
+        came, it is delivered again: the process ends as it would have)."""
+        unhandled = [s for s in PREEMPTION_SIGNALS if s not in handled]
+        for signum in unhandled:
+            if is_holding(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        for signum in take_held():
+            if signum in handled:
+                print(f"preemption: {signum.name} came during start-up", flush=True)
+                self._handle(signum, None)
+            else:
+                signal.raise_signal(signum)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning registers its SIGTERM handler (which stops without saving) after setup:
@@ -162,7 +210,7 @@ class PreemptionCheckpoint(Callback):
             self._received not in (None, STOP_SIGNAL), all=False
         )
         self.save_last(trainer)
-        self.saved_step = trainer.global_step
+        self.saved_step, self.saved_path = trainer.global_step, self._last_path(trainer)
         print(
             f"preemption: saved step {trainer.global_step} to {self._last_path(trainer)} "
             f"(rank {trainer.global_rank}); stopping",
@@ -170,18 +218,26 @@ class PreemptionCheckpoint(Callback):
         )
         trainer.should_stop = True
         if requeue and trainer.is_global_zero:
-            self._requeue_job()
+            self.requeued = self._requeue_job()
 
-    def _requeue_job(self) -> None:
+    def _requeue_job(self) -> bool:
         for signum, previous in self._previous.items():
             if _is_submitit_handler(previous):
                 previous(signum, None)  # re-pickles, counts timeouts, requeues, exits
-                return
+                return True
         job_id = slurm_job_id()
         if job_id is None:
             print("preemption: not a SLURM job, nothing to requeue", flush=True)
         elif self._requeue(job_id):
             print(f"preemption: requeued SLURM job {job_id}", flush=True)
+            return True
+        return False
+
+    def raise_if_preempted(self, trainer: L.Trainer) -> None:
+        """Raise `Preempted` when this callback stopped the run before `trainer.max_steps`
+        (a stop at the last step is a finished run)."""
+        if self.saved_step is not None and self.saved_step < trainer.max_steps:
+            raise Preempted(self.saved_step, trainer.max_steps, str(self.saved_path), self.requeued)
 
     @staticmethod
     def _checkpoint_callback(trainer: L.Trainer) -> ModelCheckpoint:
@@ -208,6 +264,13 @@ def preemption_callbacks(trainer: Any) -> list[Callback]:
     """The preemption callback of a run's typed `trainer` section (`preemption_signal`: the
     requeue signal's name, or null for SIGTERM only)."""
     return [PreemptionCheckpoint(trainer.preemption_signal)]
+
+
+def raise_if_preempted(trainer: L.Trainer) -> None:
+    """After `fit`: raise `Preempted` when a signal stopped `trainer` before its max_steps."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, PreemptionCheckpoint):
+            callback.raise_if_preempted(trainer)
 
 
 def slurm_plugins() -> list[Any]:

@@ -8,7 +8,13 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from pretrain.batching import describe as describe_batching
-from pretrain.checkpointing import config_changes, find_resume_checkpoint, saved_config
+from pretrain.checkpointing import (
+    check_relaunch,
+    find_resume_checkpoint,
+    save_hydra_config,
+    saved_config,
+    set_aside_checkpoints,
+)
 from pretrain.collectives import CollectiveTimeout, collective_failure
 from pretrain.config import TrainConfig, settings_from, validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
@@ -17,6 +23,7 @@ from pretrain.data.stream import StreamSpec
 from pretrain.errors import ConfigError
 from pretrain.export.checkpoint import ExportError
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
+from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
 from pretrain.trainer import build_trainer
 
 
@@ -59,18 +66,16 @@ def train(cfg: DictConfig) -> Path:
     run, module, datamodule = prepare_run(cfg)
     run_dir = Path(run.run_dir)
     ckpt_path = find_resume_checkpoint(run_dir, run.resume)
-    if ckpt_path:
+    if ckpt_path:  # refused (ConfigError) when the config changed what is trained
+        check_relaunch(saved_config(ckpt_path), module.config, ckpt_path, run.resume)
         print(f"Resuming from {ckpt_path}", flush=True)
-        changes = config_changes(saved_config(ckpt_path), module.config)
-        if changes:
-            print(
-                "warning: the config differs from the checkpoint's:\n  " + "\n  ".join(changes),
-                flush=True,
-            )
     elif run.init_from:
         initialise_from(module, run.init_from)
     trainer = build_trainer(run, run_dir)
     if trainer.is_global_zero:
+        if run.resume == "never" and (previous := set_aside_checkpoints(run_dir)):
+            print(f"resume=never: the old checkpoints moved to {previous}", flush=True)
+        save_hydra_config(cfg)
         print(describe_batching(run.optim, run.batch_plan), flush=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(module.config)
@@ -81,6 +86,7 @@ def train(cfg: DictConfig) -> Path:
         if stuck is None:
             raise
         raise stuck from error
+    raise_if_preempted(trainer)  # stopped by a signal before max_steps: not finished
     if trainer.is_global_zero:
         print(summary(module, run_dir), flush=True)
     return run_dir
@@ -127,9 +133,11 @@ def summary(module: PretrainingModule, run_dir: Path) -> str:
 
 
 def run_or_exit(cfg: DictConfig) -> Path:
-    """`train`, turning config and data errors into a clear message and exit status 2, a
-    non-finite loss under trainer.nonfinite=stop into exit status 3, a collective that
-    timed out (a stuck or dead rank) into exit status 4."""
+    """`train`, turning config and data errors (a changed config refused on resume too)
+    into a clear message and exit status 2, a non-finite loss under trainer.nonfinite=stop
+    into exit status 3, a collective that timed out (a stuck or dead rank) into exit status
+    4, and a preemption (a complete checkpoint saved, the run not finished) into exit status
+    75 (`PREEMPTED_EXIT_STATUS`) without the summary of a finished run."""
     try:
         return train(cfg)
     except (ConfigError, ShardError, ExportError, FileNotFoundError) as error:
@@ -141,3 +149,6 @@ def run_or_exit(cfg: DictConfig) -> Path:
     except CollectiveTimeout as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(4)
+    except Preempted as stop:
+        print(stop, file=sys.stderr, flush=True)
+        sys.exit(PREEMPTED_EXIT_STATUS)

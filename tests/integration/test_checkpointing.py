@@ -1,16 +1,49 @@
-"""A crash while writing a checkpoint never leaves a corrupt one to resume from."""
+"""A crash while writing a checkpoint never leaves a corrupt one to resume from; `resume=auto`
+takes the newest complete checkpoint; a changed config never silently continues another run."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from test_train import tiny_overrides
 
 from pretrain import checkpointing
-from pretrain.checkpointing import AtomicCheckpointIO, find_resume_checkpoint
+from pretrain.checkpointing import (
+    AtomicCheckpointIO,
+    check_relaunch,
+    config_changes,
+    find_resume_checkpoint,
+    refused_changes,
+    replace_directory,
+    set_aside_checkpoints,
+)
+from pretrain.config import compose_config
+from pretrain.errors import ConfigError
+from pretrain.run import train
+
+
+def save(path: Path, step: int) -> Path:
+    AtomicCheckpointIO().save_checkpoint({"global_step": step, "weights": torch.ones(3)}, path)
+    return path
+
+
+def deepspeed_dir(path: Path, step: int, *, latest: bool = True, states: bool = True) -> Path:
+    """A ZeRO checkpoint directory as DeepSpeed writes it: `latest` names the tag folder that
+    holds rank 0's model states (with Lightning's client state: global_step)."""
+    (path / "tag").mkdir(parents=True)
+    if states:
+        torch.save({"global_step": step}, path / "tag" / "mp_rank_00_model_states.pt")
+    if latest:
+        (path / "latest").write_text("tag")
+    return path
 
 
 def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    io = AtomicCheckpointIO()
-    path = tmp_path / "checkpoints" / "last.ckpt"
-    io.save_checkpoint({"step": 1, "weights": torch.ones(3)}, path)
+    path = save(tmp_path / "checkpoints" / "last.ckpt", 1)
 
     def crash(obj, f):
         f.write(b"half a checkpoint")
@@ -18,13 +51,31 @@ def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checkpointing.torch, "save", crash)
     with pytest.raises(KeyboardInterrupt):
-        io.save_checkpoint({"step": 2, "weights": torch.zeros(3)}, path)
+        AtomicCheckpointIO().save_checkpoint({"global_step": 2}, path)
     monkeypatch.undo()
-    assert torch.load(path, weights_only=True)["step"] == 1
+    assert torch.load(path, weights_only=True)["global_step"] == 1
     assert (path.parent / "last.ckpt.partial").exists()
     # resuming ignores and removes the partial file
     assert find_resume_checkpoint(tmp_path, "auto") == str(path)
     assert not (path.parent / "last.ckpt.partial").exists()
+
+
+def test_the_directory_is_fsynced_after_the_rename(tmp_path, monkeypatch):
+    synced: list[tuple[Path, list[str]]] = []
+    real = checkpointing.fsync_directory
+
+    def record(directory):
+        synced.append((Path(directory), sorted(p.name for p in Path(directory).iterdir())))
+        real(directory)
+
+    monkeypatch.setattr(checkpointing, "fsync_directory", record)
+    save(tmp_path / "last.ckpt", 1)
+    assert synced == [(tmp_path, ["last.ckpt"])]  # after the rename, without the .partial
+    synced.clear()
+    written = deepspeed_dir(tmp_path / "ds.ckpt.partial", 2)
+    replace_directory(written, tmp_path / "ds.ckpt")
+    assert (tmp_path, ["ds.ckpt", "last.ckpt"]) in synced  # the rename of the directory
+    assert (written / "tag", ["mp_rank_00_model_states.pt"]) in synced  # its files first
 
 
 def test_resume_modes(tmp_path):
@@ -34,9 +85,30 @@ def test_resume_modes(tmp_path):
         find_resume_checkpoint(tmp_path, str(tmp_path / "missing.ckpt"))
 
 
-def test_config_changes_lists_what_differs():
-    from pretrain.checkpointing import config_changes
+def test_auto_takes_the_newest_complete_checkpoint_by_its_stored_step(tmp_path, capsys):
+    directory = tmp_path / "checkpoints"
+    last = save(directory / "last.ckpt", 5)
+    save(directory / "step-0000004.ckpt", 4)
+    newer = save(directory / "step-0000007.ckpt", 7)
+    assert find_resume_checkpoint(tmp_path, "auto") == str(newer)  # not last.ckpt
+    os.utime(newer, (0, 0))  # an old mtime changes nothing: the stored step decides
+    assert find_resume_checkpoint(tmp_path, "force") == str(newer)
+    # a truncated newer file (copied in part, a full disk before atomic writes): skipped
+    truncated = directory / "step-0000009.ckpt"
+    truncated.write_bytes(newer.read_bytes()[:100])
+    assert find_resume_checkpoint(tmp_path, "auto") == str(newer)
+    assert f"skipping unreadable checkpoint {truncated}" in capsys.readouterr().out
+    # ZeRO directories count only when complete: `latest` and rank 0's states readable
+    deepspeed_dir(directory / "step-0000010.ckpt", 10, latest=False)  # interrupted
+    deepspeed_dir(directory / "step-0000011.ckpt", 11, states=False)  # a shard missing
+    assert find_resume_checkpoint(tmp_path, "auto") == str(newer)
+    complete = deepspeed_dir(directory / "step-0000012.ckpt", 12)
+    assert find_resume_checkpoint(tmp_path, "auto") == str(complete)
+    save(last, 12)  # a tie: last.ckpt
+    assert find_resume_checkpoint(tmp_path, "auto") == str(last)
 
+
+def test_config_changes_lists_what_differs():
     saved = {"resume": "auto", "optim": {"lr": 1e-4, "betas": [0.9, 0.999]}, "seed": 1}
     current = {
         "resume": "never",
@@ -49,3 +121,125 @@ def test_config_changes_lists_what_differs():
         "optim.lr: 0.0001 -> 0.0002",
     ]
     assert config_changes(saved, saved) == []
+
+
+def plain(**changes) -> dict:
+    """A plain run config's keys that the relaunch check reads, with `changes` ("a.b": v)."""
+    config = {
+        "seed": 1,
+        "run_dir": "runs/a",
+        "resume": "auto",
+        "init_from": None,
+        "optim": {"optimizer": {"lr": 1e-3}},
+        "data": {"batch_size": 8, "global_batch_size": None, "num_workers": 0},
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "num_nodes": 1,
+            "accumulate_grad_batches": 1,
+            "max_steps": 10,
+            "log_every_n_steps": 10,
+            "enable_progress_bar": True,
+        },
+        "logger": {"wandb": True},
+    }
+    for key, value in changes.items():
+        *path, last = key.split(".")
+        section = config
+        for name in path:
+            section = section[name]
+        section[last] = value
+    return config
+
+
+def test_what_may_change_between_launches():
+    saved = plain()
+    allowed = plain(
+        **{
+            "trainer.max_steps": 20,
+            "trainer.log_every_n_steps": 1,
+            "trainer.enable_progress_bar": False,
+            "logger.wandb": False,
+            "data.num_workers": 2,
+            "run_dir": "runs/b",
+            "resume": "force",
+        }
+    )
+    assert refused_changes(saved, allowed) == []
+    assert refused_changes(saved, plain(**{"optim.optimizer.lr": 2e-3})) == [
+        "optim.optimizer.lr: 0.001 -> 0.002"
+    ]
+    # more ranks: allowed only when the global batch stays the same
+    assert refused_changes(saved, plain(**{"trainer.devices": 2})) == [
+        "trainer.devices: 1 -> 2 (global batch 8 -> 16 samples per step)"
+    ]
+    fixed = {"data.global_batch_size": 16}
+    assert refused_changes(plain(**fixed), plain(**fixed, **{"trainer.devices": 2})) == []
+
+
+def test_a_refused_relaunch_says_what_differs_and_how_to_proceed(capsys):
+    saved, changed = plain(), plain(**{"optim.optimizer.lr": 2e-3, "seed": 2})
+    with pytest.raises(ConfigError) as refused:
+        check_relaunch(saved, changed, "runs/a/checkpoints/last.ckpt", "auto")
+    message = str(refused.value)
+    for part in ("optim.optimizer.lr: 0.001 -> 0.002", "seed: 1 -> 2", "run_name=", "resume=never"):
+        assert part in message
+    assert "resume=force" in message and "trainer.max_steps" in message
+    check_relaunch(saved, changed, "runs/a/checkpoints/last.ckpt", "force")  # continues
+    assert "seed: 1 -> 2" in capsys.readouterr().out
+    # init_from: fine when it is the run's own (a requeue), an error otherwise, even forced
+    started = plain(init_from="hf/bert")
+    check_relaunch(started, plain(init_from="hf/bert"), "last.ckpt", "auto")
+    check_relaunch(started, plain(), "last.ckpt", "auto")
+    for resume in ("auto", "force"):
+        with pytest.raises(ConfigError, match="init_from=other: the run directory already"):
+            check_relaunch(started, plain(init_from="other"), "last.ckpt", resume)
+
+
+def test_never_sets_the_old_checkpoints_aside(tmp_path):
+    assert set_aside_checkpoints(tmp_path) is None
+    save(tmp_path / "checkpoints" / "step-0000900.ckpt", 900)
+    previous = set_aside_checkpoints(tmp_path)
+    assert previous == tmp_path / "checkpoints.previous"
+    assert (previous / "step-0000900.ckpt").is_file()
+    assert find_resume_checkpoint(tmp_path, "auto") is None  # never mixed with the new run
+
+
+def pretrain_cli(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "pretrain"), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_a_changed_command_never_silently_continues_another_run(prepared_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    first = pretrain_cli(*tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=2"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    hydra_config = (run_dir / ".hydra" / "config.yaml").read_bytes()
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+
+    changed = tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=4", "seed=7")
+    refused = pretrain_cli(*changed)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "seed: 1234 -> 7" in refused.stderr and "resume=force" in refused.stderr
+    assert (run_dir / ".hydra" / "config.yaml").read_bytes() == hydra_config  # untouched
+    assert sorted((run_dir / "checkpoints").iterdir()) == checkpoints
+
+    last = run_dir / "checkpoints" / "last.ckpt"
+    with pytest.raises(ConfigError, match="init_from="):
+        train(compose_config([*tiny_overrides(prepared_corpus, run_dir), f"init_from={last}"]))
+
+    # allowed changes continue the run: more steps, workers, logging
+    allowed = ("trainer.max_steps=3", "data.num_workers=1", "trainer.log_every_n_steps=1")
+    train(compose_config(tiny_overrides(prepared_corpus, run_dir, *allowed)))
+    assert torch.load(last, weights_only=True)["global_step"] == 3
+    # resume=never starts over beside the old run's checkpoints, set aside
+    train(compose_config([*tiny_overrides(prepared_corpus, run_dir, *changed), "resume=never"]))
+    assert torch.load(last, weights_only=True)["config"]["seed"] == 7
+    previous = run_dir / "checkpoints.previous" / "last.ckpt"
+    assert torch.load(previous, weights_only=True)["global_step"] == 3
+    shutil.rmtree(run_dir)

@@ -1,8 +1,13 @@
 """Preemption without SLURM: a signal mid-fit gives one checkpoint at the next optimizer-step
-boundary, the run stops, and resuming from it ends with the uninterrupted run's weights."""
+boundary, the run stops as preempted (not finished: exit status 75), and resuming from it ends
+with the uninterrupted run's weights. Signals during start-up are held, data-loader workers
+ignore them."""
 
+import multiprocessing
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import lightning as L
@@ -12,9 +17,16 @@ from lightning.pytorch.callbacks import Callback
 from test_train import step_losses, tiny_overrides
 
 import pretrain.trainer
+from pretrain import job_signals
 from pretrain.config import ConfigError, compose_config
-from pretrain.preemption import PreemptionCheckpoint, parse_signal, slurm_job_id
-from pretrain.run import train
+from pretrain.preemption import (
+    PREEMPTED_EXIT_STATUS,
+    Preempted,
+    PreemptionCheckpoint,
+    parse_signal,
+    slurm_job_id,
+)
+from pretrain.run import run_or_exit, train
 
 MAX_STEPS = 8
 COMMON = (
@@ -63,7 +75,9 @@ def test_usr1_saves_at_the_next_step_requeues_and_resume_matches(
     before = {s: signal.getsignal(s) for s in preemption.signals}
     run_dir = tmp_path / "run"
     cfg = compose_config(tiny_overrides(prepared_corpus, run_dir, *COMMON))
-    train(cfg)
+    with pytest.raises(Preempted, match="preempted at step 4 of 8") as stop:
+        train(cfg)
+    assert stop.value.step == 4 and "requeued" in str(stop.value)
 
     # The signal came during step index 3; the checkpoint holds the 4 completed steps.
     assert preemption.saved_step == 4
@@ -77,7 +91,7 @@ def test_usr1_saves_at_the_next_step_requeues_and_resume_matches(
     assert {s: signal.getsignal(s) for s in preemption.signals} == before  # handlers restored
 
     monkeypatch.undo()
-    train(cfg)  # resume=auto: the same command again, as the requeued job runs it
+    train(cfg)  # resume=auto: the same command again, as the requeued job runs it; finished
     assert sorted(step_losses(run_dir)) == list(range(MAX_STEPS))
     expected, resumed = final_weights(uninterrupted), final_weights(run_dir)
     assert expected.keys() == resumed.keys()
@@ -104,12 +118,74 @@ def test_sigterm_during_accumulation_saves_after_the_optimizer_step_without_requ
     )
     run_dir = tmp_path / "run"
     overrides = (*COMMON, "trainer.accumulate_grad_batches=2")
-    train(compose_config(tiny_overrides(prepared_corpus, run_dir, *overrides)))
+    with pytest.raises(SystemExit) as stop:  # the console script's exit status
+        run_or_exit(compose_config(tiny_overrides(prepared_corpus, run_dir, *overrides)))
+    assert stop.value.code == PREEMPTED_EXIT_STATUS == 75
     assert preemption.saved_step == 3
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 3
     assert checkpoint["PretrainingDataModule"]["batches"] == 6  # whole steps only
     assert requeued == []  # SIGTERM: cancelled or preempted by SLURM, never requeued by us
+
+
+def test_a_signal_during_start_up_is_held_and_saves_at_the_first_step(
+    prepared_corpus, tmp_path, monkeypatch
+):
+    before = {s: signal.getsignal(s) for s in job_signals.PREEMPTION_SIGNALS}
+    try:
+        job_signals.hold_preemption_signals()  # what the entry point does first
+        os.kill(os.getpid(), signal.SIGTERM)  # while torch loads, the config is composed...
+        assert job_signals.take_held() == [signal.SIGTERM]
+        os.kill(os.getpid(), signal.SIGTERM)
+        run_dir = tmp_path / "run"
+        with pytest.raises(Preempted, match="preempted at step 1 of 8"):
+            train(compose_config(tiny_overrides(prepared_corpus, run_dir, *COMMON)))
+        assert torch.load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 1
+        assert job_signals.take_held() == []
+        # a USR2 the run does not handle gets its default action back (ends the process)
+        job_signals.hold_preemption_signals()
+        PreemptionCheckpoint("USR1")._take_held_signals(dict.fromkeys([signal.SIGTERM]))
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    finally:
+        job_signals.take_held()
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_a_stop_at_the_last_step_is_a_finished_run():
+    callback = PreemptionCheckpoint("USR1")
+    callback.saved_step = 8
+
+    class Trainer:
+        max_steps = 8
+
+    callback.raise_if_preempted(Trainer())  # finished: no Preempted
+    Trainer.max_steps = 9
+    with pytest.raises(Preempted, match="step 8 of 9.*run the same command again"):
+        callback.raise_if_preempted(Trainer())
+
+
+def _worker(ready) -> None:
+    job_signals.ignore_in_data_worker(0)
+    ready.put(True)
+    while True:
+        time.sleep(0.05)
+
+
+def test_data_loader_workers_ignore_the_job_signals_but_not_their_main_process():
+    context = multiprocessing.get_context("fork")
+    ready = context.Queue()
+    worker = context.Process(target=_worker, args=(ready,), daemon=True)
+    worker.start()
+    assert ready.get(timeout=30)
+    # another sender (SLURM's slurmstepd, scancel, kill -TERM -PGID): ignored
+    for name in ("TERM", "USR1", "USR2"):
+        subprocess.run(["kill", f"-{name}", str(worker.pid)], check=True)
+    time.sleep(0.5)
+    assert worker.is_alive()
+    worker.terminate()  # the main process's own SIGTERM (DataLoader shutdown, exit): ends it
+    worker.join(10)
+    assert worker.exitcode == 128 + signal.SIGTERM
 
 
 def test_parse_signal_names_the_key():
