@@ -7,6 +7,12 @@ DEMO_RUN := runs/demo/bert_tiny-mlm_nsp-segment_pair
 DEMO_EXPORT := exports/demo-bert
 
 comma := ,
+# `pretrain` exits 75 when a signal (SIGTERM, SIGUSR1: scancel, a time limit) stopped it after
+# saving a complete checkpoint: preempted, resumable, NOT finished. Recipes stop on it as on any
+# failure, and say so: `cmd || $(call not_finished,how to resume)`.
+PREEMPTED := 75
+not_finished = { status=$$?; [ $$status -ne $(PREEMPTED) ] || echo "preempted (exit $(PREEMPTED)): \
+saved a checkpoint, not finished; to resume: $(1)" >&2; exit $$status; }
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
 .PHONY: setup demo demo-ddp demo-chinese demo-families test golden conf-tables lint clean
@@ -24,7 +30,7 @@ data/builtin/manifest.json: | $(STAMP)
 
 demo: $(STAMP) data/builtin/manifest.json
 	rm -rf $(DEMO_RUN)
-	$(VENV)/bin/pretrain experiment=demo
+	$(VENV)/bin/pretrain experiment=demo || $(call not_finished,$(VENV)/bin/pretrain experiment=demo)
 	$(VENV)/bin/pretrain-export $(DEMO_RUN)/checkpoints/last.ckpt $(DEMO_EXPORT) --overwrite
 	$(PY) -m pretrain.export.check $(DEMO_EXPORT)
 
@@ -55,11 +61,13 @@ FAMILY_STEPS ?= 200
 FAMILY_DEMOS ?= albert_demo roberta_demo electra_demo xlnet_demo bart_demo mass_demo transformer_demo gpt_demo distilbert_demo
 demo-families: $(STAMP) data/builtin/manifest.json data/builtin-bpe/manifest.json data/builtin-unigram/manifest.json
 	test -f $(DEMO_RUN)/checkpoints/last.ckpt || $(MAKE) demo
-	set -e; for name in $(FAMILY_DEMOS); do \
+	set -e; log=$$(mktemp); for name in $(FAMILY_DEMOS); do \
 		echo "== $$name"; \
 		$(VENV)/bin/pretrain experiment=$$name trainer.max_steps=$(FAMILY_STEPS) resume=never logger=csv \
-			trainer.enable_progress_bar=false 2>&1 | grep -E "loss:|Run directory|rror"; \
-	done
+			trainer.enable_progress_bar=false >$$log 2>&1 && status=0 || status=$$?; \
+		grep -E "loss:|Run directory|rror|preempted" $$log || true; \
+		[ $$status -eq 0 ] || (exit $$status) || $(call not_finished,$(VENV)/bin/pretrain experiment=$$name trainer.max_steps=$(FAMILY_STEPS) logger=csv); \
+	done; rm -f $$log
 
 # Chinese BERT-wwm in miniature: show the whole-word masks, then train.
 demo-chinese: $(STAMP) data/chinese/manifest.json

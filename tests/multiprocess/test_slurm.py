@@ -1,7 +1,7 @@
 """SLURM: the sbatch template (2 tasks, DDP with gloo), a sweep through the submitit launcher,
-a preempted job that requeues and resumes to the uninterrupted run's weights, and corpus
-preparation as a job array. They need a cluster (`slurm/local-cluster start`, as .ci/run
-does) and skip only when `sinfo` is not installed. The sliced preparation itself is tested
+a run preempted by scancel and by its time limit that requeues and resumes with the
+uninterrupted run's losses, and corpus preparation as a job array. They need a cluster
+(`slurm/local-cluster start`, as .ci/run does) and skip only when `sinfo` is not installed. The sliced preparation itself is tested
 without SLURM too."""
 
 import os
@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cpu_run_overrides, small_english_documents, write_text_corpus
+from test_train import step_losses
 
 from data_pipelines.prepare import prepare
 from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 from data_pipelines.slices import merge_slices, prepare_slice, prepare_tokenizer, work_dir
+from pretrain.config import compose_config
 from pretrain.paths import REPO_ROOT
+from pretrain.run import train
 
 LOCAL_CONF = Path(os.environ.get("LOCAL_CLUSTER_DIR", "/tmp/pretrain-slurm")) / "slurm.conf"
 TERMINAL = (
@@ -179,53 +182,88 @@ def test_two_task_ddp_job_through_the_sbatch_template(cluster, prepared_corpus, 
     assert last_checkpoint(run_dir)["global_step"] == 6
 
 
+def wait_for_text(path: Path, text: str, timeout_s: float = 120) -> str:
+    """The log at `path` once it holds `text`, polled each 0.2 s."""
+    deadline = time.monotonic() + timeout_s
+    while text not in (log := path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, f"no {text!r} in {path}:\n{log[-3000:]}"
+        time.sleep(0.2)
+    return log
+
+
+def saved_steps(log: str) -> list[int]:
+    return [int(step) for step in re.findall(r"preemption: saved step (\d+)", log)]
+
+
 @pytest.mark.slow
 @needs_slurm
-def test_preempted_job_requeues_and_ends_with_the_uninterrupted_weights(
+def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_losses(
     cluster, prepared_corpus, tmp_path
 ):
-    steps = ("trainer.max_steps=30", "trainer.checkpoint_every_n_steps=100")
-    logs = {name: tmp_path / f"{name}.out" for name in ("full", "preempted")}
-    jobs = {
-        name: sbatch(
-            cluster,
-            "--ntasks=1",
-            f"--output={logs[name]}",
-            "slurm/train.sbatch",
-            *tiny_run(prepared_corpus, tmp_path / name, *steps),
-        )
-        for name in logs
-    }
-    # Training has begun once the model summary is printed (signal handlers are installed
-    # before it): then ask for the checkpoint as SLURM does before a time limit.
-    deadline = time.monotonic() + 120
-    while "Total params" not in (
-        logs["preempted"].read_text() if logs["preempted"].exists() else ""
-    ):
-        assert time.monotonic() < deadline, "the preempted job never started training"
-        time.sleep(0.2)
-    subprocess.run(["scancel", "--signal=USR1", jobs["preempted"]], env=cluster, check=True)
-    # SLURM holds a requeued job for 2 minutes (BeginTime); release it sooner for the test.
-    while "requeued SLURM job" not in logs["preempted"].read_text():
-        assert time.monotonic() < deadline, logs["preempted"].read_text()[-3000:]
-        time.sleep(0.5)
-    while job_field(cluster, jobs["preempted"], "JobState") != "PENDING":
-        assert time.monotonic() < deadline, "the preempted job was not requeued"
-        time.sleep(0.5)
-    subprocess.run(
-        ["scontrol", "update", f"JobId={jobs['preempted']}", "StartTime=now"], env=cluster
+    """One run through SLURM's preemption paths, with 2 data-loader workers per task: an
+    `scancel --full --signal=TERM` (every process of the job, workers included) saves and
+    exits 75 without requeueing; the same command submitted again with a 1-minute limit and
+    `--signal=B:USR1@50` (the batch shell, i.e. srun, which forwards it) saves, requeues
+    itself and, released with a longer limit, finishes. The per-step losses of the three
+    launches are the uninterrupted run's."""
+    # About 40 s of training: the warning of a 1-minute limit comes within 40 s of the start
+    # (often at once: SLURM checks time limits every 30 s; a signal during start-up is held).
+    steps = 800
+    overrides = tiny_run(
+        prepared_corpus,
+        tmp_path / "run",
+        f"trainer.max_steps={steps}",
+        "trainer.checkpoint_every_n_steps=10000",
+        "data.num_workers=2",
     )
-    for name, job in jobs.items():
-        assert wait_for_job(cluster, job, 180) == "COMPLETED", logs[name].read_text()[-3000:]
-    text = logs["preempted"].read_text()
-    saved = re.search(r"preemption: saved step (\d+)", text)
-    assert saved and int(saved.group(1)) < 30, text[-3000:]
-    assert "requeued SLURM job" in text and "restart 1" in text
-    assert f"Resuming from {tmp_path / 'preempted' / 'checkpoints' / 'last.ckpt'}" in text
-    full, resumed = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "preempted")
-    assert resumed["global_step"] == full["global_step"] == 30
-    for key, value in full["state_dict"].items():
-        torch.testing.assert_close(resumed["state_dict"][key], value, rtol=0, atol=1e-6)
+    log = tmp_path / "job.out"
+    job = sbatch(cluster, "--ntasks=1", f"--output={log}", "slurm/train.sbatch", *overrides)
+    wait_for_text(log, "Total params")  # training has begun (handlers are installed)
+    time.sleep(2)
+    subprocess.run(["scancel", "--full", "--signal=TERM", job], env=cluster, check=True)
+    assert wait_for_job(cluster, job) == "FAILED", log.read_text()[-3000:]
+    assert job_field(cluster, job, "ExitCode") == "75:0"  # preempted, resumable
+    text = log.read_text()
+    assert "DataLoader worker" not in text and "Traceback" not in text, text[-3000:]
+    (after_term,) = saved_steps(text)
+    assert 0 < after_term < steps and f"preempted at step {after_term} of {steps}" in text
+    assert last_checkpoint(tmp_path / "run")["global_step"] == after_term
+    assert "requeued" not in text  # SIGTERM: a cancelled job stays cancelled
+
+    job = sbatch(
+        cluster,
+        "--ntasks=1",
+        "--time=1",
+        "--signal=B:USR1@50",
+        f"--output={log}",
+        "slurm/train.sbatch",
+        *overrides,
+    )
+    reference = tmp_path / "reference"  # the uninterrupted run, trained here meanwhile
+    train(compose_config([*overrides, f"run_dir={reference}"]))
+    wait_for_text(log, "requeued SLURM job", 150)
+    deadline = time.monotonic() + 60
+    while job_field(cluster, job, "JobState") != "PENDING":
+        assert time.monotonic() < deadline, "the job was not requeued"
+        time.sleep(0.5)
+    # SLURM holds a requeued job for 2 minutes (BeginTime): release it with a longer limit.
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=10"],
+        env=cluster,
+        check=True,
+    )
+    assert wait_for_job(cluster, job, 240) == "COMPLETED", log.read_text()[-3000:]
+    text = log.read_text()
+    assert saved_steps(text)[0] == after_term
+    after_usr1 = saved_steps(text)[1]
+    assert after_term < after_usr1 < steps, text[-3000:]
+    assert "restart 1" in text and "Traceback" not in text
+    assert f"Resuming from {tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}" in text
+    resumed, expected = step_losses(tmp_path / "run"), step_losses(reference)
+    assert sorted(resumed) == sorted(expected) == list(range(steps))
+    for step, loss in expected.items():
+        assert resumed[step] == pytest.approx(loss, abs=1e-6), step
+    assert last_checkpoint(tmp_path / "run")["global_step"] == steps
 
 
 @pytest.mark.slow
