@@ -24,6 +24,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from pretrain.batching import batch_plan
+from pretrain.checkpoint_safety import load_weights_only
 from pretrain.errors import ConfigError
 
 PARTIAL_SUFFIX = ".partial"
@@ -45,6 +46,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.fsync(f.fileno())
         os.replace(partial, path)
         fsync_directory(path.parent)
+
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = "cpu", weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Always weights_only (`pretrain.checkpoint_safety`): a checkpoint is data; a
+        pickle that asks for more is refused with a one-line error naming the file."""
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such checkpoint file")
+        return load_weights_only(path, map_location=map_location)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         fs = get_filesystem(path)
@@ -115,9 +125,9 @@ def checkpoint_step(path: str | Path) -> int:
     """The optimizer step stored in a checkpoint (file or ZeRO directory); raises (OSError,
     RuntimeError, pickle/zip errors, KeyError) when it cannot be read."""
     if Path(path).is_dir():
-        state = torch.load(deepspeed_client_state_file(path), weights_only=False, mmap=True)
+        state = load_weights_only(deepspeed_client_state_file(path), mmap=True)
     else:
-        state = torch.load(path, weights_only=True, mmap=True)
+        state = load_weights_only(path, mmap=True)
     return int(state["global_step"])
 
 
@@ -321,6 +331,6 @@ def saved_config(checkpoint_path: str | Path) -> dict:
     """The composed config stored in a checkpoint (memory-mapped: the weights are not read);
     for a ZeRO directory, from its client state."""
     if Path(checkpoint_path).is_dir():
-        state = torch.load(deepspeed_client_state_file(checkpoint_path), weights_only=False)
+        state = load_weights_only(deepspeed_client_state_file(checkpoint_path), mmap=True)
         return state.get("config", {})
-    return torch.load(checkpoint_path, weights_only=True, mmap=True).get("config", {})
+    return load_weights_only(checkpoint_path, mmap=True).get("config", {})

@@ -8,6 +8,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from pretrain.batching import describe as describe_batching
+from pretrain.checkpoint_safety import check_resume_strategy
 from pretrain.checkpointing import (
     check_relaunch,
     find_resume_checkpoint,
@@ -18,6 +19,7 @@ from pretrain.checkpointing import (
 from pretrain.collectives import CollectiveTimeout, collective_failure
 from pretrain.config import TrainConfig, settings_from, validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
+from pretrain.data.reading import effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
 from pretrain.errors import ConfigError
@@ -37,14 +39,16 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
     run.data.tokenizer_dir = str(corpus.tokenizer_dir)
     module_class = get_class(run.objective._target_)
     training_paths = split_holdout(corpus, run.data.holdout_shards)[0]
+    training_shards = corpus.manifest.shards[: len(training_paths)]
     spec = settings_from(
         StreamSpec,
         run.data,
         run.objective,  # masking, dupe_factor: the epoch that seeds the corruption
         run,
         shard_paths=training_paths,
-        shard_tokens=tuple(
-            shard["tokens"] for shard in corpus.manifest.shards[: len(training_paths)]
+        shard_tokens=tuple(shard["tokens"] for shard in training_shards),
+        stream_partitions=effective_partitions(
+            run.data.stream_partitions, sum(shard["documents"] for shard in training_shards)
         ),
         vocab=corpus.vocab,
         corruption=module_class.build_corruption(run, corpus.vocab),
@@ -67,6 +71,7 @@ def train(cfg: DictConfig) -> Path:
     run_dir = Path(run.run_dir)
     ckpt_path = find_resume_checkpoint(run_dir, run.resume)
     if ckpt_path:  # refused (ConfigError) when the config changed what is trained
+        check_resume_strategy(ckpt_path, run.strategy.name)  # a ZeRO dir: DeepSpeed only
         check_relaunch(saved_config(ckpt_path), module.config, ckpt_path, run.resume)
         print(f"Resuming from {ckpt_path}", flush=True)
     elif run.init_from:

@@ -114,6 +114,14 @@ class PretrainDeepSpeedStrategy(DeepSpeedStrategy):
             replace_directory(partial, final)
         self.barrier()
 
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
+        """DeepSpeed's engine loads the directory with every file read weights_only
+        (`pretrain.checkpoint_safety.weights_only_loading`): a pickle cannot run code."""
+        from pretrain.checkpoint_safety import weights_only_loading
+
+        with weights_only_loading():
+            return super().load_checkpoint(checkpoint_path, weights_only)
+
 
 class CPUDeepSpeedStrategy(PretrainDeepSpeedStrategy):
     """DeepSpeedStrategy on CPU processes (gloo): skips Lightning's two CUDA-only checks and

@@ -6,6 +6,13 @@ from typing import Any
 
 import torch
 
+from pretrain.checkpoint_safety import (
+    UnsafeCheckpointError,
+    check_stored_targets,
+    load_weights_only,
+    weights_only_loading,
+)
+
 
 class ExportError(RuntimeError):
     """An export cannot proceed; the message names the file or key and says what to do."""
@@ -30,6 +37,8 @@ def read_checkpoint(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dic
     `state_dict` (with `encoder.` keys), `config.model`, `config.model_runtime.vocab_size`,
     `config.model_runtime.pad_token_id` and `config.data.tokenizer_dir`. A DeepSpeed ZeRO
     checkpoint directory is first consolidated to one fp32 state (`consolidate_zero_checkpoint`).
+    The stored config may name only this project's classes (`check_stored_targets`): it is
+    instantiated by generate, export, init_from and a distillation teacher.
     """
     path = Path(ckpt_path)
     if path.is_dir():
@@ -40,7 +49,12 @@ def read_checkpoint(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dic
         )
     else:
         checkpoint = _load_file(path)
-    return _check_checkpoint(path, checkpoint)
+    state_dict, config = _check_checkpoint(path, checkpoint)
+    try:
+        check_stored_targets(config, path)
+    except UnsafeCheckpointError as error:
+        raise ExportError(str(error)) from None
+    return state_dict, config
 
 
 def consolidate_zero_checkpoint(path: Path, output_file: str | Path | None = None) -> dict:
@@ -48,8 +62,8 @@ def consolidate_zero_checkpoint(path: Path, output_file: str | Path | None = Non
     any number of ranks) into one fp32 checkpoint dict: Lightning's client state (our
     `config`, `rng`, loops) plus `state_dict`. Written to `output_file` too when given, else
     to a temporary file. Uses Lightning's `convert_zero_checkpoint_to_fp32_state_dict`
-    (DeepSpeed's zero_to_fp32); reads the directory's pickles, so only use directories
-    written by `pretrain`."""
+    (DeepSpeed's zero_to_fp32), every file loaded weights_only (`weights_only_loading`):
+    a pickle that would run code is refused."""
     import tempfile
 
     from pretrain.checkpointing import is_deepspeed_checkpoint
@@ -64,10 +78,14 @@ def consolidate_zero_checkpoint(path: Path, output_file: str | Path | None = Non
             convert_zero_checkpoint_to_fp32_state_dict,
         )
 
-        if output_file is not None:
-            return convert_zero_checkpoint_to_fp32_state_dict(path, output_file)
-        with tempfile.TemporaryDirectory() as scratch:
-            return convert_zero_checkpoint_to_fp32_state_dict(path, Path(scratch) / "fp32.ckpt")
+        with weights_only_loading():
+            if output_file is not None:
+                return convert_zero_checkpoint_to_fp32_state_dict(path, output_file)
+            with tempfile.TemporaryDirectory() as scratch:
+                scratch_file = Path(scratch) / "fp32.ckpt"
+                return convert_zero_checkpoint_to_fp32_state_dict(path, scratch_file)
+    except UnsafeCheckpointError as error:
+        raise ExportError(str(error)) from None
     except (ImportError, ModuleNotFoundError) as error:
         raise ExportError(f"{path}: reading a ZeRO checkpoint needs DeepSpeed ({error})") from error
     except Exception as error:
@@ -79,11 +97,14 @@ def consolidate_zero_checkpoint(path: Path, output_file: str | Path | None = Non
 
 def _load_file(path: Path) -> Any:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return load_weights_only(path, map_location="cpu")
+    except UnsafeCheckpointError as error:
+        raise ExportError(str(error)) from None
     except Exception as error:  # pickle, zip and torch errors all mean: not a loadable checkpoint
         raise ExportError(
-            f"{path}: cannot read the checkpoint with torch.load(weights_only=True) ({type(error).__name__}: "
-            f"{error}); is it a complete .ckpt written by `pretrain`?"
+            f"{path}: cannot read the checkpoint ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); "
+            "is it a complete .ckpt written by `pretrain`?"
         ) from error
 
 

@@ -1,0 +1,168 @@
+"""Checkpoints are data, never code: how everything read back from a run directory, a
+checkpoint or an export is loaded.
+
+- `load_weights_only(path)`: `torch.load(weights_only=True)` (tensors and plain containers;
+  DeepSpeed's few bookkeeping classes allowed, `deepspeed_safe_globals`), a refusal turned
+  into a one-line `UnsafeCheckpointError` naming the file and the global it asked for.
+- `weights_only_loading()`: a context in which every `torch.load` is that load, whatever its
+  caller asks: DeepSpeed's engine (resuming a ZeRO directory) and its `zero_to_fp32`
+  consolidation call `torch.load(weights_only=False)` themselves.
+- `check_stored_targets(config, source)`: a config stored in a checkpoint may name only this
+  project's model and objective classes (`MODEL_CLASSES`, `OBJECTIVE_CLASSES`) and known
+  optimizers (`OPTIMIZER_CLASSES`), each in its own place; any other `_target_` (nested ones
+  too) is refused before anything is imported or called.
+"""
+
+import contextlib
+import pickle
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain.errors import ConfigError
+
+# The classes a stored config may name, by where they stand. Every `_target_` of
+# conf/model/*.yaml, conf/objective/*.yaml and conf/optim/*.yaml is here (a test checks it):
+# a new model, objective or optimizer is added to this list too.
+MODEL_CLASSES = frozenset(
+    {
+        "pretrain.models.albert.AlbertEncoder",
+        "pretrain.models.bert.BertEncoder",
+        "pretrain.models.distilbert.DistilBertEncoder",
+        "pretrain.models.electra.ElectraEncoder",
+        "pretrain.models.gpt.GPTModel",
+        "pretrain.models.roberta.RobertaEncoder",
+        "pretrain.models.seq2seq.EncoderDecoder",
+        "pretrain.models.xlnet.XLNetEncoder",
+    }
+)
+OBJECTIVE_CLASSES = frozenset(
+    {
+        "pretrain.objectives.causal_lm.CausalLanguageModel",
+        "pretrain.objectives.denoising.DenoisingAutoencoder",
+        "pretrain.objectives.distillation.DistillationModule",
+        "pretrain.objectives.electra.ElectraModule",
+        "pretrain.objectives.ernie.ErnieMaskedLM",
+        "pretrain.objectives.mass.MaskedSeq2Seq",
+        "pretrain.objectives.mlm.MaskedLanguageModel",
+        "pretrain.objectives.ngram.NgramMaskedLM",
+        "pretrain.objectives.span.SpanBert",
+        "pretrain.objectives.structbert.StructBert",
+        "pretrain.objectives.whole_word.WholeWordMaskedLM",
+        "pretrain.objectives.xlnet.PermutationLanguageModel",
+    }
+)
+OPTIMIZER_CLASSES = frozenset({"torch.optim.AdamW", "torch.optim.Adam", "pytorch_optimizer.Lamb"})
+ALLOWED_TARGETS = {
+    "model._target_": MODEL_CLASSES,
+    "objective._target_": OBJECTIVE_CLASSES,
+    "optim.optimizer._target_": OPTIMIZER_CLASSES,
+}
+
+
+class UnsafeCheckpointError(ConfigError):
+    """A checkpoint or stored config would run code or name a class we do not build; the
+    message is one line naming the file (and the key)."""
+
+
+def check_stored_targets(config: Any, source: str | Path) -> None:
+    """Refuse (`UnsafeCheckpointError`) a config read back from `source` (a checkpoint, an
+    export) whose `_target_` values are not this project's classes at their places
+    (`ALLOWED_TARGETS`); a `_target_` anywhere else (a nested one) is refused too. Only
+    compares strings: nothing is imported."""
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                dotted = f"{prefix}{key}"
+                if key == "_target_":
+                    allowed = ALLOWED_TARGETS.get(dotted)
+                    if allowed is None or value not in allowed:
+                        where = "not a class" if allowed is None else "not one"
+                        raise UnsafeCheckpointError(
+                            f"{source}: the stored config's {dotted} = {value!r} is refused "
+                            f"({where} this project builds there); only use checkpoints and "
+                            "exports written by `pretrain`"
+                        )
+                else:
+                    walk(value, f"{dotted}.")
+        elif isinstance(node, list | tuple):
+            for index, value in enumerate(node):
+                walk(value, f"{prefix}{index}.")
+
+    walk(config, "")
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def refusal_message(path: str | Path, error: Exception) -> str:
+    """One line for a load `torch.load(weights_only=True)` refused: the file and the global
+    the pickle asked for (never torch's advice to load it with weights_only=False)."""
+    found = _GLOBAL.search(str(error))
+    what = f"it asks for {found.group(1)}" if found else type(error).__name__
+    return (
+        f"{path}: refused: not plain tensors and containers ({what}); a checkpoint is loaded "
+        "with torch.load(weights_only=True) so that it cannot run code; only use checkpoints "
+        "written by `pretrain`"
+    )
+
+
+def deepspeed_safe_globals() -> list:
+    """The classes DeepSpeed's checkpoint files hold besides tensors and containers (its
+    ZeRO stage enum, loss scaler and fragment addresses); none runs code when rebuilt."""
+    allowed: list = []
+    with contextlib.suppress(ImportError):
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        allowed += [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+    return allowed
+
+
+def load_weights_only(path: str | Path, **kwargs: Any) -> Any:
+    """`torch.load(path, weights_only=True, **kwargs)` with `deepspeed_safe_globals`
+    allowed; a refused pickle raises `UnsafeCheckpointError` (one line, the file named)."""
+    kwargs.pop("weights_only", None)
+    kwargs.pop("pickle_module", None)
+    with torch.serialization.safe_globals(deepspeed_safe_globals()):
+        try:
+            return _torch_load(path, weights_only=True, **kwargs)
+        except pickle.UnpicklingError as error:
+            raise UnsafeCheckpointError(refusal_message(path, error)) from None
+
+
+_torch_load = torch.load
+
+
+@contextlib.contextmanager
+def weights_only_loading() -> Iterator[None]:
+    """Within: every `torch.load` (DeepSpeed's engine and `zero_to_fp32` ask for
+    weights_only=False) is `load_weights_only`, so a ZeRO directory is read as data."""
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:  # torch.load(f, map_location, pickle_module, ...)
+            kwargs.setdefault("map_location", args[0])
+        return load_weights_only(f, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = _torch_load
+
+
+def check_resume_strategy(checkpoint: str | Path, strategy: str) -> None:
+    """ConfigError unless a DeepSpeed ZeRO checkpoint directory (one holding `latest`) is
+    resumed under `strategy.name=deepspeed`: only DeepSpeed's engine reads such a directory,
+    and only inside `weights_only_loading`."""
+    if strategy != "deepspeed" and (Path(checkpoint) / "latest").is_file():
+        raise ConfigError(
+            f"{checkpoint}: a DeepSpeed checkpoint directory, but strategy.name={strategy}; "
+            "resume it with strategy=deepspeed_zero<N> (the strategy it was written with), or "
+            "start over here (resume=never)"
+        )
