@@ -195,6 +195,7 @@ RELAUNCH_KEYS = (
     "trainer.keep_checkpoints",
     "trainer.preemption_signal",
     "trainer.collective_timeout_s",
+    "trainer.max_consecutive_skipped_steps",
     "logger.*",
     "data.num_workers",
 )

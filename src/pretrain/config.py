@@ -247,6 +247,9 @@ class TrainerConfig:
     # A non-finite loss or gradient on any rank: skip the optimizer step (counted in
     # train/skipped_steps) or stop the run with an error.
     nonfinite: str = "skip"
+    # Skipped optimizer steps in a row after which the run stops (exit status 3): a run whose
+    # every step is non-finite has diverged; null: no bound.
+    max_consecutive_skipped_steps: int | None = 10
     # Signal that means "save last.ckpt at the next step boundary, requeue, stop" (sbatch
     # --signal / the launcher's); SIGTERM always saves and stops. null: SIGTERM only.
     preemption_signal: str | None = "USR1"
@@ -260,6 +263,12 @@ class TrainerConfig:
             "trainer.nonfinite",
             self.nonfinite,
             "must be 'skip' or 'stop'",
+        )
+        require(
+            self.max_consecutive_skipped_steps is None or self.max_consecutive_skipped_steps >= 1,
+            "trainer.max_consecutive_skipped_steps",
+            self.max_consecutive_skipped_steps,
+            "must be at least 1 (optimizer steps), or null (no bound)",
         )
         require(
             self.precision in PRECISIONS,

@@ -120,3 +120,38 @@ def test_a_nonfinite_model_is_never_checkpointed(prepared_corpus, tmp_path):
         next(module.parameters())[0, 0] = float("nan")
     with pytest.raises(NonFiniteError, match="refusing to write a checkpoint"):
         module.on_save_checkpoint({})
+
+
+def test_a_diverged_run_stops_with_status_3_and_a_warning(prepared_corpus, tmp_path, capsys):
+    """optim.optimizer.lr=1e6: after the first steps every step is non-finite; the run stops
+    once trainer.max_consecutive_skipped_steps were skipped in a row (exit 3, one line), the
+    skips were reported, and no checkpoint follows the divergence."""
+    from pretrain.run import run_or_exit
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(
+        prepared_corpus,
+        run_dir,
+        "optim.optimizer.lr=1e6",
+        "trainer.max_steps=20",
+        "trainer.checkpoint_every_n_steps=100",
+        "trainer.max_consecutive_skipped_steps=3",
+    )
+    with pytest.raises(SystemExit) as stopped:
+        run_or_exit(cfg)
+    assert stopped.value.code == 3
+    captured = capsys.readouterr()
+    error = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "3 optimizer steps in a row skipped" in error[0]
+    assert "trainer.max_consecutive_skipped_steps=3" in error[0]
+    warnings = [line for line in captured.out.splitlines() if "optimizer step skipped" in line]
+    assert len(warnings) == 1  # rate-limited: one line per 30 s
+    assert not list((run_dir / "checkpoints").glob("*.ckpt"))
+
+
+def test_the_skip_bound_is_validated():
+    from pretrain.config import validate
+    from pretrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trainer.max_consecutive_skipped_steps = 0"):
+        validate(compose_config(["trainer.max_consecutive_skipped_steps=0"]))

@@ -35,6 +35,9 @@ def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Cal
     return factor
 
 
+SKIP_WARNING_INTERVAL_S = 30.0  # at most one "step skipped" warning line per interval
+
+
 class NonFiniteError(RuntimeError):
     """A loss or gradient was NaN or infinite and `trainer.nonfinite` is `stop`."""
 
@@ -96,6 +99,8 @@ class PretrainingModule(L.LightningModule):
         self._last_summary_loss: torch.Tensor | None = None
         self.loss_history: list[tuple[int, float]] = []
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
+        self.consecutive_skipped_steps = 0  # of them, since the last applied step
+        self._last_skip_warning = float("-inf")  # time.monotonic() of the last warning line
         self._nonfinite_loss: torch.Tensor | None = None  # any micro-batch of this step
         self._last_step_applied = False  # an optimizer step was applied since the schedule's last
         self.epoch_tails: list[tuple[int, int, int]] = []  # (epoch, step, sequences dropped)
@@ -217,6 +222,10 @@ class PretrainingModule(L.LightningModule):
         return int(self.trainer.strategy.reduce(bad.float(), reduce_op="sum").item())
 
     def _on_skipped_step(self, ranks: int | None) -> None:
+        """Count a skipped optimizer step; under trainer.nonfinite=stop, or once
+        trainer.max_consecutive_skipped_steps steps in a row were skipped (the run diverged),
+        raise NonFiniteError (exit status 3, no checkpoint after the last one written). A
+        warning line is printed for skipped steps, at most one per `SKIP_WARNING_INTERVAL_S`."""
         where = "DeepSpeed's overflow check" if ranks is None else f"{ranks} rank(s)"
         if self.run.trainer.nonfinite == "stop":
             raise NonFiniteError(
@@ -225,6 +234,27 @@ class PretrainingModule(L.LightningModule):
                 "trainer.nonfinite=skip to skip such steps"
             )
         self.skipped_steps += 1
+        self.consecutive_skipped_steps += 1
+        bound = self.run.trainer.max_consecutive_skipped_steps
+        if bound is not None and self.consecutive_skipped_steps >= bound:
+            raise NonFiniteError(
+                f"step {self.global_step}: {self.consecutive_skipped_steps} optimizer steps in a "
+                f"row skipped for a non-finite loss or gradient ({self.skipped_steps} in all; "
+                f"trainer.max_consecutive_skipped_steps={bound}): the run diverged. Lower "
+                f"optim.optimizer.lr (now {self.run.optim.optimizer['lr']}) or lengthen the "
+                "warm-up, and start over (resume=never) or resume from an earlier step-*.ckpt"
+            )
+        now = time.monotonic()
+        if self.trainer.is_global_zero and now - self._last_skip_warning >= SKIP_WARNING_INTERVAL_S:
+            self._last_skip_warning = now
+            limit = "" if bound is None else f"; the run stops at {bound} in a row"
+            print(
+                f"warning: step {self.global_step}: optimizer step skipped, non-finite loss or "
+                f"gradient ({where}); {self.skipped_steps} skipped in all, "
+                f"{self.consecutive_skipped_steps} in a row{limit} "
+                "(trainer.max_consecutive_skipped_steps)",
+                flush=True,
+            )
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         """Apply the step only when every rank's loss and gradients are finite; else skip it
@@ -249,7 +279,9 @@ class PretrainingModule(L.LightningModule):
                 optimizer.step(closure=lambda: loss)
             else:
                 optimizer.zero_grad(set_to_none=True)
-        if not self._last_step_applied:
+        if self._last_step_applied:
+            self.consecutive_skipped_steps = 0
+        else:
             self._on_skipped_step(None if isinstance(strategy, DeepSpeedStrategy) else bad_ranks)
         self.log("train/skipped_steps", float(self.skipped_steps))
 
