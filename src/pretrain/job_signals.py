@@ -33,7 +33,10 @@ def _record(signum: int, _frame: FrameType | None) -> None:
 
 def hold_preemption_signals() -> None:
     """Record SIGTERM, SIGUSR1 and SIGUSR2 instead of dying of them, until a handler of the
-    training loop replaces this one (main thread only)."""
+    training loop replaces this one. Only the main thread can set handlers: elsewhere this
+    does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
     for signum in PREEMPTION_SIGNALS:
         signal.signal(signum, _record)
 
