@@ -13,6 +13,7 @@ renames it into place once every rank has written its part; a directory counts a
 only when DeepSpeed's `latest` file (written last) is in it.
 """
 
+import errno
 import os
 import shutil
 from fnmatch import fnmatch
@@ -25,7 +26,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from pretrain.batching import batch_plan
 from pretrain.checkpoint_safety import load_weights_only
-from pretrain.errors import ConfigError
+from pretrain.errors import ConfigError, RunEnvironmentError
 
 PARTIAL_SUFFIX = ".partial"
 REPLACED_SUFFIX = ".replaced"
@@ -40,10 +41,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + PARTIAL_SUFFIX)
-        with open(partial, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(partial, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, RuntimeError) as error:  # torch.save reports a full disk as either
+            partial.unlink(missing_ok=True)
+            if is_disk_full(error):
+                raise RunEnvironmentError(
+                    f"{path}: no space left on device while saving the checkpoint; the previous "
+                    f"checkpoints in {path.parent} are intact: free space there and run the same "
+                    "command again to resume"
+                ) from None
+            raise
         os.replace(partial, path)
         fsync_directory(path.parent)
 
@@ -60,6 +71,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         fs = get_filesystem(path)
         if fs.exists(path):
             fs.rm(path, recursive=True)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """An OSError ENOSPC (or EDQUOT), or torch.save's RuntimeError wrapping one."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
 
 
 def fsync_directory(directory: str | Path) -> None:

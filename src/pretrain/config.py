@@ -6,6 +6,7 @@ checks values and cross-group constraints, so a bad value fails before training 
 an error that names the key.
 """
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
@@ -199,7 +200,13 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         lr = self.optimizer["lr"] if "lr" in self.optimizer else None
-        require(lr is not None and lr > 0, "optim.optimizer.lr", lr, "must be set and positive")
+        number = isinstance(lr, int | float) and not isinstance(lr, bool)
+        require(
+            number and math.isfinite(lr) and lr > 0,
+            "optim.optimizer.lr",
+            lr,
+            "must be set to a finite positive number",
+        )
         require(
             self.lr_scaling in LR_SCALINGS,
             "optim.lr_scaling",

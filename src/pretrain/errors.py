@@ -14,6 +14,11 @@ class ConfigError(ValueError):
     """A config value is wrong; the message names the key and says what would be right."""
 
 
+class RunEnvironmentError(RuntimeError):
+    """The machine cannot do what the run asks (a disk full while saving, an accelerator it
+    does not have); one line naming the path or key and what to do (exit status 2)."""
+
+
 def require(ok: bool, key: str, value: Any, expected: str) -> None:
     """Raise ConfigError "`key` = `value`: `expected`" unless `ok`."""
     if not ok:

@@ -21,7 +21,7 @@ from pretrain.config import TrainConfig, settings_from, validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
-from pretrain.errors import ConfigError
+from pretrain.errors import ConfigError, RunEnvironmentError
 from pretrain.export.checkpoint import ExportError
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
@@ -142,7 +142,7 @@ def run_or_exit(cfg: DictConfig) -> Path:
     75 (`PREEMPTED_EXIT_STATUS`) without the summary of a finished run."""
     try:
         return train(cfg)
-    except (ConfigError, ShardError, ExportError, FileNotFoundError) as error:
+    except (ConfigError, ShardError, ExportError, FileNotFoundError, RunEnvironmentError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     except NonFiniteError as error:

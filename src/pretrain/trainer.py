@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
 from pretrain.checkpointing import AtomicCheckpointIO, checkpoint_dir
+from pretrain.errors import RunEnvironmentError
 from pretrain.preemption import preemption_callbacks, slurm_plugins
 from pretrain.strategies import build_strategy
 
@@ -77,10 +78,30 @@ def build_loggers(config: Any, run_dir: Path) -> list[Logger]:
     return loggers
 
 
+def check_accelerator(accelerator: str) -> None:
+    """RunEnvironmentError (one line, exit status 2) when `trainer.accelerator` names a
+    device this machine does not have (`gpu`/`cuda` without CUDA, `mps` without MPS)."""
+    import torch
+
+    wanted = str(accelerator).lower()
+    available = {
+        "gpu": torch.cuda.is_available() or torch.backends.mps.is_available(),
+        "cuda": torch.cuda.is_available(),
+        "mps": torch.backends.mps.is_available(),
+    }
+    if not available.get(wanted, True):
+        raise RunEnvironmentError(
+            f"trainer.accelerator={accelerator}: this machine has no such device "
+            f"(torch {torch.__version__} sees none); use trainer.accelerator=cpu (or auto), "
+            "or run on a machine with one"
+        )
+
+
 def build_trainer(config: Any, run_dir: str | Path) -> L.Trainer:
     """A Trainer for `config` (the typed TrainConfig, with its batch plan) writing logs and
     checkpoints under `run_dir`."""
     t, run_dir = config.trainer, Path(run_dir)
+    check_accelerator(t.accelerator)
     checkpoints = StepCheckpoint(
         dirpath=str(checkpoint_dir(run_dir)),
         filename="step-{step:07d}",

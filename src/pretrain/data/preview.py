@@ -139,12 +139,22 @@ def render(record: dict, tokenizer: Tokenizer, pair_task: str = "nsp") -> str:
     return header + "\n  " + " ".join(words)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """`pretrain-data preview`: print the first n sequences; returns the exit status (2
+    with a one-line error for a config or data error, e.g. an objective and a data format
+    that do not go together)."""
+    from pretrain.data.shard_format import ShardError
+    from pretrain.errors import ConfigError
+
     overrides, n, fmt = parse_args(sys.argv[1:] if argv is None else argv)
-    records, tokenizer_dir, pair_task = preview_records(overrides, n)
+    try:
+        records, tokenizer_dir, pair_task = preview_records(overrides, n)
+    except (ConfigError, ShardError, FileNotFoundError) as error:
+        print(f"pretrain-data preview: error: {error}", file=sys.stderr)
+        return 2
     if fmt == "json":
         print(json.dumps(records))
-        return
+        return 0
     tokenizer = Tokenizer.from_file(f"{tokenizer_dir}/tokenizer.json")
     own_layout = ("target_rank", "decoder_input_ids", "next_token_prediction")
     if records and not any(key in records[0] for key in own_layout):  # the MLM family
@@ -154,3 +164,4 @@ def main(argv: list[str] | None = None) -> None:
         )
     for record in records:
         print(render(record, tokenizer, pair_task) + "\n")
+    return 0

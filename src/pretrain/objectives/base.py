@@ -185,8 +185,20 @@ class PretrainingModule(L.LightningModule):
         checkpoint["skipped_steps"] = self.skipped_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # Applied at the first batch, after the data loaders have been built, exactly where
-        # the interrupted run stood when it saved.
+        """Checks that the checkpoint's weights fit this model (ConfigError naming the first
+        key and both shapes, instead of torch's list of every size mismatch); the random state
+        is applied at the first batch, after the data loaders have been built, exactly where
+        the interrupted run stood when it saved."""
+        saved_weights = checkpoint.get("state_dict") or {}  # none under DeepSpeed
+        ours = self.state_dict() if saved_weights else {}
+        for key, saved in saved_weights.items():
+            if key in ours and tuple(saved.shape) != tuple(ours[key].shape):
+                source = self._trainer.ckpt_path if self._trainer is not None else "checkpoint"
+                raise ConfigError(
+                    f"{source}: the checkpoint's {key} has shape {tuple(saved.shape)}, this "
+                    f"run's model {tuple(ours[key].shape)}: it was trained with another model config; "
+                    "resume with that model config, or start over (resume=never)"
+                )
         self._restored_rng = checkpoint.get("rng")
         self.skipped_steps = checkpoint.get("skipped_steps", 0)
 

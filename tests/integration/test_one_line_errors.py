@@ -1,0 +1,104 @@
+"""Failures a user can cause or meet end in one line naming the file or key, exit status 2
+(issue 12 item 5): a full disk while saving, resuming another model size, a checkpoint that
+weights_only refuses, a non-numeric or non-finite learning rate, an accelerator the machine
+lacks, and `pretrain-data preview` with an objective the data format does not fit."""
+
+import errno
+import os
+
+import pytest
+import torch
+from test_train import tiny_overrides
+
+from pretrain import checkpointing
+from pretrain.checkpointing import AtomicCheckpointIO
+from pretrain.config import compose_config, validate
+from pretrain.data import preview
+from pretrain.errors import ConfigError, RunEnvironmentError
+from pretrain.run import run_or_exit
+from pretrain.trainer import check_accelerator
+
+
+def exit_line(capsys, cfg) -> str:
+    """Run `cfg`; expects exit status 2 and returns its one error line."""
+    with pytest.raises(SystemExit) as stopped:
+        run_or_exit(cfg)
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    errors = [line for line in errors if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+def test_a_full_disk_while_saving_names_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"global_step": 1}, path)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpointing.os, "fsync", full)
+    with pytest.raises(RunEnvironmentError) as refused:
+        AtomicCheckpointIO().save_checkpoint({"global_step": 2}, path)
+    monkeypatch.undo()
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{path}: no space left on device")
+    assert torch.load(path, weights_only=True)["global_step"] == 1  # the previous is intact
+    assert not (path.parent / "last.ckpt.partial").exists()
+
+
+def test_a_full_disk_during_a_run_exits_2(prepared_corpus, tmp_path, monkeypatch, capsys):
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpointing.os, "fsync", full)
+    run_dir = tmp_path / "run"
+    cfg = compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=1"))
+    line = exit_line(capsys, cfg)
+    assert "no space left on device" in line and str(run_dir / "checkpoints") in line
+
+
+def test_resuming_another_model_size_names_the_key_and_shapes(prepared_corpus, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_or_exit(compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=1")))
+    capsys.readouterr()
+    bigger = tiny_overrides(
+        prepared_corpus, run_dir, "trainer.max_steps=2", "model=bert_mini", "resume=force"
+    )
+    line = exit_line(capsys, compose_config(bigger))
+    assert "the checkpoint's encoder." in line and "run's model (" in line and ".ckpt: " in line
+
+
+def test_a_checkpoint_weights_only_refuses_exits_2(prepared_corpus, tmp_path, capsys):
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save({"global_step": 1, "odd": os.stat_result((0,) * 10)}, crafted)
+    cfg = compose_config(tiny_overrides(prepared_corpus, tmp_path / "run", f"resume={crafted}"))
+    line = exit_line(capsys, cfg)
+    assert str(crafted) in line and "refused" in line
+
+
+@pytest.mark.parametrize("lr", [".nan", ".inf", "fast", "0"])
+def test_the_learning_rate_must_be_a_finite_positive_number(lr):
+    with pytest.raises(ConfigError, match="optim.optimizer.lr = .*finite positive number"):
+        validate(compose_config([f"optim.optimizer.lr={lr}"]))
+
+
+def test_an_accelerator_the_machine_lacks(prepared_corpus, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RunEnvironmentError, match="trainer.accelerator=gpu"):
+        check_accelerator("gpu")
+    check_accelerator("cpu")
+    check_accelerator("auto")
+    cfg = compose_config(
+        tiny_overrides(prepared_corpus, tmp_path / "run", "trainer.accelerator=gpu")
+    )
+    assert "trainer.accelerator=gpu: this machine has no such device" in exit_line(capsys, cfg)
+
+
+def test_preview_with_an_unfit_objective_is_one_line(prepared_corpus, capsys):
+    status = preview.main(["objective=span", "n=4", f"data.shards_dir={prepared_corpus}"])
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("pretrain-data preview: error: data.format")
+    assert "data=full_sentences" in err
