@@ -82,7 +82,30 @@ def summarize(shards_dir: str) -> str:
         )
     if len(sources) > 20:
         lines.append(f"  ... and {len(sources) - 20} more")
-    return "\n".join(lines)
+    return "\n".join(lines + _warnings(manifest.raw, manifest.vocab_size))
+
+
+def _warnings(raw: dict, vocab_size: int) -> list[str]:
+    """Warning lines of a summary: a trained vocabulary smaller than asked for (both sizes),
+    lines dropped or decoded with replacements by the `undecodable` policy (how many)."""
+    config, counts, lines = raw.get("config") or {}, raw.get("counts") or {}, []
+    asked = (config.get("tokenizer") or {}).get("vocab_size")
+    if not (config.get("tokenizer") or {}).get("path") and asked and vocab_size < asked:
+        lines.append(
+            f"warning: tokenizer.vocab_size={asked} was asked for, the corpus gave {vocab_size:,} "
+            "tokens (too little text for more); models are built with the smaller size"
+        )
+    if counts.get("undecodable_lines"):
+        lines.append(
+            f"warning: {counts['undecodable_lines']:,} undecodable line(s) dropped "
+            f"(undecodable={config.get('undecodable', 'skip')}); see sources above"
+        )
+    if counts.get("replaced_lines"):
+        lines.append(
+            f"warning: {counts['replaced_lines']:,} line(s) decoded with U+FFFD replacements "
+            "(undecodable=replace)"
+        )
+    return lines
 
 
 def _segmenter(record: dict | None) -> str:

@@ -63,10 +63,10 @@ def _check_out_dir(out_dir: Path, overwrite: bool, names: list[str]) -> None:
         )
 
 
-def _training_texts(names: list[str], text_field: str) -> Iterator[str]:
+def _training_texts(names: list[str], text_field: str, undecodable: str = "error") -> Iterator[str]:
     """Normalized documents for tokenizer training (a silent pass over the sources)."""
     stats = [SourceStats(name) for name in names]
-    for document in read_raw_documents(names, stats, text_field, warn=False):
+    for document in read_raw_documents(names, stats, text_field, False, undecodable):
         text = normalize(document.text)
         if text:
             yield text
@@ -79,7 +79,7 @@ def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Token
         return copy_tokenizer(cfg.tokenizer.path, out_dir)
     settings = cfg.tokenizer
     tokenizer = train_tokenizer(
-        lambda: _training_texts(names, cfg.text_field),
+        lambda: _training_texts(names, cfg.text_field, cfg.undecodable),
         settings.vocab_size,
         settings.lowercase,
         settings.min_frequency,
@@ -118,7 +118,7 @@ def write_corpus(
     )
     dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     chunks = encode_corpus(
-        read_raw_documents(names, stats, cfg.text_field),
+        read_raw_documents(names, stats, cfg.text_field, undecodable=cfg.undecodable),
         tokenizer,
         dtype,
         cfg.num_proc,
@@ -145,6 +145,10 @@ def write_corpus(
         {"path": s.path, **per_source[s.path], "undecodable_lines": s.undecodable_lines}
         for s in stats
     ]
+    if cfg.undecodable == "replace":  # recorded only where the policy can replace
+        counts["replaced_lines"] = sum(s.replaced_lines for s in stats)
+        for source, s in zip(sources, stats, strict=True):
+            source["replaced_lines"] = s.replaced_lines
     return {"counts": counts, "sources": sources, "shards": writer.shards}
 
 

@@ -14,6 +14,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from data_pipelines.sources import UNDECODABLE_POLICIES
 from data_pipelines.tokenizer import BYTE_ALPHABET_SIZE, SPECIAL_TOKENS, TOKENIZER_KINDS
 from pretrain.paths import CONF_DIR
 
@@ -119,6 +120,9 @@ class PrepareConfig:
 
     inputs: list[str] = field(default_factory=lambda: ["builtin"])
     text_field: str = "text"
+    # Lines that are not UTF-8 (or, in JSONL, not a JSON object): error | skip | replace
+    # (data_pipelines.sources).
+    undecodable: str = "error"
     out_dir: str = "data/builtin"
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
     segmenter: str = "none"
@@ -147,6 +151,13 @@ class PrepareConfig:
             "text_field",
             self.text_field,
             "must name the JSONL field that holds the text",
+        )
+        _check(
+            self.undecodable in UNDECODABLE_POLICIES,
+            "undecodable",
+            self.undecodable,
+            f"must be one of {', '.join(UNDECODABLE_POLICIES)} (what to do with lines that "
+            "are not UTF-8)",
         )
         _check(
             self.segmenter in SEGMENTERS,
@@ -182,6 +193,8 @@ class PrepareConfig:
         settings = asdict(self)
         for key in RUN_ONLY_KEYS:
             settings.pop(key)
+        if settings["undecodable"] == "error":  # nothing was dropped or replaced: as before
+            settings.pop("undecodable")
         return settings
 
 

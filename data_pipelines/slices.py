@@ -159,6 +159,10 @@ def merge_slices(cfg: PrepareConfig) -> Path:
             raw = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
             for key in ("empty_documents", "undecodable_lines"):
                 counts[key] += raw["counts"][key]
+            if "replaced_lines" in raw["counts"]:  # undecodable=replace
+                counts["replaced_lines"] = (
+                    counts.get("replaced_lines", 0) + raw["counts"]["replaced_lines"]
+                )
             sources.extend(raw["sources"])
         documents = _merged_documents(slices, dtype, tokenizer_sha256(source_tokenizer))
         with ShardWriter(partial, cfg.docs_per_shard, cfg.tokens_per_block) as writer:

@@ -5,9 +5,14 @@ An input is a file, a directory (every file under it, recursively, sorted by pat
 - plain text (any other suffix): documents are separated by blank lines;
 - JSONL (`.jsonl`, `.json`): one document per line, its text in a configurable field;
 - either one gzipped (`.gz` after the suffix).
-Files are read line by line in binary and each line is decoded as UTF-8; a line that does
-not decode (or, in JSONL, is not a JSON object) is skipped and counted, and one warning per
-file names it with the count.
+Files are read line by line in binary and each line is decoded as UTF-8. What happens to a
+line that does not decode (or, in JSONL, is not a JSON object) is the `undecodable` policy:
+- `error` (the default): SourceError naming the file, the first bad line and how many there
+  are (the rest of the file is scanned to count them);
+- `skip`: the line is dropped and counted (`undecodable_lines`), one warning per file;
+- `replace`: undecodable bytes become U+FFFD and the line is kept, counted
+  (`replaced_lines`); a JSONL line that is still not a JSON object is dropped and counted.
+A file holding a NUL byte is binary (or UTF-16): always refused, naming it.
 """
 
 import glob
@@ -23,6 +28,7 @@ from data_pipelines.builtin_corpus import BUILTIN, builtin_documents
 
 _GLOB_CHARS = frozenset("*?[")
 JSONL_SUFFIXES = (".jsonl", ".json")
+UNDECODABLE_POLICIES = ("error", "skip", "replace")
 
 
 class SourceError(ValueError):
@@ -35,11 +41,13 @@ class UndecodableLinesWarning(UserWarning):
 
 @dataclass
 class SourceStats:
-    """What was read from one source: documents (all, including empty ones) and skipped lines."""
+    """What was read from one source: documents (all, including empty ones), lines dropped
+    (`undecodable_lines`) and lines decoded with U+FFFD replacements (`replaced_lines`)."""
 
     path: str
     documents: int = 0
     undecodable_lines: int = 0
+    replaced_lines: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,24 +99,45 @@ def _open_binary(path: str) -> IO[bytes]:
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
 
 
-def _decoded_lines(path: str, stats: SourceStats) -> Iterator[str]:
-    """Lines of `path` without line ends; undecodable ones are counted and skipped."""
+def _decoded_lines(path: str, stats: SourceStats, policy: str = "error") -> Iterator[str]:
+    """Lines of `path` without line ends, undecodable ones handled as `policy` says (see the
+    module docstring); a line holding a NUL byte makes the file binary (SourceError)."""
+    first_bad = 0
     try:
         with _open_binary(path) as f:
-            for raw in f:
+            for number, raw in enumerate(f, start=1):
+                if b"\0" in raw:
+                    raise SourceError(
+                        f"{path}: line {number} holds a NUL byte: a binary (or UTF-16) file, "
+                        "not UTF-8 text; remove it from inputs (or convert it to UTF-8)"
+                    )
                 try:
-                    yield raw.decode("utf-8").rstrip("\r\n")
+                    line = raw.decode("utf-8")
                 except UnicodeDecodeError:
-                    stats.undecodable_lines += 1
+                    if policy == "replace":
+                        stats.replaced_lines += 1
+                        line = raw.decode("utf-8", errors="replace")
+                    else:
+                        stats.undecodable_lines += 1
+                        first_bad = first_bad or number
+                        continue
+                if not first_bad or policy != "error":
+                    yield line.rstrip("\r\n")
     except (OSError, EOFError) as error:  # unreadable file, corrupt or truncated gzip
         raise SourceError(
             f"{path}: cannot be read ({error}); fix or remove it from inputs"
         ) from error
+    if first_bad and policy == "error":
+        raise SourceError(
+            f"{path}: line {first_bad} is not UTF-8 ({stats.undecodable_lines} such line(s) in "
+            f"all); convert the file (e.g. iconv -f latin1 -t utf-8), or set "
+            "undecodable=skip (drop them) or undecodable=replace (decode them with U+FFFD)"
+        )
 
 
-def _text_documents(path: str, stats: SourceStats) -> Iterator[str]:
+def _text_documents(path: str, stats: SourceStats, policy: str) -> Iterator[str]:
     lines: list[str] = []
-    for line in _decoded_lines(path, stats):
+    for line in _decoded_lines(path, stats, policy):
         if line.strip():
             lines.append(line)
         elif lines:
@@ -118,8 +147,8 @@ def _text_documents(path: str, stats: SourceStats) -> Iterator[str]:
         yield "\n".join(lines)
 
 
-def _jsonl_documents(path: str, stats: SourceStats, text_field: str) -> Iterator[str]:
-    for number, line in enumerate(_decoded_lines(path, stats), start=1):
+def _jsonl_documents(path: str, stats: SourceStats, text_field: str, policy: str) -> Iterator[str]:
+    for number, line in enumerate(_decoded_lines(path, stats, policy), start=1):
         if not line.strip():
             continue
         try:
@@ -127,6 +156,11 @@ def _jsonl_documents(path: str, stats: SourceStats, text_field: str) -> Iterator
         except json.JSONDecodeError:
             record = None
         if not isinstance(record, dict):
+            if policy == "error":
+                raise SourceError(
+                    f"{path}:{number}: not a JSON object; fix the line, or set "
+                    "undecodable=skip to drop such lines"
+                )
             stats.undecodable_lines += 1
             continue
         text = record.get(text_field)
@@ -139,9 +173,14 @@ def _jsonl_documents(path: str, stats: SourceStats, text_field: str) -> Iterator
 
 
 def read_source(
-    name: str, stats: SourceStats, text_field: str = "text", warn: bool = True
+    name: str,
+    stats: SourceStats,
+    text_field: str = "text",
+    warn: bool = True,
+    undecodable: str = "error",
 ) -> Iterator[str]:
     """Texts of the documents of one source, in order; `stats` is updated as they are read.
+    `undecodable` is the policy for lines that are not UTF-8 (see the module docstring).
     With `warn`, one UndecodableLinesWarning names the file if lines were skipped."""
     if name == BUILTIN:
         for _, text in builtin_documents():
@@ -150,9 +189,9 @@ def read_source(
         return
     stem = name[:-3] if name.endswith(".gz") else name
     if stem.endswith(JSONL_SUFFIXES):
-        documents = _jsonl_documents(name, stats, text_field)
+        documents = _jsonl_documents(name, stats, text_field, undecodable)
     else:
-        documents = _text_documents(name, stats)
+        documents = _text_documents(name, stats, undecodable)
     for text in documents:
         stats.documents += 1
         yield text
@@ -166,9 +205,14 @@ def read_source(
 
 
 def read_raw_documents(
-    names: list[str], stats: list[SourceStats], text_field: str = "text", warn: bool = True
+    names: list[str],
+    stats: list[SourceStats],
+    text_field: str = "text",
+    warn: bool = True,
+    undecodable: str = "error",
 ) -> Iterator[RawDocument]:
     """Every document of the sources `names` in order; `stats[i]` is filled for `names[i]`."""
     for name, source_stats in zip(names, stats, strict=True):
-        for index, text in enumerate(read_source(name, source_stats, text_field, warn)):
+        sources = read_source(name, source_stats, text_field, warn, undecodable)
+        for index, text in enumerate(sources):
             yield RawDocument(name, index, text)

@@ -123,14 +123,49 @@ def test_jsonl_without_the_text_field_names_file_line_and_key(tmp_path):
         list(read_source(str(tmp_path / "c.jsonl"), SourceStats("c")))
 
 
+LATIN_1 = b"good one\n\xff\xfe broken\nstill good\n\ncaf\xe9 latin-1\n\nlast \xc3\xa9\n"
+
+
+def test_undecodable_lines_are_an_error_naming_file_first_line_and_count(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(LATIN_1)
+    with pytest.raises(SourceError) as refused:
+        list(read_source(str(path), SourceStats(str(path))))
+    message = str(refused.value)
+    assert message.startswith(f"{path}: line 2 is not UTF-8 (2 such line(s) in all)")
+    assert "undecodable=skip" in message and "undecodable=replace" in message
+    assert "\n" not in message
+
+
 def test_undecodable_lines_are_skipped_counted_and_warned(tmp_path):
     path = tmp_path / "bad.txt"
-    path.write_bytes(b"good one\n\xff\xfe broken\nstill good\n\ncaf\xe9 latin-1\n\nlast \xc3\xa9\n")
+    path.write_bytes(LATIN_1)
     stats = SourceStats(str(path))
     with pytest.warns(UndecodableLinesWarning, match=r"bad\.txt: skipped 2 undecodable"):
-        documents = list(read_source(str(path), stats))
+        documents = list(read_source(str(path), stats, undecodable="skip"))
     assert documents == ["good one\nstill good", "last \u00e9"]
     assert (stats.documents, stats.undecodable_lines) == (2, 2)
+
+
+def test_undecodable_lines_are_replaced_and_counted(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(LATIN_1)
+    stats = SourceStats(str(path))
+    documents = list(read_source(str(path), stats, undecodable="replace"))
+    assert documents == [
+        "good one\n\ufffd\ufffd broken\nstill good",
+        "caf\ufffd latin-1",
+        "last \u00e9",
+    ]
+    assert (stats.undecodable_lines, stats.replaced_lines) == (0, 2)
+
+
+@pytest.mark.parametrize("policy", ["error", "skip", "replace"])
+def test_a_binary_file_is_refused_whatever_the_policy(tmp_path, policy):
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"PK\x03\x04\x00\x00 some header\n\x89\x00\x01\n")
+    with pytest.raises(SourceError, match=r"model\.bin: line 1 holds a NUL byte: a binary"):
+        list(read_source(str(path), SourceStats(str(path)), undecodable=policy))
 
 
 def test_expand_directories_globs_and_errors(tmp_path):
@@ -335,14 +370,14 @@ def test_format2_holds_the_documents_of_the_per_document_path(
 def test_manifest_counts_sources_and_undecodable_lines(tmp_path):
     text = tmp_path / "a.txt"
     text.write_bytes(
-        b"One sentence. Two sentences.\n\n\x00\x07\n\n\xff bad line\nThird doc here.\n\n\xfe\n"
+        b"One sentence. Two sentences.\n\n\x07\n\n\xff bad line\nThird doc here.\n\n\xfe\n"
     )
     jsonl = tmp_path / "b.jsonl"
     jsonl.write_text(
         '{"text": "Json doc. With two."}\n{"text": ""}\nnot json\n{"text": "\\u0007"}\n'
     )
     with pytest.warns(UndecodableLinesWarning) as warned:
-        out = prepare(_config([text, jsonl], tmp_path / "out"), progress=False)
+        out = prepare(_config([text, jsonl], tmp_path / "out", undecodable="skip"), progress=False)
     assert sorted(str(w.message).split(":")[0] for w in warned) == [str(text), str(jsonl)]
     manifest = load_manifest(out)
     assert manifest.counts == {
@@ -486,6 +521,37 @@ def test_cli_prepare_info_and_errors(tmp_path, capsys):
     assert cli.main(["info", str(tmp_path)]) == 1
     assert "manifest.json" in capsys.readouterr().err
     assert cli.main(["frobnicate"]) == 2
+
+
+def test_cli_prepare_input_policy_and_a_smaller_vocabulary(tmp_path, capsys):
+    """Latin-1 text is an error naming the file and line (exit 2, nothing written); skip and
+    replace say in the summary how many lines; a vocabulary smaller than asked for is
+    reported with both sizes."""
+    good = write_text_corpus(tmp_path / "good.txt", small_english_documents(6))
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Caf\u00e9 au lait.\n\nNa\u00efve text here.\n".encode("latin-1"))
+    out = tmp_path / "out"
+    args = [f"inputs=[{good},{latin}]", f"out_dir={out}", "num_proc=1", "docs_per_shard=4"]
+    assert cli.main(["prepare", *args, "tokenizer.vocab_size=300"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"pretrain-data prepare: {latin}: line 1 is not UTF-8 (2 such")
+    assert "\n" not in err and not out.exists()
+    for policy, said in (("skip", "2 undecodable line(s) dropped"), ("replace", "2 line(s)")):
+        run = [*args, f"undecodable={policy}", "overwrite=true", "tokenizer.vocab_size=300"]
+        assert cli.main(["prepare", *run]) == 0
+        printed = capsys.readouterr().out
+        assert f"warning: {said}" in printed, printed
+    assert load_manifest(out).raw["config"]["undecodable"] == "replace"
+    assert cli.main(["prepare", f"inputs=[{good}]", f"out_dir={out}", "overwrite=true",
+                     "num_proc=1", "tokenizer.vocab_size=30522"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    gave = load_manifest(out).vocab_size
+    assert f"warning: tokenizer.vocab_size=30522 was asked for, the corpus gave {gave:,}" in printed
+    assert "undecodable" not in load_manifest(out).raw["config"]  # the default: as before
+    binary = tmp_path / "data.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert cli.main(["prepare", f"inputs=[{binary}]", f"out_dir={tmp_path / 'b'}"]) == 2
+    assert "holds a NUL byte: a binary" in capsys.readouterr().err
 
 
 def test_cli_preview_dispatches_to_the_preview_module(monkeypatch):
