@@ -1,6 +1,8 @@
 """Export to Hugging Face: the exported directory loads with transformers and gives our outputs."""
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -252,6 +254,20 @@ def test_overwrite_replaces_only_when_asked(tmp_path, tokenizer_dir):
     with pytest.raises(ExportError, match="input of the export"):
         export_checkpoint(tmp_path / "a.ckpt", tmp_path, overwrite=True)
     assert (tmp_path / "a.ckpt").exists()
+
+
+def test_exported_files_are_readable_by_the_group_as_the_umask_says(tmp_path, tokenizer_dir):
+    make_checkpoint(tmp_path / "a.ckpt", tokenizer_dir, seed=1)
+    previous = os.umask(0o022)
+    try:
+        out = export_checkpoint(tmp_path / "a.ckpt", tmp_path / "hf")
+        os.umask(0o077)
+        private = export_checkpoint(tmp_path / "a.ckpt", tmp_path / "private")
+    finally:
+        os.umask(previous)
+    for name in ("model.safetensors", "config.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
+    assert stat.S_IMODE((private / "model.safetensors").stat().st_mode) == 0o600
 
 
 def test_mlm_only_checkpoint_exports_masked_lm(tmp_path, tokenizer_dir):

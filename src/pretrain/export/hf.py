@@ -9,6 +9,7 @@ A directory holds config.json, model.safetensors and the run's tokenizer files, 
 """
 
 import json
+import os
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
@@ -46,6 +47,13 @@ def family_module(model_cfg: dict[str, Any]) -> Any:
     return import_module(get_class(model_cfg["_target_"]).hf_format)
 
 
+def current_umask() -> int:
+    """The process's file-creation mask (os.umask can only be read by setting it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_hf_model(model: HFModel, directory: Path, tokenizer_dir: Path | None) -> None:
     """Write config.json, model.safetensors (contiguous, unshared copies) and tokenizer files."""
     weights = cpu_copies(model.weights)
@@ -55,6 +63,9 @@ def write_hf_model(model: HFModel, directory: Path, tokenizer_dir: Path | None) 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    # safetensors creates the file private (0600); an export is for a team: 0644 under the
+    # usual umask 022, like any file written here
+    (directory / "model.safetensors").chmod(0o666 & ~current_umask())
     if tokenizer_dir is not None:
         copy_tokenizer_files(tokenizer_dir, directory)
 
