@@ -101,13 +101,19 @@ _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 def refusal_message(path: str | Path, error: Exception) -> str:
     """One line for a load `torch.load(weights_only=True)` refused: the file and the global
-    the pickle asked for (never torch's advice to load it with weights_only=False)."""
+    the pickle asked for, or what could not be read (never torch's advice to load it with
+    weights_only=False)."""
     found = _GLOBAL.search(str(error))
-    what = f"it asks for {found.group(1)}" if found else type(error).__name__
+    if found is None:  # not a pickle of tensors and containers at all: garbage, truncated
+        detail = str(error).split("WeightsUnpickler error:")[-1].strip().split("\n")[0]
+        return (
+            f"{path}: cannot read the checkpoint ({detail or type(error).__name__}); is it a "
+            "complete .ckpt written by `pretrain`?"
+        )
     return (
-        f"{path}: refused: not plain tensors and containers ({what}); a checkpoint is loaded "
-        "with torch.load(weights_only=True) so that it cannot run code; only use checkpoints "
-        "written by `pretrain`"
+        f"{path}: refused: not plain tensors and containers (it asks for {found.group(1)}); a "
+        "checkpoint is loaded with torch.load(weights_only=True) so that it cannot run code; "
+        "only use checkpoints written by `pretrain`"
     )
 
 
