@@ -131,6 +131,9 @@ class DataConfig:
     shuffle_buffer_documents: int = 1000
     random_document_pool: int = 100
     holdout_shards: int = 0
+    # Canonical partitions of every epoch's stream: the global sample order depends on them
+    # and on the seed only, never on nodes, ranks or workers; ranks must divide it.
+    stream_partitions: int = 64
     # Samples per optimizer step over all ranks; null = batch_size x accumulation x ranks.
     # When set, trainer.accumulate_grad_batches is derived from it (pretrain.batching).
     global_batch_size: int | None = None
@@ -158,6 +161,12 @@ class DataConfig:
             self.shuffle_buffer_documents >= 1,
             "data.shuffle_buffer_documents",
             self.shuffle_buffer_documents,
+            "must be at least 1",
+        )
+        require(
+            self.stream_partitions >= 1,
+            "data.stream_partitions",
+            self.stream_partitions,
             "must be at least 1",
         )
         require(

@@ -19,6 +19,7 @@ from pretrain.checkpointing import (
 from pretrain.collectives import CollectiveTimeout, collective_failure
 from pretrain.config import TrainConfig, settings_from, validate
 from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
+from pretrain.data.reading import effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
 from pretrain.errors import ConfigError, RunEnvironmentError
@@ -38,14 +39,16 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
     run.data.tokenizer_dir = str(corpus.tokenizer_dir)
     module_class = get_class(run.objective._target_)
     training_paths = split_holdout(corpus, run.data.holdout_shards)[0]
+    training_shards = corpus.manifest.shards[: len(training_paths)]
     spec = settings_from(
         StreamSpec,
         run.data,
         run.objective,  # masking, dupe_factor: the epoch that seeds the corruption
         run,
         shard_paths=training_paths,
-        shard_tokens=tuple(
-            shard["tokens"] for shard in corpus.manifest.shards[: len(training_paths)]
+        shard_tokens=tuple(shard["tokens"] for shard in training_shards),
+        stream_partitions=effective_partitions(
+            run.data.stream_partitions, sum(shard["documents"] for shard in training_shards)
         ),
         vocab=corpus.vocab,
         corruption=module_class.build_corruption(run, corpus.vocab),

@@ -85,7 +85,7 @@ def test_usr1_saves_at_the_next_step_requeues_and_resume_matches(
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 4
     assert checkpoint["optimizer_states"] and checkpoint["lr_schedulers"]
-    assert checkpoint["PretrainingDataModule"]["batches"] == 4  # the stream's position
+    assert checkpoint["PretrainingDataModule"]["samples"] == 4 * 8  # the stream's position
     assert sorted(step_losses(run_dir)) == list(range(4))  # stopped right after saving
     assert requeued == ["4242"]
     assert {s: signal.getsignal(s) for s in preemption.signals} == before  # handlers restored
@@ -124,7 +124,7 @@ def test_sigterm_during_accumulation_saves_after_the_optimizer_step_without_requ
     assert preemption.saved_step == 3
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 3
-    assert checkpoint["PretrainingDataModule"]["batches"] == 6  # whole steps only
+    assert checkpoint["PretrainingDataModule"]["samples"] == 6 * 8  # whole steps only
     assert requeued == []  # SIGTERM: cancelled or preempted by SLURM, never requeued by us
 
 

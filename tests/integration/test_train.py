@@ -166,7 +166,7 @@ def test_bf16_accumulation_and_clipping(prepared_corpus, tmp_path):
     )
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 4  # optimizer steps
-    assert checkpoint["PretrainingDataModule"]["batches"] == 12  # micro-batches read
+    assert checkpoint["PretrainingDataModule"]["samples"] == 12 * 8  # micro-batches x 8 read
     assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values())
     assert (
         checkpoint["state_dict"]["encoder.embeddings.word_embeddings.weight"].dtype == torch.float32

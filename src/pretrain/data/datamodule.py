@@ -8,6 +8,7 @@ import lightning as L
 import torch
 
 from pretrain.data.epoch_tail import StepAlignedLoader
+from pretrain.data.reading import MIN_PARTITION_DOCUMENTS
 from pretrain.data.shard_format import (
     Manifest,
     ShardError,
@@ -17,6 +18,7 @@ from pretrain.data.shard_format import (
 )
 from pretrain.data.stream import StreamSpec, training_stream
 from pretrain.data.vocab import Vocabulary, load_vocabulary
+from pretrain.errors import ConfigError
 from pretrain.job_signals import ignore_in_data_worker
 
 
@@ -71,6 +73,7 @@ class PretrainingDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self._resume: dict | None = None
         self._loader: StepAlignedLoader | None = None
+        self._start_samples = self._start_batches = 0  # where this launch's epoch began
 
     def train_dataloader(self) -> StepAlignedLoader:
         trainer = self.trainer
@@ -78,17 +81,24 @@ class PretrainingDataModule(L.LightningDataModule):
         spec = self.spec
         if trainer is not None:
             spec = replace(spec, rank=trainer.global_rank, world_size=trainer.world_size)
-        trained = taken = 0
+        if spec.stream_partitions % spec.world_size:
+            raise ConfigError(
+                f"data.stream_partitions: this corpus is cut into {spec.stream_partitions} "
+                f"canonical partitions (at least {MIN_PARTITION_DOCUMENTS} documents each), "
+                f"which the {spec.world_size} ranks (trainer.devices x trainer.num_nodes) do "
+                "not divide; use a number of ranks that divides it, or a larger corpus"
+            )
+        self._start_samples = self._start_batches = 0
         if self._resume and self._resume["epoch"] == epoch:
-            trained = self._resume["batches"]
-            taken = self._resume.get("stream_batches", trained)  # older checkpoints: equal
+            self._start_samples, self._start_batches = resume_position(self._resume, spec)
+            # batch_idx (and so Lightning's accumulation phase) restarts at this position,
+            # which may have been reached with another micro-batch size or accumulation
+            trainer.fit_loop.epoch_loop.batch_progress.current.reset()
         self._resume = None
         self.teardown("fit")  # the previous epoch's loader and its workers
         self._loader = StepAlignedLoader(
-            training_stream(spec, epoch, skip_batches=taken),
+            training_stream(spec, epoch, self._start_samples, self._start_batches),
             accumulation=trainer.accumulate_grad_batches if trainer else 1,
-            start_batch=trained,
-            start_source=taken,
             full_batch=spec.batch_size,
             num_workers=self.num_workers,
             persistent_workers=False,
@@ -103,14 +113,30 @@ class PretrainingDataModule(L.LightningDataModule):
             self._loader.close()
 
     def state_dict(self) -> dict:
-        """Position in the stream: the epoch, the micro-batches trained in it, and the batches
-        of the stream taken for them (short batches held back included), which a resume skips."""
-        trained = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        loader = self.trainer.train_dataloader
+        """Position in the stream: the epoch, the global samples of its order consumed (all
+        ranks), and for XLNet's memory format the rank's batches taken (short ones held back
+        included), which a resume skips."""
+        trainer = self.trainer
+        trained = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        loader = trainer.train_dataloader
         taken = (
             loader.stream_position(trained) if isinstance(loader, StepAlignedLoader) else trained
         )
-        return {"epoch": self.trainer.current_epoch, "batches": trained, "stream_batches": taken}
+        samples = trained * self.spec.batch_size * trainer.world_size
+        return {
+            "epoch": trainer.current_epoch,
+            "samples": self._start_samples + samples,
+            "stream_batches": self._start_batches + taken,
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._resume = dict(state_dict)
+
+
+def resume_position(state: dict, spec: StreamSpec) -> tuple[int, int]:
+    """(global samples consumed, rank batches taken) of a saved position. Checkpoints from
+    before positions were counted in samples hold batches of the same shape only."""
+    if "samples" in state:
+        return state["samples"], state["stream_batches"]
+    batches = state["batches"]
+    return batches * spec.batch_size * spec.world_size, state.get("stream_batches", batches)

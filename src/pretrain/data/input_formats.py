@@ -2,52 +2,52 @@
 sequences. The config checks names against it, the stream dispatches on it; adding a format
 is one entry here.
 
-A format's `batches(documents, spec, epoch)` yields (sequences of one batch, extra per-batch
-arrays). Most formats make independent sequences, batched `data.batch_size` at a time (the
-last batch of a reader may be short). `workers_share_documents`: batch t + 1 continues batch t
-slot by slot (XLNet's memory), so every data-loader worker of a rank reads the rank's
-documents and builds its whole sequence of batches, keeping batches w, w + W, ...
+Most formats turn documents into independent sequences; the stream (`stream.py`) reads them
+from the epoch's canonical partitions and interleaves them into the global sample order.
+XLNet's memory format makes whole batches whose slots continue from one batch to the next:
+every data-loader worker of a rank reads the rank's documents and builds its whole sequence
+of batches, keeping batches w, w + W, ...
 """
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from itertools import islice
 
 from pretrain.data.formats import make_segment_pairs, pack_sentences
 from pretrain.data.reading import StreamSpec
 from pretrain.data.xlnet_formats import make_xlnet_pairs, memory_batches
 
+Sequences = Iterator[dict]
 Batches = Iterator[tuple[list[dict], dict]]
 
 
 @dataclass(frozen=True)
 class InputFormat:
-    """One input format: its batches, and whether its two segments carry a pair label."""
+    """One input format. Most formats make independent `sequences(documents, spec, epoch)`,
+    which the stream interleaves across partitions and batches; a format whose batch t + 1
+    continues batch t slot by slot makes whole `batches` instead (`workers_share_documents`).
+    `pairs`: its two segments carry a sentence-relation label."""
 
-    batches: Callable[[Iterable[dict], StreamSpec, int], Batches]
+    sequences: Callable[[Iterable[dict], StreamSpec, int], Sequences] | None = None
+    batches: Callable[[Iterable[dict], StreamSpec, int], Batches] | None = None
     pairs: bool = False
-    workers_share_documents: bool = False
+
+    @property
+    def workers_share_documents(self) -> bool:
+        return self.batches is not None
 
 
-def _batched(sequences: Iterable[dict], spec: StreamSpec) -> Batches:
-    sequences = iter(sequences)
-    while batch := list(islice(sequences, spec.batch_size)):
-        yield batch, {}
-
-
-def _packed(cross_documents: bool) -> Callable[[Iterable[dict], StreamSpec, int], Batches]:
-    def batches(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
-        packed = pack_sentences(
+def _packed(cross_documents: bool) -> Callable[[Iterable[dict], StreamSpec, int], Sequences]:
+    def sequences(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Sequences:
+        return pack_sentences(
             documents, spec.max_seq_length, spec.vocab, cross_documents=cross_documents
         )
-        return _batched(packed, spec)
 
-    return batches
+    return sequences
 
 
-def _pairs(single_sentences: bool) -> Callable[[Iterable[dict], StreamSpec, int], Batches]:
-    def batches(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
-        pairs = make_segment_pairs(
+def _pairs(single_sentences: bool) -> Callable[[Iterable[dict], StreamSpec, int], Sequences]:
+    def sequences(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Sequences:
+        return make_segment_pairs(
             documents,
             spec.max_seq_length,
             spec.vocab,
@@ -59,13 +59,12 @@ def _pairs(single_sentences: bool) -> Callable[[Iterable[dict], StreamSpec, int]
             random_probability=spec.nsp_random_probability,
             pool_size=spec.random_document_pool,
         )
-        return _batched(pairs, spec)
 
-    return batches
+    return sequences
 
 
-def _xlnet_pairs(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
-    pairs = make_xlnet_pairs(
+def _xlnet_pairs(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Sequences:
+    return make_xlnet_pairs(
         documents,
         spec.max_seq_length,
         spec.vocab,
@@ -75,7 +74,6 @@ def _xlnet_pairs(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Bat
         random_probability=spec.nsp_random_probability,
         pool_size=spec.random_document_pool,
     )
-    return _batched(pairs, spec)
 
 
 def _xlnet_memory(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
@@ -94,6 +92,6 @@ INPUT_FORMATS: dict[str, InputFormat] = {
     "segment_pair": InputFormat(_pairs(single_sentences=False), pairs=True),
     "sentence_pair": InputFormat(_pairs(single_sentences=True), pairs=True),
     "xlnet_pair": InputFormat(_xlnet_pairs),  # A [SEP] B [SEP] [CLS], no pair label
-    "xlnet_memory": InputFormat(_xlnet_memory, workers_share_documents=True),
+    "xlnet_memory": InputFormat(batches=_xlnet_memory),
 }
 PAIR_FORMATS = tuple(name for name, entry in INPUT_FORMATS.items() if entry.pairs)

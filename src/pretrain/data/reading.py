@@ -49,6 +49,7 @@ class StreamSpec:
     rank: int = 0
     world_size: int = 1
     shard_tokens: tuple[int, ...] = ()
+    stream_partitions: int = 64
     masking: str = "dynamic"  # the objective's: static = dupe_factor copies of the masks
     dupe_factor: int = 10
 
@@ -131,6 +132,29 @@ def reader_documents(
     return shuffle_documents(
         read_split(spec, epoch, reader, readers), spec.shuffle_buffer_documents, rng
     )
+
+
+MIN_PARTITION_DOCUMENTS = 32
+
+
+def effective_partitions(requested: int, documents: int) -> int:
+    """The canonical partitions of a corpus of `documents` training documents: the largest
+    divisor of `requested` (data.stream_partitions) that leaves every partition at least
+    MIN_PARTITION_DOCUMENTS documents on average (1 at least). A function of the config and
+    the corpus only, so the same for any job shape. An epoch ends when its first partition
+    runs out, so small partitions, whose lengths vary more, would waste more of each epoch."""
+    divisors = [d for d in range(requested, 0, -1) if requested % d == 0]
+    return next((d for d in divisors if documents / d >= MIN_PARTITION_DOCUMENTS), 1)
+
+
+def partition_documents(spec: StreamSpec, epoch: int, partition: int) -> Iterator[dict]:
+    """Documents of canonical `partition` (of spec.stream_partitions) in this epoch: its
+    token-balanced share (`read_split`) through its own shuffle buffer, keyed by (seed, epoch,
+    partition) and holding ceil(shuffle_buffer_documents / partitions) documents."""
+    partitions = spec.stream_partitions
+    rng = np.random.default_rng([spec.seed, epoch, STREAM_SHUFFLE, partition])
+    buffer = math.ceil(spec.shuffle_buffer_documents / partitions)
+    return shuffle_documents(read_split(spec, epoch, partition, partitions), buffer, rng)
 
 
 def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:

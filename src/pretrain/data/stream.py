@@ -2,19 +2,23 @@
 batch -> corruption, as an IterableDataset of whole batches (the DataLoader runs with
 batch_size=None).
 
-Documents are split among readers and shuffled by `reading.py`; the input format
-(`input_formats.py`) turns them into batches; the objective's corruption runs on each whole
-batch in the data-loader worker. All randomness is keyed by (seed, epoch, ...): the shuffle
-buffer by (rank, worker), formats and masks by the sample key. For most formats every
-data-loader worker is a reader of its own documents and worker w yields its batches, which
-DataLoader returns round-robin (w, w + W, ...): that is how `skip_batches` is shared out on
-a resume. Formats whose batches continue each other (XLNet's memory) have every worker build
-the rank's batches and keep its share. Where an epoch ends on every rank alike:
-`epoch_tail.py`.
+Elastic order: an epoch's documents are split into `data.stream_partitions` canonical
+partitions (token-balanced, `reading.py`), each shuffled and formatted into sequences as its
+own stream keyed by (seed, epoch, partition). The global sample order interleaves them
+(sample i is the next sequence of partition i mod P), so it depends on the seed and P only:
+the same global batches, samples and masks (keyed by the sample's key) for any number of
+nodes, ranks and data-loader workers. Rank r of R trains global samples r, r + R, ... of each
+global batch; a checkpoint stores how many global samples of the epoch were consumed, so a
+run resumes at the next unseen sample with another number of ranks, workers, micro-batch
+size or accumulation. Every data-loader worker of a rank formats the rank's sequences and
+corrupts every W-th micro-batch (formatting is cheap next to collation and corruption), so
+DataLoader's round-robin returns them in order. XLNet's memory format keeps its own
+per-rank, per-slot stream (`input_formats.py`), resumed by batches. Where an epoch ends on
+every rank alike: `epoch_tail.py`.
 """
 
-import math
 from collections.abc import Iterator
+from itertools import count, islice
 
 import torch
 
@@ -24,6 +28,7 @@ from pretrain.data.reading import (
     StreamSpec,
     collate,
     corrupt_to_tensors,
+    partition_documents,
     reader_documents,
     worker_role,
 )
@@ -32,33 +37,74 @@ __all__ = ["Corruption", "EpochStream", "StreamSpec", "training_stream"]
 
 
 class EpochStream(torch.utils.data.IterableDataset):
-    """The batches of one epoch for `spec.rank`, from `skip_batches` on (a resume)."""
+    """The batches of one epoch for `spec.rank`: from global sample `start_sample` on (a
+    resume; most formats), or from the rank's batch `skip_batches` on (XLNet's memory)."""
 
-    def __init__(self, spec: StreamSpec, epoch: int, skip_batches: int = 0) -> None:
+    def __init__(
+        self, spec: StreamSpec, epoch: int, start_sample: int = 0, skip_batches: int = 0
+    ) -> None:
         super().__init__()
-        self.spec, self.epoch, self.skip_batches = spec, epoch, skip_batches
+        self.spec, self.epoch = spec, epoch
+        self.start_sample, self.skip_batches = start_sample, skip_batches
 
     def __iter__(self) -> Iterator[dict]:
+        if INPUT_FORMATS[self.spec.format].workers_share_documents:
+            yield from self._memory_batches()
+            return
+        spec, epoch = self.spec, self.epoch
+        worker, workers = worker_role()
+        batches = _chunks(rank_sequences(spec, epoch, self.start_sample), spec.batch_size)
+        for n, sequences in enumerate(batches):
+            if n % workers == worker:
+                yield corrupt_to_tensors(collate(sequences, spec.vocab.pad), spec, epoch)
+
+    def _memory_batches(self) -> Iterator[dict]:
+        """Every worker builds the rank's batches (slots continue across batches) and keeps
+        batches w, w + W, ... from `skip_batches` on."""
         spec, epoch = self.spec, self.epoch
         worker, workers = worker_role(self.skip_batches)
+        documents = reader_documents(spec, epoch, spec.rank, spec.world_size, (spec.rank, 0))
         entry = INPUT_FORMATS[spec.format]
-        if entry.workers_share_documents:
-            reader, readers, shuffle_key = spec.rank, spec.world_size, (spec.rank, 0)
-        else:
-            reader, readers = spec.rank * workers + worker, spec.world_size * workers
-            shuffle_key = (spec.rank, worker)
-        documents = reader_documents(spec, epoch, reader, readers, shuffle_key)
-        skip = math.ceil(max(0, self.skip_batches - worker) / workers)
         for n, (sequences, extras) in enumerate(entry.batches(documents, spec, epoch)):
-            if entry.workers_share_documents:  # n counts the rank's batches
-                if n < self.skip_batches or n % workers != worker:
-                    continue
-            elif n < skip:  # n counts this worker's batches
-                continue
-            batch = collate(sequences, spec.vocab.pad) | extras
-            yield corrupt_to_tensors(batch, spec, epoch)
+            if n >= self.skip_batches and n % workers == worker:
+                batch = collate(sequences, spec.vocab.pad) | extras
+                yield corrupt_to_tensors(batch, spec, epoch)
 
 
-def training_stream(spec: StreamSpec, epoch: int, skip_batches: int = 0) -> EpochStream:
+def rank_sequences(spec: StreamSpec, epoch: int, start_sample: int = 0) -> Iterator[dict]:
+    """This rank's share of the epoch's global sample order, from global sample
+    `start_sample` on. Global sample i is the next sequence of canonical partition
+    i mod P (P = spec.stream_partitions); rank r of R takes samples start_sample + r,
+    start_sample + r + R, ..., so it reads only the partitions p with p = start_sample + r
+    (mod R). Stops at the first sample whose partition is used up: all samples before it
+    exist, so every rank stops at the same global position."""
+    partitions, ranks = spec.stream_partitions, spec.world_size
+    if partitions % ranks:
+        raise ValueError(
+            f"data.stream_partitions = {partitions} is not a multiple of the {ranks} ranks "
+            "(trainer.devices x trainer.num_nodes); choose a multiple"
+        )
+    first = start_sample + spec.rank
+    entry = INPUT_FORMATS[spec.format]
+    streams = {}
+    for p in range(first % ranks, partitions, ranks):
+        sequences = entry.sequences(partition_documents(spec, epoch, p), spec, epoch)
+        used = max(0, -(-(start_sample - p) // partitions))  # samples of p before start_sample
+        streams[p] = islice(sequences, used, None)
+    for i in count(first, ranks):
+        sequence = next(streams[i % partitions], None)
+        if sequence is None:
+            return
+        yield sequence
+
+
+def _chunks(items: Iterator[dict], size: int) -> Iterator[list[dict]]:
+    while chunk := list(islice(items, size)):
+        yield chunk
+
+
+def training_stream(
+    spec: StreamSpec, epoch: int, start_sample: int = 0, skip_batches: int = 0
+) -> EpochStream:
     """The pipeline of one epoch, as an IterableDataset of whole batches."""
-    return EpochStream(spec, epoch, skip_batches)
+    return EpochStream(spec, epoch, start_sample, skip_batches)
