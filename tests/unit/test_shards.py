@@ -143,6 +143,21 @@ def test_missing_or_malformed_manifest(corpus_copy):
         load_manifest(corpus_copy)
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda m: m["shards"].append(m["shards"][0]), "is listed more than once"),
+        (lambda m: m.update(dtype="uint8"), "dtype uint8 cannot hold the ids of vocab_size"),
+        (lambda m: m["counts"].update(documents=1), "counts.documents is 1 but its shards hold"),
+        (lambda m: m["counts"].update(tokens=7), "counts.tokens is 7 but its shards hold"),
+    ],
+)
+def test_a_manifest_that_contradicts_itself_is_named(corpus_copy, change, said):
+    path = _rewrite_manifest(corpus_copy, change)
+    with pytest.raises(ShardError, match=re.escape(str(path)) + ": .*" + said):
+        load_manifest(corpus_copy)
+
+
 def test_missing_or_resized_shard_is_named(corpus_copy):
     manifest = load_manifest(corpus_copy)
     third = manifest.shard_paths[2]

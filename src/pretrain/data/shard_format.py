@@ -214,7 +214,36 @@ def load_manifest(shards_dir: str | Path) -> Manifest:
         raise ShardError(f"{path}: missing or malformed key {error}; {PREPARE_HINT}") from error
     if manifest.dtype not in IDS_DTYPES:
         raise ShardError(f"{path}: dtype {manifest.dtype!r} is not one of {IDS_DTYPES}")
+    check_manifest_consistency(path, manifest)
     return manifest
+
+
+def check_manifest_consistency(path: Path, manifest: Manifest) -> None:
+    """ShardError naming `path` (the manifest) when it contradicts itself: a shard listed
+    twice (its documents would train twice an epoch), a dtype too narrow for vocab_size, or
+    counts.documents / counts.tokens other than the sums over the shards."""
+    seen: set[str] = set()
+    for shard in manifest.shards:
+        if shard["name"] in seen:
+            raise ShardError(
+                f"{path}: shard {shard['name']} is listed more than once (its documents would "
+                f"train more than once an epoch); {PREPARE_HINT}"
+            )
+        seen.add(shard["name"])
+    if manifest.vocab_size < 1 or np.iinfo(manifest.dtype).max < manifest.vocab_size - 1:
+        raise ShardError(
+            f"{path}: dtype {manifest.dtype} cannot hold the ids of vocab_size "
+            f"{manifest.vocab_size}; {PREPARE_HINT}"
+        )
+    for key in ("documents", "tokens"):
+        if key not in manifest.counts or any(key not in shard for shard in manifest.shards):
+            continue
+        total = sum(int(shard[key]) for shard in manifest.shards)
+        if int(manifest.counts[key]) != total:
+            raise ShardError(
+                f"{path}: counts.{key} is {manifest.counts[key]} but its shards hold {total}; "
+                f"{PREPARE_HINT}"
+            )
 
 
 def check_shards(manifest: Manifest, verify_sha256: bool = False) -> None:
