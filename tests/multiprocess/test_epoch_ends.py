@@ -172,3 +172,36 @@ def test_a_stuck_rank_fails_the_run_naming_the_step(prepared_corpus, tmp_path):
     assert "trainer.collective_timeout_s" in result.stderr and "step 3" in result.stderr, (
         result.stderr[-3000:]
     )
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_two_ranks_continues_the_one_rank_sample_order(prepared_corpus, tmp_path):
+    """Elastic resume: 10 steps on 1 rank (global batch 16 = 8 x 2 accumulated), then the
+    same run on 2 ranks (8 x 2 ranks): every later step trains the samples the 1-rank run
+    trained at that step, none lost or repeated, across the epoch end."""
+    extra = ("strategy=ddp", "data.global_batch_size=16", "trainer.checkpoint_every_n_steps=10")
+    whole = launch(prepared_corpus, tmp_path / "whole", 1, *extra, "trainer.max_steps=70")
+    assert whole.returncode == 0, whole.stderr[-5000:]
+    first = launch(prepared_corpus, tmp_path / "parts", 1, *extra, "trainer.max_steps=10")
+    assert first.returncode == 0, first.stderr[-5000:]
+    second = launch(prepared_corpus, tmp_path / "parts", 2, *extra, "trainer.max_steps=70")
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-5000:]
+    assert "Resuming from" in second.stdout
+
+    def keys_by_step(records: dict, since: int = 0) -> dict[int, list[str]]:
+        steps: dict[int, list[str]] = {}
+        for entries in records.values():
+            for e in entries:
+                if "step" in e and e["step"] >= since:
+                    steps.setdefault(e["step"], []).extend(e["keys"])
+        return {step: sorted(keys) for step, keys in steps.items()}
+
+    want = keys_by_step(read_records(tmp_path / "whole-records"))
+    got = keys_by_step(read_records(tmp_path / "parts-records"), since=10)
+    assert sorted(got) == list(range(10, 70))
+    for step, keys in got.items():
+        assert keys == want[step], step
+    assert {e["epoch"] for e in read_records(tmp_path / "whole-records")[0] if "step" in e} == {
+        0,
+        1,
+    }
