@@ -18,6 +18,14 @@ import torch
 
 from pretrain.objectives.mlm import MaskedLanguageModel
 
+RECORDING_MLM = (  # overrides of a run whose ranks record what they train (`RecordingMLM`)
+    "model.hidden_dropout_prob=0",
+    "model.attention_probs_dropout_prob=0",
+    "objective=mlm",
+    "objective._target_=dist_helpers.RecordingMLM",
+    "data=full_sentences",
+)
+
 
 def _record(rank: int, entry: dict) -> None:
     directory = os.environ.get("PRETRAIN_TEST_RECORD_DIR")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cpu_run_overrides
-from dist_helpers import read_records
+from dist_helpers import RECORDING_MLM, read_records
 
 from pretrain.config import compose_config
 from pretrain.data.stream import training_stream
@@ -25,11 +25,7 @@ def overrides(shards_dir: Path, run_dir: Path, *extra: str) -> list[str]:
     return cpu_run_overrides(
         shards_dir,
         run_dir,
-        "model.hidden_dropout_prob=0",
-        "model.attention_probs_dropout_prob=0",
-        "objective=mlm",
-        "objective._target_=dist_helpers.RecordingMLM",
-        "data=full_sentences",
+        *RECORDING_MLM,
         "trainer.log_every_n_steps=5",
         "trainer.checkpoint_every_n_steps=1000",
         "optim.warmup_steps=2",
