@@ -14,11 +14,13 @@ Prints documents/s, tokens/s and shard MB/s. Prepare the directories first, e.g.
 import argparse
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from pretrain.data.reading import effective_partitions  # noqa: E402
 from pretrain.data.shard_format import load_manifest, read_documents  # noqa: E402
 from pretrain.data.stream import StreamSpec, training_stream  # noqa: E402
 from pretrain.data.vocab import load_vocabulary  # noqa: E402
@@ -42,7 +44,15 @@ def time_stream(paths: list[str], tokenizer_dir: str) -> tuple[float, int, int]:
     corruption = MaskedLMCorruption(
         seed=1, vocab_size=vocab.size, mask_token_id=vocab.mask, special_ids=vocab.special_ids
     )
-    spec = StreamSpec(shard_paths=tuple(paths), vocab=vocab, corruption=corruption)
+    manifest = load_manifest(Path(paths[0]).parent)
+    partitions = effective_partitions(64, sum(shard["documents"] for shard in manifest.shards))
+    spec = StreamSpec(
+        shard_paths=tuple(paths),
+        vocab=vocab,
+        corruption=corruption,
+        shard_tokens=tuple(shard["tokens"] for shard in manifest.shards),
+        stream_partitions=partitions,  # as a training run of this corpus has them
+    )
     start = time.perf_counter()
     batches = tokens = 0
     for batch in training_stream(spec, epoch=0):
