@@ -236,6 +236,8 @@ def test_half_written_zero_checkpoint_is_never_resumed_from(tmp_path):
     complete = checkpoints / "step-0000003.ckpt"
     (complete / "checkpoint").mkdir(parents=True)
     (complete / "latest").write_text("checkpoint")
+    # rank 0's states file, where resume=auto reads the stored step
+    torch.save({"global_step": 3}, complete / "checkpoint" / "mp_rank_00_model_states.pt")
     (checkpoints / "step-0000006.ckpt" / "checkpoint").mkdir(parents=True)  # no `latest` yet
     (checkpoints / "last.ckpt" / "checkpoint").mkdir(parents=True)  # overwritten in place? never
     (checkpoints / "last.ckpt.partial" / "checkpoint").mkdir(parents=True)  # killed mid-save
