@@ -331,11 +331,12 @@ class PretrainingModule(L.LightningModule):
         tail = loader.drain(batch_idx) if isinstance(loader, StepAlignedLoader) else 0
         dropped = reduce_on_host(tail, dist.ReduceOp.SUM, timeout)
         self.epoch_tails.append((self.current_epoch, self.global_step, dropped))
-        self.log("train/epoch_dropped_samples", float(dropped), on_epoch=True, rank_zero_only=True)
-        if self.trainer.is_global_zero and self.trainer.world_size > 1:
+        if self.trainer.is_global_zero:  # the same number on every rank: written once
+            for logger in self.loggers:
+                logger.log_metrics({"train/epoch_dropped_samples": dropped}, self.global_step)
             print(
                 f"epoch {self.current_epoch} ends at step {self.global_step} on every rank; "
-                f"{dropped} sequences of the ranks' unequal shares were not trained "
+                f"{dropped} sequences the ranks held past the end were not trained "
                 "(train/epoch_dropped_samples)",
                 flush=True,
             )
