@@ -1,6 +1,5 @@
 """Shared fixtures: small prepared corpora that every data and training test can read."""
 
-import contextlib
 import io
 import tarfile
 from pathlib import Path
@@ -46,22 +45,13 @@ def write_text_corpus(path: Path, documents: list[str]) -> Path:
 
 
 def prepare_small_corpus(root: Path, **settings) -> Path:
-    """Prepare the small corpus under `root` (tokenized in this process); returns its shards
-    dir. Its source is named `corpus.txt`, relative to `root`: document keys hash the source's
-    name and seed every mask, so the corpus (and every test on it) is the same wherever the
-    checkout and the temporary directory are."""
-    with contextlib.chdir(root):
-        return _prepare_small_corpus(root, **settings)
-
-
-def _prepare_small_corpus(root: Path, **settings) -> Path:
-    write_text_corpus(root / "corpus.txt", small_english_documents())
-    source = "corpus.txt"
+    """Prepare the small corpus under `root` (tokenized in this process); returns its shards dir."""
+    source = write_text_corpus(root / "corpus.txt", small_english_documents())
     tokenizer = TokenizerSettings(
         vocab_size=SMALL_CORPUS_VOCAB_SIZE, lowercase=True, min_frequency=2
     )
     config = PrepareConfig(
-        inputs=[source],
+        inputs=[str(source)],
         out_dir=str(root / "shards"),
         tokenizer=tokenizer,
         docs_per_shard=SMALL_CORPUS_DOCS_PER_SHARD,

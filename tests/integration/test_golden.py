@@ -12,6 +12,7 @@ When a change is meant to alter numerics, regenerate the stored curves and commi
     make golden    # = REGENERATE_GOLDEN=1 OMP_NUM_THREADS=1 pytest tests/integration/test_golden.py
 """
 
+import contextlib
 import csv
 import json
 import math
@@ -134,9 +135,11 @@ def run_case(shards_dir: Path, run_dir: Path, overrides: tuple[str, ...]) -> Pat
 
 
 def prepare_golden_corpus(root: Path, **settings) -> Path:
-    """`prepare_small_corpus` under `root` (path-independent document keys, so the same
-    masks wherever the tests run)."""
-    return prepare_small_corpus(root, **settings)
+    """`prepare_small_corpus` under `root` with its source named `corpus.txt` (relative):
+    document keys hash the source's name and seed every mask, so the shards of the session's
+    `prepared_corpus` (an absolute temporary path) differ from run to run; these do not."""
+    with contextlib.chdir(root):
+        return prepare_small_corpus(root, inputs=["corpus.txt"], **settings)
 
 
 @pytest.fixture(scope="module")
