@@ -171,3 +171,30 @@ def write_raw_shard(path: Path, members: list[tuple[str, np.ndarray | bytes]]) -
             info.size = buffer.tell()
             buffer.seek(0)
             tar.addfile(info, buffer)
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_checkpoint(
+    prepared_corpus: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """`<run>/checkpoints/last.ckpt`: a `pretrain`-format checkpoint of an untrained 2-layer,
+    32-wide BERT encoder (64 positions, seed 0) on the `prepared_corpus` tokenizer, for the
+    downstream-evaluation tests. Read-only."""
+    import torch
+
+    from pretrain.data.vocab import load_vocabulary
+    from pretrain.models import build_encoder
+
+    tokenizer_dir = prepared_corpus / "tokenizer"
+    vocab = load_vocabulary(tokenizer_dir)
+    objective = {"name": "mlm", "_target_": "pretrain.objectives.mlm.MaskedLanguageModel"}
+    config = tiny_module_config(objective)
+    torch.manual_seed(0)
+    encoder = build_encoder(config["model"], vocab.size, vocab.pad)
+    config["model_runtime"] = {"vocab_size": vocab.size, "pad_token_id": vocab.pad}
+    config["data"]["tokenizer_dir"] = str(tokenizer_dir)
+    path = tmp_path_factory.mktemp("tiny_encoder_run") / "checkpoints" / "last.ckpt"
+    path.parent.mkdir()
+    state_dict = {f"encoder.{key}": value for key, value in encoder.state_dict().items()}
+    torch.save({"state_dict": state_dict, "config": config, "global_step": 0, "epoch": 0}, path)
+    return path

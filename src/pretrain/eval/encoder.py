@@ -1,0 +1,103 @@
+"""A pretrained encoder for downstream tasks: from a `pretrain` checkpoint or an exported
+Hugging Face directory, loaded with `transformers.AutoModel` (local files only, never a
+download), with its tokenizer; or a randomly initialised encoder of the same size."""
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pretrain.errors import ConfigError
+
+INITS = ("pretrained", "random")
+
+
+@dataclass
+class LoadedEncoder:
+    """An encoder ready for a task head: `model` maps a tokenized batch to every layer's hidden
+    states; `tokenizer` is the run's (a fast Hugging Face tokenizer); `model_type` the family
+    (config.json's, e.g. "bert", "xlnet"); `run_dir` the pretraining run's directory, where
+    evaluations are written by default."""
+
+    model: "HiddenStates"
+    tokenizer: Any
+    model_type: str
+    run_dir: Path
+
+
+class HiddenStates(nn.Module):
+    """A Hugging Face base model returning the hidden states of the embeddings and of every
+    layer: a tuple of num_layers + 1 tensors (batch, seq, hidden)."""
+
+    def __init__(self, model: nn.Module, input_names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+        self.hidden_size = int(
+            model.config.hidden_size
+            if hasattr(model.config, "hidden_size")
+            else model.config.d_model
+        )
+        self.num_layers = int(model.config.num_hidden_layers)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        inputs = {name: batch[name] for name in self.input_names if name in batch}
+        return tuple(self.model(**inputs, output_hidden_states=True).hidden_states)
+
+
+def run_dir_of(source: Path) -> Path:
+    """The pretraining run directory of `source`: `runs/x` for `runs/x/checkpoints/last.ckpt`,
+    the checkpoint's folder otherwise; an exported directory is its own."""
+    if source.is_dir() and (source / "config.json").is_file():
+        return source
+    return source.parent.parent if source.parent.name == "checkpoints" else source.parent
+
+
+def _load_hf_dir(directory: Path, init: str, seed: int) -> tuple[nn.Module, Any]:
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # the load report lists the pretraining heads left out
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    if not tokenizer.is_fast:
+        raise ConfigError(
+            f"encoder.path = {str(directory)!r}: its tokenizer has no tokenizer.json (a fast "
+            "tokenizer is needed for QA offsets and word alignment); export it with pretrain-export"
+        )
+    if init == "random":
+        torch.manual_seed(seed)
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        return AutoModel.from_config(config), tokenizer
+    return AutoModel.from_pretrained(directory, local_files_only=True), tokenizer
+
+
+def load_encoder(path: str | Path, init: str = "pretrained", seed: int = 0) -> LoadedEncoder:
+    """Load the encoder at `path`: a Hugging Face directory (config.json, model.safetensors,
+    tokenizer files, as `pretrain-export` writes) or a `pretrain` checkpoint (.ckpt or ZeRO
+    directory, exported to a temporary directory first). `init="random"` keeps the size and
+    tokenizer but draws fresh weights (seeded by `seed`), the baseline a pretrained encoder
+    should beat."""
+    source = Path(path)
+    if init not in INITS:
+        raise ConfigError(f"encoder.init = {init!r}: must be one of {', '.join(INITS)}")
+    if not source.exists():
+        raise ConfigError(
+            f"encoder.path = {str(path)!r}: not found; pass a checkpoint (.ckpt) written by "
+            "`pretrain` or a directory written by `pretrain-export`"
+        )
+    if source.is_dir() and (source / "config.json").is_file():
+        model, tokenizer = _load_hf_dir(source, init, seed)
+    else:
+        from pretrain.export import export_checkpoint
+
+        with tempfile.TemporaryDirectory() as scratch:
+            exported = export_checkpoint(source, Path(scratch) / "hf")
+            model, tokenizer = _load_hf_dir(exported, init, seed)
+    input_names = tuple(tokenizer.model_input_names)
+    model_type = str(model.config.model_type)
+    return LoadedEncoder(
+        HiddenStates(model, input_names), tokenizer, model_type, run_dir_of(source)
+    )
