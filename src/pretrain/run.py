@@ -18,7 +18,12 @@ from pretrain.checkpointing import (
 )
 from pretrain.collectives import CollectiveTimeout, collective_failure
 from pretrain.config import TrainConfig, settings_from, validate
-from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
+from pretrain.data.datamodule import (
+    PretrainingDataModule,
+    open_corpus,
+    split_holdout,
+    verified_shards,
+)
 from pretrain.data.reading import effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
@@ -26,7 +31,7 @@ from pretrain.errors import ConfigError, RunEnvironmentError
 from pretrain.export.checkpoint import ExportError
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
-from pretrain.trainer import build_trainer
+from pretrain.trainer import build_trainer, finish_loggers
 
 
 def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[PretrainingModule]]:
@@ -38,8 +43,11 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
     run.data.shards_dir = str(Path(run.data.shards_dir).resolve())
     run.data.tokenizer_dir = str(corpus.tokenizer_dir)
     module_class = get_class(run.objective._target_)
-    training_paths = split_holdout(corpus, run.data.holdout_shards)[0]
-    training_shards = corpus.manifest.shards[: len(training_paths)]
+    training = range(len(split_holdout(corpus, run.data.holdout_shards)[0]))
+    if run.data.verify_shards:
+        training = verified_shards(corpus.manifest, training, run.data.bad_shards)
+    training_paths = tuple(str(corpus.manifest.shard_paths[i]) for i in training)
+    training_shards = [corpus.manifest.shards[i] for i in training]
     spec = settings_from(
         StreamSpec,
         run.data,
@@ -84,13 +92,17 @@ def train(cfg: DictConfig) -> Path:
         print(describe_batching(run.optim, run.batch_plan), flush=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(module.config)
+    finished = False
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        finished = trainer.global_step >= run.trainer.max_steps
     except RuntimeError as error:
         stuck = collective_failure(error, trainer, run.trainer.collective_timeout_s)
         if stuck is None:
             raise
         raise stuck from error
+    finally:
+        finish_loggers(trainer, finished)  # the next sweep point gets its own wandb run
     raise_if_preempted(trainer)  # stopped by a signal before max_steps: not finished
     if trainer.is_global_zero:
         print(summary(module, run_dir), flush=True)

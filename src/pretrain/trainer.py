@@ -53,29 +53,54 @@ class StepProgressBar(TQDMProgressBar):
         self.train_progress_bar.close()
 
 
+def wandb_run_id(run_dir: Path) -> str:
+    """The wandb run id of a run directory: 16 hex digits of the SHA-1 of its absolute path.
+    A resumed or requeued launch of the same directory continues the same wandb run; another
+    directory (another sweep point) never does."""
+    return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+
+
 def build_loggers(config: Any, run_dir: Path) -> list[Logger]:
     """CSV always (a new version folder per launch, nothing overwritten); wandb when
-    logger.wandb, offline unless an API key is configured, with a run id derived from the
-    run directory so a resumed run continues the same wandb run. `config`: the typed
+    logger.wandb, offline unless an API key is configured: one wandb run per run directory
+    (`wandb_run_id`), grouped by logger.group (default: the experiment), job_type the
+    objective, tagged with model, objective and input format. `config`: the typed
     TrainConfig."""
     loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="csv")]
     options = config.logger
     if options.wandb:
         mode = options.mode
         offline = mode == "offline" or (mode == "auto" and not os.environ.get("WANDB_API_KEY"))
-        run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
         loggers.append(
             WandbLogger(
                 project=options.project,
                 group=options.group or config.experiment_name,
                 name=config.run_name,
-                id=run_id,
+                id=wandb_run_id(run_dir),
                 save_dir=str(run_dir),
                 offline=offline,
                 resume="allow",
+                job_type=config.objective.name,
+                tags=[config.model.name, config.objective.name, config.data.format],
             )
         )
     return loggers
+
+
+def finish_loggers(trainer: L.Trainer, finished: bool) -> None:
+    """End this launch's wandb run (rank 0), so the next run in this process (the next point
+    of a sweep under Hydra's basic launcher) starts its own instead of reusing it. When the
+    run `finished` (not failed or preempted), its summary gets the last value of every logged
+    metric and `trainer/global_step` first."""
+    for logger in trainer.loggers:
+        if not isinstance(logger, WandbLogger) or logger._experiment is None:
+            continue
+        run = logger.experiment
+        if finished and trainer.is_global_zero:
+            final = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+            run.summary.update({"trainer/global_step": trainer.global_step, **final})
+        run.finish(exit_code=0 if finished else 1)
+        logger._experiment = None
 
 
 def check_accelerator(accelerator: str) -> None:

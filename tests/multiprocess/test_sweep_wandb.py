@@ -1,0 +1,134 @@
+"""A real Hydra multirun (`pretrain -m`, the basic launcher: every point in one process) of 3
+tiny points with wandb offline: each point is its own wandb run (id from its run directory,
+one group, job_type the objective), and a resumed point continues the same wandb run id. The
+offline `.wandb` files are read back record by record (LevelDB log blocks of protobuf
+`Record`s, the format `wandb sync` uploads)."""
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from wandb.proto import wandb_internal_pb2
+
+from pretrain.config import compose_config
+from pretrain.run import train
+from pretrain.trainer import wandb_run_id
+
+POINT_OVERRIDES = [
+    "trainer=cpu",
+    "model=bert_tiny",
+    "data.max_seq_length=64",
+    "data.batch_size=4",
+    "data.shuffle_buffer_documents=50",
+    "trainer.enable_progress_bar=false",
+    "trainer.max_steps=2",
+    "logger=wandb",
+]
+LEARNING_RATES = ("1e-4", "2e-4", "3e-4")
+
+
+def wandb_records(path: Path) -> list:
+    """The protobuf records of a `.wandb` file: a 7-byte header, then 32 KiB blocks of
+    chunks (crc32, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    data, block, pos, pending, records = path.read_bytes(), 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):  # block trailer
+            pos += left
+            continue
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def offline_runs(run_dir: Path) -> list[dict]:
+    """For each offline wandb run under `run_dir` (oldest first): its run record's fields
+    and the keys of its config and summary updates."""
+    found = []
+    for directory in sorted((run_dir / "wandb").glob("offline-run-*")):
+        (path,) = directory.glob("*.wandb")
+        info = {"config": set(), "summary": {}}
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                run = record.run
+                info.update(
+                    id=run.run_id,
+                    group=run.run_group,
+                    job_type=run.job_type,
+                    tags=list(run.tags),
+                    name=run.display_name,
+                )
+            elif kind == "config":
+                info["config"] |= {item.key for item in record.config.update}
+            elif kind == "summary":
+                info["summary"].update(
+                    {item.key: item.value_json for item in record.summary.update}
+                )
+        found.append(info)
+    return found
+
+
+@pytest.mark.slow
+def test_sweep_points_are_separate_wandb_runs_and_resume_keeps_the_id(
+    prepared_corpus, tmp_path, monkeypatch
+):
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
+    env.update(WANDB_MODE="offline", OMP_NUM_THREADS="1")
+    command = [
+        sys.executable,
+        "-m",
+        "pretrain.train",
+        "-m",
+        f"data.shards_dir={prepared_corpus}",
+        "experiment_name=sweep",
+        *POINT_OVERRIDES,
+        f"optim.optimizer.lr={','.join(LEARNING_RATES)}",
+    ]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dirs = sorted(p.parent for p in (tmp_path / "runs" / "sweep").glob("*/.hydra"))
+    assert len(run_dirs) == 3
+    runs = {run_dir: offline_runs(run_dir) for run_dir in run_dirs}
+    assert all(len(found) == 1 for found in runs.values())  # one wandb run per point
+    ids = {found[0]["id"] for found in runs.values()}
+    assert ids == {wandb_run_id(run_dir) for run_dir in run_dirs} and len(ids) == 3
+    for run_dir, (info,) in runs.items():
+        assert info["group"] == "sweep" and info["job_type"] == "mlm_nsp"
+        assert info["tags"] == ["bert_tiny", "mlm_nsp", "segment_pair"]
+        assert info["name"] == run_dir.name
+        assert {"model", "objective", "optim", "trainer"} <= info["config"]
+        assert info["summary"]["trainer/global_step"] == "2"
+        assert "train/mlm_loss" in info["summary"]
+
+    # resume one point two steps further: the same wandb run id, a second offline run dir
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    point = run_dirs[1]
+    lr = next(rate for rate in LEARNING_RATES if f"lr={float(rate)}" in point.name)
+    overrides = [o for o in POINT_OVERRIDES if not o.startswith("trainer.max_steps")]
+    train(
+        compose_config(
+            [
+                f"data.shards_dir={prepared_corpus}",
+                "experiment_name=sweep",
+                f"run_dir='{point}'",  # quoted: the name holds = and ,
+                *overrides,
+                f"optim.optimizer.lr={lr}",
+                "trainer.max_steps=4",
+            ]
+        )
+    )
+    first, resumed = offline_runs(point)
+    assert resumed["id"] == first["id"] == wandb_run_id(point)
+    assert resumed["summary"]["trainer/global_step"] == "4"
