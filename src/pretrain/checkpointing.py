@@ -214,6 +214,7 @@ RELAUNCH_KEYS = (
     "trainer.preemption_signal",
     "trainer.collective_timeout_s",
     "trainer.max_consecutive_skipped_steps",
+    "trainer.val_*",
     "logger.*",
     "data.num_workers",
 )

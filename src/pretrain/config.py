@@ -272,8 +272,22 @@ class TrainerConfig:
     # Seconds a collective (all-reduce, barrier) may wait for the other ranks before the run
     # fails with an error naming the step, instead of hanging until the job's time limit.
     collective_timeout_s: float = 600.0
+    # Held-out evaluation (pretrain.validation) every this many optimizer steps and at the
+    # last, when data.holdout_shards >= 1; null: none.
+    val_check_interval: int | None = 500
+    # Batches (of data.batch_size sequences) of the held-out shards each evaluation reads.
+    val_batches: int = 16
 
     def __post_init__(self) -> None:
+        require(
+            self.val_check_interval is None or self.val_check_interval >= 1,
+            "trainer.val_check_interval",
+            self.val_check_interval,
+            "must be at least 1 (optimizer steps), or null (no held-out evaluation)",
+        )
+        require(
+            self.val_batches >= 1, "trainer.val_batches", self.val_batches, "must be at least 1"
+        )
         require(
             self.nonfinite in ("skip", "stop"),
             "trainer.nonfinite",

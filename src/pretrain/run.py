@@ -27,6 +27,7 @@ from pretrain.export.checkpoint import ExportError
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
 from pretrain.trainer import build_trainer, finish_loggers
+from pretrain.validation import heldout_callbacks
 
 
 def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[PretrainingModule]]:
@@ -76,7 +77,7 @@ def train(cfg: DictConfig) -> Path:
         print(f"Resuming from {ckpt_path}", flush=True)
     elif run.init_from:
         initialise_from(module, run.init_from)
-    trainer = build_trainer(run, run_dir)
+    trainer = build_trainer(run, run_dir, heldout_callbacks(run, datamodule.spec))
     if trainer.is_global_zero:
         if run.resume == "never" and (previous := set_aside_checkpoints(run_dir)):
             print(f"resume=never: the old checkpoints moved to {previous}", flush=True)

@@ -122,9 +122,9 @@ def check_accelerator(accelerator: str) -> None:
         )
 
 
-def build_trainer(config: Any, run_dir: str | Path) -> L.Trainer:
+def build_trainer(config: Any, run_dir: str | Path, callbacks: list | tuple = ()) -> L.Trainer:
     """A Trainer for `config` (the typed TrainConfig, with its batch plan) writing logs and
-    checkpoints under `run_dir`."""
+    checkpoints under `run_dir`, with `callbacks` besides its own (held-out evaluation)."""
     t, run_dir = config.trainer, Path(run_dir)
     check_accelerator(t.accelerator)
     checkpoints = StepCheckpoint(
@@ -151,7 +151,7 @@ def build_trainer(config: Any, run_dir: str | Path) -> L.Trainer:
         gradient_clip_val=t.gradient_clip_val,
         log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar,
-        callbacks=[checkpoints, *preemption_callbacks(t)]
+        callbacks=[*callbacks, checkpoints, *preemption_callbacks(t)]
         + ([StepProgressBar(refresh_rate=5)] if t.enable_progress_bar else []),
         logger=loggers,
         plugins=[AtomicCheckpointIO(), *slurm_plugins()],

@@ -1,0 +1,165 @@
+"""Held-out curves during training: every `trainer.val_check_interval` optimizer steps (and at
+the last step) the objective's own metrics on a fixed set of held-out batches, logged as `val/*`.
+
+The held-out batches are the first `trainer.val_batches` full batches of the held-out shards
+(`data.holdout_shards`, the last shards of the manifest), read as epoch 0 by one reader: the
+same sequences and masks (keyed by seed, epoch 0 and sample key) at every evaluation, in every
+launch of a run and for any number of ranks. Rank r of R evaluates batches r, r + R, ...
+(their number is rounded down to a multiple of R); the sums are all-reduced, so every `val/x`
+is the mean over all evaluated batches of the batch's `x` (what the objective's `forward`
+returns: its loss, MLM / sentence-task accuracy, ELECTRA's generator and discriminator
+metrics, ...). Perplexities are exp of the mean loss (`PERPLEXITY_OF`). Evaluation runs in
+eval mode (no dropout) under a forked random state seeded by the run's seed (ELECTRA's
+sampled replacements), so the training's random state is untouched.
+"""
+
+import math
+from dataclasses import replace
+from itertools import islice
+
+import lightning as L
+import torch
+from lightning.fabric.utilities import move_data_to_device
+
+from pretrain.data.datamodule import open_corpus, split_holdout
+from pretrain.data.reading import effective_partitions
+from pretrain.data.stream import StreamSpec, training_stream
+from pretrain.errors import ConfigError
+
+# exp of the mean of the loss (nats per predicted token) named by the key: its perplexity;
+# `nll` (seq2seq, without label smoothing) after `lm_loss`, so it wins when both are there
+PERPLEXITY_OF = {
+    "mlm_loss": "mlm_perplexity",
+    "plm_loss": "plm_perplexity",
+    "lm_loss": "lm_perplexity",
+    "nll": "lm_perplexity",
+}
+
+
+def heldout_spec(run, spec: StreamSpec) -> StreamSpec:
+    """The training stream's `spec` on the held-out shards of the run (`data.holdout_shards`
+    >= 1), as one reader (rank 0 of 1). `run`: the typed TrainConfig."""
+    corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir)
+    heldout = split_holdout(corpus, run.data.holdout_shards)[1]
+    shards = corpus.manifest.shards[len(corpus.manifest.shards) - len(heldout) :]
+    documents = sum(shard["documents"] for shard in shards)
+    return replace(
+        spec,
+        shard_paths=heldout,
+        shard_tokens=tuple(shard["tokens"] for shard in shards),
+        stream_partitions=effective_partitions(spec.stream_partitions, documents),
+        rank=0,
+        world_size=1,
+    )
+
+
+def heldout_batches(spec: StreamSpec, limit: int) -> list[dict]:
+    """The first `limit` full batches (spec.batch_size sequences) of epoch 0 of the held-out
+    stream `spec` (`heldout_spec`), corrupted; fewer when the shards hold fewer."""
+    batches = (
+        batch
+        for batch in training_stream(spec, epoch=0)
+        if "input_ids" in batch and len(batch["input_ids"]) == spec.batch_size
+    )
+    return list(islice(batches, limit))
+
+
+@torch.no_grad()
+def metric_sums(
+    module: L.LightningModule, batches: list[dict], seed: int
+) -> dict[str, torch.Tensor]:
+    """Sum over `batches` of every scalar metric `module(batch)` returns, and "batches": their
+    number; tensors on the module's device. Eval mode and a forked random state seeded with
+    `seed`; XLNet's carried memory starts empty and is put back afterwards."""
+    device = module.device
+    memory = getattr(module, "_mems", None), getattr(module, "_mems_mask", None)
+    if hasattr(module, "reset_memory"):
+        module.reset_memory()
+    was_training = module.training
+    module.eval()
+    sums: dict[str, torch.Tensor] = {}
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        for batch in batches:
+            out = module(move_data_to_device(batch, device))
+            for key, value in out.items():
+                if torch.is_tensor(value) and value.numel() == 1:
+                    sums[key] = sums.get(key, 0.0) + value.detach().float().reshape(())
+    module.train(was_training)
+    if hasattr(module, "reset_memory"):
+        module._mems, module._mems_mask = memory
+    sums["batches"] = torch.tensor(float(len(batches)), device=device)
+    return sums
+
+
+def means_of(sums: dict[str, float]) -> dict[str, float]:
+    """`val/<key>`: the mean over batches of each summed metric (`metric_sums`), plus the
+    perplexities of `PERPLEXITY_OF`."""
+    count = sums["batches"]
+    means = {key: value / count for key, value in sums.items() if key != "batches"}
+    for loss, perplexity in PERPLEXITY_OF.items():
+        if loss in means:
+            means[perplexity] = math.exp(min(means[loss], 700.0))
+    return {f"val/{key}": value for key, value in sorted(means.items())}
+
+
+class HeldoutEvaluation(L.Callback):
+    """Evaluates the module on the held-out batches after every `every_n_steps`-th optimizer
+    step and the last (`max_steps`), reduces over ranks and logs `val/*` at that step (rank
+    0, to every logger; also into `trainer.callback_metrics`, hence the wandb summary)."""
+
+    def __init__(self, spec: StreamSpec, every_n_steps: int, max_batches: int, seed: int):
+        self.spec, self.every_n_steps, self.max_batches, self.seed = (
+            spec,
+            every_n_steps,
+            max_batches,
+            seed,
+        )
+        self.batches: list[dict] = []
+        self._last_step = -1
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        ranks = trainer.world_size
+        available = heldout_batches(self.spec, self.max_batches)
+        usable = len(available) // ranks * ranks
+        if usable == 0:
+            raise ConfigError(
+                f"data.holdout_shards = {len(self.spec.shard_paths)}: the held-out shards give "
+                f"{len(available)} full batches of {self.spec.batch_size} sequences, fewer than "
+                f"the {ranks} ranks; hold out more shards or set trainer.val_check_interval=null"
+            )
+        self.batches = available[trainer.global_rank : usable : ranks]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_step = trainer.global_step  # a resumed run evaluated this step already
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_) -> None:
+        step = trainer.global_step
+        due = step % self.every_n_steps == 0 or step >= trainer.max_steps
+        if step == self._last_step or not due:
+            return
+        self._last_step = step
+        metrics = self.evaluate(trainer, pl_module)
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
+    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+        """`val/*` of the module now, the same on every rank (one all-reduce)."""
+        with trainer.strategy.precision_plugin.val_step_context():
+            sums = metric_sums(pl_module, self.batches, self.seed)
+        keys = sorted(sums)
+        total = trainer.strategy.reduce(torch.stack([sums[k] for k in keys]), reduce_op="sum")
+        return means_of(dict(zip(keys, total.tolist(), strict=True)))
+
+
+def heldout_callbacks(run, spec: StreamSpec) -> list[L.Callback]:
+    """[HeldoutEvaluation] when the run holds out shards (`data.holdout_shards` >= 1) and
+    `trainer.val_check_interval` is set; else none. `run`: the typed TrainConfig; `spec`: the
+    training stream's."""
+    every = run.trainer.val_check_interval
+    if not run.data.holdout_shards or not every:
+        return []
+    return [HeldoutEvaluation(heldout_spec(run, spec), every, run.trainer.val_batches, run.seed)]
