@@ -177,7 +177,7 @@ def write_raw_shard(path: Path, members: list[tuple[str, np.ndarray | bytes]]) -
 def tiny_encoder_checkpoint(
     prepared_corpus: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """`<run>/checkpoints/last.ckpt`: a `pretrain`-format checkpoint of an untrained 2-layer,
+    """`<run>/checkpoints/last.ckpt`: a `pretrain`-format checkpoint of an untrained 3-layer,
     32-wide BERT encoder (64 positions, seed 0) on the `prepared_corpus` tokenizer, for the
     downstream-evaluation tests. Read-only."""
     import torch
@@ -189,6 +189,7 @@ def tiny_encoder_checkpoint(
     vocab = load_vocabulary(tokenizer_dir)
     objective = {"name": "mlm", "_target_": "pretrain.objectives.mlm.MaskedLanguageModel"}
     config = tiny_module_config(objective)
+    config["model"]["num_hidden_layers"] = 3  # 4 hidden states: enough for concat_last4
     torch.manual_seed(0)
     encoder = build_encoder(config["model"], vocab.size, vocab.pad)
     config["model_runtime"] = {"vocab_size": vocab.size, "pad_token_id": vocab.pad}
@@ -198,3 +199,23 @@ def tiny_encoder_checkpoint(
     state_dict = {f"encoder.{key}": value for key, value in encoder.state_dict().items()}
     torch.save({"state_dict": state_dict, "config": config, "global_step": 0, "epoch": 0}, path)
     return path
+
+
+def first_shard_read(shards_dir: Path) -> Path:
+    """The first shard of epoch 0's order in the default tiny CPU run on `shards_dir`."""
+    from pretrain.config import compose_config
+    from pretrain.data.reading import shard_sharing
+    from pretrain.run import build_stream
+
+    _, spec, _ = build_stream(compose_config(cpu_run_overrides(shards_dir, Path("unused"))))
+    return Path(spec.shard_paths[shard_sharing(spec, 0, spec.stream_partitions)[0][0]])
+
+
+def damage_first_shard(shards_dir: Path) -> Path:
+    """Flip one byte in the middle of `first_shard_read` (same size: only its sha256 tells);
+    returns its path."""
+    shard = first_shard_read(shards_dir)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    return shard

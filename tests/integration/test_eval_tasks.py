@@ -34,7 +34,7 @@ def test_checkpoint_and_export_load_the_same_encoder(tiny_encoder_checkpoint, ex
     assert from_ckpt.run_dir == tiny_encoder_checkpoint.parent.parent
     assert from_dir.run_dir == exported_dir
     first, second = _hidden(from_ckpt, "the class"), _hidden(from_dir, "the class")
-    assert len(first) == 3  # embeddings + 2 layers
+    assert len(first) == 4  # embeddings + 3 layers
     for a, b in zip(first, second, strict=True):
         torch.testing.assert_close(a, b)
 

@@ -1,0 +1,48 @@
+"""`pretrain-eval`: fine-tune or probe a pretrained encoder on a downstream task and write its
+dev-set metrics to `<run dir>/eval/<task>.json`.
+
+    pretrain-eval encoder.path=exports/demo-bert eval=builtin_order
+    pretrain-eval encoder.path=runs/x/checkpoints/last.ckpt eval=glue_sst2 eval.task.path=glue/SST-2
+    pretrain-eval -m encoder.path=runs/a/checkpoints/last.ckpt,runs/b/checkpoints/last.ckpt
+
+Exit status 2 on a config or data error (one line, naming the key or file and line).
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+import pretrain.config  # noqa: F401  (the ${sweep_suffix:} resolver)
+from pretrain.errors import ConfigError
+from pretrain.eval.config import register_eval_schema
+from pretrain.paths import CONF_DIR
+
+register_eval_schema()
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """`name value` pairs of a result's metrics, 4 significant digits."""
+    return "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from pretrain.eval.formats import TaskFileError
+    from pretrain.eval.run import evaluate
+    from pretrain.export import ExportError
+
+    try:
+        run = OmegaConf.to_object(cfg)
+        result, path = evaluate(run)
+    except (ConfigError, TaskFileError, ExportError) as error:
+        print(f"pretrain-eval: {error}", file=sys.stderr)
+        sys.exit(2)
+    print(
+        f"{result['task']} ({result['init']} {result['encoder']}): {format_metrics(result['metrics'])}"
+    )
+    print(f"Result: {path}")
+
+
+if __name__ == "__main__":
+    main()

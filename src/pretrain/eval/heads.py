@@ -1,0 +1,69 @@
+"""What a task head reads from the encoder: which layers (the last, the second to last, the
+last four concatenated, a learned scalar mix of all) and, for a sequence-level task, how the
+tokens are pooled ([CLS], XLNet's last token, or the mean over real tokens)."""
+
+import torch
+from torch import nn
+
+from pretrain.errors import ConfigError
+
+LAYER_CHOICES = ("last", "second_to_last", "concat_last4", "scalar_mix")
+POOLINGS = ("cls", "mean")
+
+
+class LayerSelection(nn.Module):
+    """Hidden states of every layer (num_states tensors (batch, seq, hidden), the embeddings
+    first) -> one tensor (batch, seq, output_size). `scalar_mix` is ELMo's gamma * sum_i
+    softmax(w)_i * h_i, with w and gamma learned (all layers, embeddings included)."""
+
+    def __init__(self, choice: str, num_states: int, hidden_size: int) -> None:
+        super().__init__()
+        if choice not in LAYER_CHOICES:
+            raise ConfigError(
+                f"eval.layers = {choice!r}: must be one of {', '.join(LAYER_CHOICES)}"
+            )
+        needed = {"second_to_last": 2, "concat_last4": 4}.get(choice, 1)
+        if num_states < needed:
+            raise ConfigError(
+                f"eval.layers = {choice!r}: needs {needed} hidden states, the encoder has "
+                f"{num_states} (embeddings + {num_states - 1} layers)"
+            )
+        self.choice = choice
+        self.output_size = hidden_size * (4 if choice == "concat_last4" else 1)
+        if choice == "scalar_mix":
+            self.weights = nn.Parameter(torch.zeros(num_states))
+            self.gamma = nn.Parameter(torch.ones(()))
+
+    def forward(self, states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        if self.choice == "last":
+            return states[-1]
+        if self.choice == "second_to_last":
+            return states[-2]
+        if self.choice == "concat_last4":
+            return torch.cat(states[-4:], dim=-1)  # (batch, seq, 4 * hidden)
+        weights = torch.softmax(self.weights, dim=0)
+        return self.gamma * torch.einsum("l,lbsh->bsh", weights, torch.stack(states))
+
+
+def summary_positions(attention_mask: torch.Tensor, last_token: bool) -> torch.Tensor:
+    """Index (batch,) of the token that sums up each sequence: the first ([CLS]), or with
+    `last_token` (XLNet, whose <cls> ends the input) the last real token, whichever side the
+    padding is on."""
+    if not last_token:
+        return torch.zeros(attention_mask.shape[0], dtype=torch.long, device=attention_mask.device)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return (attention_mask * positions).argmax(dim=1)
+
+
+def pool(
+    hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str, last_token: bool = False
+) -> torch.Tensor:
+    """(batch, seq, features) -> (batch, features): the summary token's vector (`cls`) or the
+    mean over the real tokens (`mean`; padding, where attention_mask is 0, left out)."""
+    if pooling == "mean":
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (batch, seq, 1)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    if pooling != "cls":
+        raise ConfigError(f"eval.pooling = {pooling!r}: must be one of {', '.join(POOLINGS)}")
+    index = summary_positions(attention_mask, last_token)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), index]

@@ -1,0 +1,146 @@
+"""One downstream evaluation: load the encoder and the task, fit with Lightning, predict the
+dev set, score it, and write `<run dir>/eval/<name>.json`."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from pretrain.eval.config import EvalConfig, EvalRunConfig, TaskConfig
+from pretrain.eval.encoder import LoadedEncoder, load_encoder
+from pretrain.eval.features import IGNORE_INDEX, tagging_features, text_features, window_features
+from pretrain.eval.metrics import (
+    classification_metrics,
+    decode_answers,
+    qa_metrics,
+    regression_metrics,
+)
+from pretrain.eval.module import DownstreamModule, HeadSettings
+from pretrain.eval.tasks import TaskData
+
+
+def load_task(task: TaskConfig) -> TaskData:
+    """The examples `task` names: generated (builtin) or read from its files."""
+    if task.format == "builtin":
+        from pretrain.eval.builtin_tasks import builtin_task
+
+        return builtin_task(task.name, task.train_size, task.dev_size, task.seed)
+    from pretrain.eval.formats import read_task
+
+    return read_task(task)
+
+
+def _features(loaded: LoadedEncoder, task: TaskData, examples: list, settings: EvalConfig):
+    last_token = loaded.model_type == "xlnet"
+    if task.kind == "qa":
+        return window_features(
+            loaded.tokenizer,
+            examples,
+            settings.max_seq_length,
+            settings.doc_overlap_tokens,
+            last_token_summary=last_token,
+        )
+    if task.kind == "tagging":
+        return tagging_features(loaded.tokenizer, examples, settings.max_seq_length)
+    return text_features(
+        loaded.tokenizer, examples, settings.max_seq_length, regression=task.kind == "regression"
+    )
+
+
+def _score(task: TaskData, settings: EvalConfig, logits: torch.Tensor, features) -> dict:
+    """(metrics, predictions, references) of the dev set from the head's outputs."""
+    if task.kind == "qa":
+        start, end = logits.unbind(-1)
+        allow_no_answer = any(not e.answers for e in task.train)
+        answers = decode_answers(
+            start, end, features, task.dev, settings.max_answer_tokens, allow_no_answer
+        )
+        references = [[text for text, _ in e.answers] for e in task.dev]
+        return {
+            "metrics": qa_metrics(answers, task.dev),
+            "predictions": [answers[e.qid] for e in task.dev],
+            "references": references,
+        }
+    labels = features.tensors["labels"]
+    if task.kind == "regression":
+        return {
+            "metrics": regression_metrics(logits, labels),
+            "predictions": logits.tolist(),
+            "references": labels.tolist(),
+        }
+    predictions = logits.argmax(-1)
+    if task.kind == "tagging":
+        scored = labels != IGNORE_INDEX  # a word's first token
+        predictions, labels = predictions[scored], labels[scored]
+    return {
+        "metrics": classification_metrics(predictions, labels, len(task.labels)),
+        "predictions": predictions.tolist(),
+        "references": labels.tolist(),
+    }
+
+
+def fit_and_score(
+    loaded: LoadedEncoder, task: TaskData, settings: EvalConfig, accelerator: str = "cpu"
+) -> dict:
+    """Fit a head (and, in finetune mode, the encoder) on `task.train`; returns {metrics,
+    predictions, references} on `task.dev` (QA: answer texts; tagging: per scored word)."""
+    import lightning as L
+
+    L.seed_everything(settings.seed, verbose=False)
+    train, dev = (_features(loaded, task, part, settings) for part in (task.train, task.dev))
+    train_rows = train.rows if task.kind == "qa" else train
+    dev_rows = dev.rows if task.kind == "qa" else dev
+    loader = DataLoader(train_rows, batch_size=settings.batch_size, shuffle=True)
+    head = HeadSettings(
+        mode=settings.mode,
+        layers=settings.layers,
+        pooling=settings.pooling,
+        lr=settings.lr,
+        warmup_fraction=settings.warmup_fraction,
+        weight_decay=settings.weight_decay,
+        dropout=settings.dropout,
+        total_steps=len(loader) * settings.epochs,
+    )
+    module = DownstreamModule(
+        loaded.model, task.kind, task.num_outputs, head, loaded.model_type == "xlnet"
+    )
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        max_epochs=settings.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, loader)
+    outputs = trainer.predict(module, DataLoader(dev_rows, batch_size=settings.batch_size))
+    logits = torch.cat(outputs).float().cpu()
+    return _score(task, settings, logits, dev)
+
+
+def evaluate(run: EvalRunConfig) -> tuple[dict[str, Any], Path]:
+    """Run the evaluation `run` describes; returns (the result, the path of its JSON file:
+    `<out_dir or the pretraining run directory>/eval/<result_name>.json`)."""
+    loaded = load_encoder(run.encoder.path, run.encoder.init, run.eval.seed)
+    task = load_task(run.eval.task)
+    scored = fit_and_score(loaded, task, run.eval, run.accelerator)
+    from omegaconf import OmegaConf
+
+    result = {
+        "task": task.name,
+        "kind": task.kind,
+        "encoder": str(run.encoder.path),
+        "init": run.encoder.init,
+        "settings": OmegaConf.to_container(OmegaConf.structured(run.eval)),
+        "train_examples": len(task.train),
+        "dev_examples": len(task.dev),
+        **scored,
+    }
+    out_dir = Path(run.out_dir) if run.out_dir else loaded.run_dir
+    path = out_dir / "eval" / f"{run.result_name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return result, path
