@@ -14,6 +14,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from pretrain.checkpointing import AtomicCheckpointIO, checkpoint_dir
 from pretrain.errors import RunEnvironmentError
 from pretrain.preemption import preemption_callbacks, slurm_plugins
+from pretrain.progress_log import ProgressLog
 from pretrain.strategies import build_strategy
 
 
@@ -151,7 +152,7 @@ def build_trainer(config: Any, run_dir: str | Path, callbacks: list | tuple = ()
         gradient_clip_val=t.gradient_clip_val,
         log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar,
-        callbacks=[*callbacks, checkpoints, *preemption_callbacks(t)]
+        callbacks=[*callbacks, ProgressLog(), checkpoints, *preemption_callbacks(t)]
         + ([StepProgressBar(refresh_rate=5)] if t.enable_progress_bar else []),
         logger=loggers,
         plugins=[AtomicCheckpointIO(), *slurm_plugins()],

@@ -1,6 +1,7 @@
 """A real Hydra multirun (`pretrain -m`, the basic launcher: every point in one process) of 3
 tiny points with wandb offline: each point is its own wandb run (id from its run directory,
-one group, job_type the objective), and a resumed point continues the same wandb run id. The
+one group, job_type the objective) with held-out curves, `pretrain-compare` draws the 3 runs
+in one report, and a resumed point continues the same wandb run id. The
 offline `.wandb` files are read back record by record (LevelDB log blocks of protobuf
 `Record`s, the format `wandb sync` uploads)."""
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from wandb.proto import wandb_internal_pb2
 
+from pretrain.compare import write_report
 from pretrain.config import compose_config
 from pretrain.run import train
 from pretrain.trainer import wandb_run_id
@@ -26,6 +28,10 @@ POINT_OVERRIDES = [
     "trainer.enable_progress_bar=false",
     "trainer.max_steps=2",
     "logger=wandb",
+    "data.holdout_shards=1",
+    "trainer.val_check_interval=1",
+    "trainer.val_batches=2",
+    "trainer.log_every_n_steps=1",
 ]
 LEARNING_RATES = ("1e-4", "2e-4", "3e-4")
 
@@ -91,6 +97,7 @@ def test_sweep_points_are_separate_wandb_runs_and_resume_keeps_the_id(
         "-m",
         f"data.shards_dir={prepared_corpus}",
         "experiment_name=sweep",
+        "run_name=lr${optim.optimizer.lr}",  # short: all overrides would pass 255 characters
         *POINT_OVERRIDES,
         f"optim.optimizer.lr={','.join(LEARNING_RATES)}",
     ]
@@ -108,14 +115,28 @@ def test_sweep_points_are_separate_wandb_runs_and_resume_keeps_the_id(
         assert info["name"] == run_dir.name
         assert {"model", "objective", "optim", "trainer"} <= info["config"]
         assert info["summary"]["trainer/global_step"] == "2"
-        assert "train/mlm_loss" in info["summary"]
+        assert "train/mlm_loss" in info["summary"] and "val/mlm_accuracy" in info["summary"]
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pretrain.compare", str(tmp_path / "runs" / "sweep")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    report = tmp_path / "runs" / "sweep" / "report"
+    assert result.stdout.strip() == f"Report of 3 runs: {report / 'report.html'}"
+    _, drawn = write_report(run_dirs, tmp_path / "report")
+    for name, panels in drawn.items():
+        assert (report / name).is_file()
+        for panel, labels in panels.items():  # held-out loss too: one line per point
+            assert labels == [run_dir.name for run_dir in run_dirs], (name, panel)
 
     # resume one point two steps further: the same wandb run id, a second offline run dir
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.chdir(tmp_path)
     point = run_dirs[1]
-    lr = next(rate for rate in LEARNING_RATES if f"lr={float(rate)}" in point.name)
+    lr = next(rate for rate in LEARNING_RATES if point.name == f"lr{float(rate)}")
     overrides = [o for o in POINT_OVERRIDES if not o.startswith("trainer.max_steps")]
     train(
         compose_config(

@@ -1,0 +1,237 @@
+"""`pretrain-compare RUN_OR_EXPERIMENT_DIR... [--out DIR]`: runs side by side, offline.
+
+Reads each run's CSV logs (`<run>/csv/version_*/metrics.csv`, every launch of a resumed run)
+and config (the newest `hparams.yaml` beside them) and writes to `--out` (default:
+`<first dir>/report`) PNG figures (matplotlib, one line per run) and `report.html`, a single
+self-contained page (figures embedded) with a table of final metrics per run whose first
+columns are the config keys that differ between the runs (a batch-size sweep reads like
+RoBERTa's Table 3). Figures: training and held-out loss against tokens seen and against
+wall-clock seconds, throughput (tokens/s), learning rate and skipped steps against tokens
+seen. Never needs wandb.
+"""
+
+import argparse
+import base64
+import csv
+import html
+import sys
+from pathlib import Path
+
+# figure file -> (title, x axis, [(axis title, y column)]); x: tokens seen or seconds
+FIGURES = {
+    "loss_vs_tokens.png": (
+        "Loss against tokens seen",
+        "train/tokens_seen",
+        [("training loss", "train/loss"), ("held-out loss", "val/loss")],
+    ),
+    "loss_vs_time.png": (
+        "Loss against wall-clock time",
+        "train/elapsed_s",
+        [("training loss", "train/loss"), ("held-out loss", "val/loss")],
+    ),
+    "throughput.png": ("Throughput", "train/tokens_seen", [("tokens/s", "train/tokens_per_s")]),
+    "lr.png": ("Learning rate", "train/tokens_seen", [("learning rate", "train/lr")]),
+    "skipped_steps.png": (
+        "Skipped optimizer steps (non-finite loss or gradient)",
+        "train/tokens_seen",
+        [("skipped steps (cumulative)", "train/skipped_steps")],
+    ),
+}
+X_LABELS = {"train/tokens_seen": "tokens seen", "train/elapsed_s": "wall-clock seconds"}
+# keys that name a run rather than describe it: never table columns
+IDENTITY_KEYS = ("run_dir", "run_name")
+FINAL_COLUMNS = ("step", "train/tokens_seen", "train/elapsed_s", "train/loss")
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """Run directories (those holding `csv/`) among `paths` and their subdirectories (an
+    experiment or sweep directory), sorted within each path. SystemExit when none."""
+    runs: list[Path] = []
+    for path in map(Path, paths):
+        if (path / "csv").is_dir():
+            runs.append(path)
+        else:
+            runs += sorted(p.parent for p in path.glob("*/csv") if p.is_dir())
+    if not runs:
+        raise SystemExit(f"error: no run directory (one with csv/) in {', '.join(map(str, paths))}")
+    return runs
+
+
+def read_metrics(run_dir: Path) -> dict[str, dict[int, float]]:
+    """{column: {step: value}} over every launch's metrics.csv (a later launch's value wins)."""
+    columns: dict[str, dict[int, float]] = {}
+    versions = sorted(
+        run_dir.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])
+    )
+    for path in versions:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                step = int(row["step"])
+                for key, value in row.items():
+                    if key not in ("step", "epoch") and value not in ("", None):
+                        columns.setdefault(key, {})[step] = float(value)
+    return columns
+
+
+def read_config(run_dir: Path) -> dict[str, object]:
+    """The run's config flattened to dotted keys, from its newest CSV `hparams.yaml`."""
+    import yaml
+
+    found = sorted(run_dir.glob("csv/version_*/hparams.yaml"), key=lambda p: int(p.parent.name[8:]))
+    if not found:
+        return {}
+    flat: dict[str, object] = {}
+
+    def walk(node: object, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(yaml.safe_load(found[-1].read_text()) or {}, "")
+    return flat
+
+
+def differing_keys(configs: list[dict[str, object]]) -> list[str]:
+    """Config keys whose values are not the same in every run (missing counts as a value)."""
+    keys = sorted(set().union(*configs)) if configs else []
+    return [
+        k for k in keys if k not in IDENTITY_KEYS and len({repr(c.get(k)) for c in configs}) > 1
+    ]
+
+
+def x_values(
+    metrics: dict[str, dict[int, float]], x: str, steps: list[int], after: int
+) -> list[float]:
+    """The x value (`x`: tokens seen or seconds, logged at some steps) at each of `steps` plus
+    `after` (1 for a training row: its batch counts; 0 for a held-out row), interpolated
+    linearly from 0 at step 0; the step itself when the run did not log `x`."""
+    import numpy as np
+
+    known = metrics.get(x)
+    if not known:
+        return [float(s + after) for s in steps]
+    xs, ys = [0, *sorted(known)], [0.0, *(known[s] for s in sorted(known))]
+    return list(np.interp([s + after for s in steps], xs, ys))
+
+
+def final_metrics(metrics: dict[str, dict[int, float]]) -> dict[str, float]:
+    """The last logged value of each column of `FINAL_COLUMNS` and every `val/*`, and the last
+    step (optimizer steps) the run logged."""
+    final = {"step": float(max((max(v) for v in metrics.values() if v), default=0))}
+    for key, values in metrics.items():
+        if key in FINAL_COLUMNS or key.startswith("val/"):
+            final[key] = values[max(values)]
+    return final
+
+
+def plot_figures(runs: dict[str, dict], out: Path) -> dict[str, dict[str, list[str]]]:
+    """Write the `FIGURES` PNGs for `runs` ({label: metrics}) to `out`; returns {file: {axis
+    title: labels of its lines}} (one line per run that logged the column)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn: dict[str, dict[str, list[str]]] = {}
+    for name, (title, x, panels) in FIGURES.items():
+        figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+        drawn[name] = {}
+        for axis, (panel, column) in zip(axes[0], panels, strict=True):
+            for label, metrics in runs.items():
+                values = metrics.get(column)
+                if not values:
+                    continue
+                steps = sorted(values)
+                after = 0 if column.startswith("val/") else 1
+                axis.plot(
+                    x_values(metrics, x, steps, after), [values[s] for s in steps], label=label
+                )
+            drawn[name][panel] = [line.get_label() for line in axis.get_lines()]
+            axis.set(title=panel, xlabel=X_LABELS.get(x, x), ylabel=panel)
+            axis.grid(alpha=0.3)
+            if axis.get_lines():
+                axis.legend(fontsize="small")
+            else:
+                axis.text(0.5, 0.5, f"no {column} logged", ha="center", transform=axis.transAxes)
+        figure.suptitle(title)
+        figure.tight_layout()
+        figure.savefig(out / name, dpi=100)
+        plt.close(figure)
+    return drawn
+
+
+def format_value(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def summary_table(
+    labels: list[str], configs: list[dict], finals: list[dict]
+) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): run, the differing config keys, then the final metrics."""
+    keys = differing_keys(configs)
+    metrics = [c for c in FINAL_COLUMNS if any(c in f for f in finals)]
+    metrics += sorted({k for f in finals for k in f if k.startswith("val/")})
+    header = ["run", *keys, *metrics]
+    rows = [
+        [
+            label,
+            *(format_value(c.get(k, "")) for k in keys),
+            *(format_value(f.get(m, "")) for m in metrics),
+        ]
+        for label, c, f in zip(labels, configs, finals, strict=True)
+    ]
+    return header, rows
+
+
+def write_report(run_dirs: list[Path], out: Path) -> tuple[Path, dict[str, dict[str, list[str]]]]:
+    """Figures, `summary.csv` and the self-contained `report.html` for `run_dirs` in `out`;
+    returns the HTML's path and what each figure drew (`plot_figures`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    labels = [run.name for run in run_dirs]
+    metrics = [read_metrics(run) for run in run_dirs]
+    configs = [read_config(run) for run in run_dirs]
+    drawn = plot_figures(dict(zip(labels, metrics, strict=True)), out)
+    header, rows = summary_table(labels, configs, [final_metrics(m) for m in metrics])
+    with open(out / "summary.csv", "w", newline="") as f:
+        csv.writer(f).writerows([header, *rows])
+    cells = lambda tag, row: "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in row)  # noqa: E731
+    table = "\n".join(
+        [f"<tr>{cells('th', header)}</tr>", *(f"<tr>{cells('td', row)}</tr>" for row in rows)]
+    )
+    images = "\n".join(
+        f'<h2>{html.escape(FIGURES[name][0])}</h2><img alt="{name}" src="data:image/png;base64,'
+        f'{base64.b64encode((out / name).read_bytes()).decode()}">'
+        for name in FIGURES
+    )
+    runs = "\n".join(f"<li><code>{html.escape(str(run))}</code></li>" for run in run_dirs)
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>pretrain-compare: {len(run_dirs)} runs</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style>
+</head><body><h1>{len(run_dirs)} runs</h1><ul>{runs}</ul>
+<h2>Final metrics (config keys that differ first)</h2><table>{table}</table>
+{images}
+</body></html>
+"""
+    path = out / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path, drawn
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="pretrain-compare", description=__doc__.split("\n")[0])
+    parser.add_argument("dirs", nargs="+", help="run directories or experiment directories")
+    parser.add_argument("--out", help="report directory (default: <first dir>/report)")
+    args = parser.parse_args(argv)
+    run_dirs = find_runs(args.dirs)
+    out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
+    path, _ = write_report(run_dirs, out)
+    print(f"Report of {len(run_dirs)} runs: {path}", file=sys.stdout, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Downstream evaluation, part 3: feature-based mode (frozen encoder) and what the head
+reads: the last, second-to-last or last four layers, a learned scalar mix; [CLS], XLNet's
+last token or the mean over real tokens."""
+
+import pytest
+import torch
+
+from pretrain.errors import ConfigError
+from pretrain.eval.builtin_tasks import builtin_task
+from pretrain.eval.config import EvalConfig, TaskConfig
+from pretrain.eval.encoder import load_encoder
+from pretrain.eval.heads import LayerSelection, pool, summary_positions
+from pretrain.eval.run import fit_and_score
+
+pytest.importorskip("transformers")
+
+
+def states(count: int = 4) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(2, 5, 3, generator=generator) for _ in range(count))
+
+
+def test_layer_choices_read_the_named_layers():
+    hidden = states()
+    assert torch.equal(LayerSelection("last", 4, 3)(hidden), hidden[3])
+    assert torch.equal(LayerSelection("second_to_last", 4, 3)(hidden), hidden[2])
+    concat = LayerSelection("concat_last4", 4, 3)
+    assert concat.output_size == 12
+    assert torch.equal(concat(hidden)[..., 3:6], hidden[1])
+    mix = LayerSelection("scalar_mix", 4, 3)
+    torch.testing.assert_close(mix(hidden), torch.stack(hidden).mean(0))  # equal weights at 0
+    with torch.no_grad():
+        mix.weights.copy_(torch.tensor([0.0, 0.0, 50.0, 0.0]))
+        mix.gamma.fill_(2.0)
+    torch.testing.assert_close(mix(hidden), 2 * hidden[2])
+    with pytest.raises(ConfigError, match="eval.layers = 'concat_last4': needs 4"):
+        LayerSelection("concat_last4", 3, 3)
+
+
+def test_pooling_skips_padding_and_finds_the_summary_token():
+    hidden = torch.arange(2 * 4 * 1, dtype=torch.float).reshape(2, 4, 1)  # (batch, seq, 1)
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    left = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1]])
+    assert pool(hidden, right, "mean").flatten().tolist() == [1.0, 4.5]
+    assert pool(hidden, left, "mean").flatten().tolist() == [2.0, 6.5]
+    assert pool(hidden, right, "cls").flatten().tolist() == [0.0, 4.0]
+    assert summary_positions(right, last_token=True).tolist() == [2, 1]
+    assert summary_positions(left, last_token=True).tolist() == [3, 3]
+    assert pool(hidden, right, "cls", last_token=True).flatten().tolist() == [2.0, 5.0]
+    changed = hidden.clone()
+    changed[0, 3] = 100.0  # a padding position
+    assert torch.equal(pool(changed, right, "mean"), pool(hidden, right, "mean"))
+
+
+def small_settings(**values) -> EvalConfig:
+    base = {"max_seq_length": 32, "doc_overlap_tokens": 8, "epochs": 1, "batch_size": 16}
+    return EvalConfig(task=TaskConfig(name="builtin_order"), **{**base, "lr": 1e-3, **values})
+
+
+@pytest.fixture(scope="module")
+def order_task():
+    return builtin_task("builtin_order", train_size=48, dev_size=16)
+
+
+def encoder_weights(loaded) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in loaded.model.state_dict().items()}
+
+
+@pytest.mark.parametrize(
+    ("layers", "pooling"),
+    [("scalar_mix", "mean"), ("concat_last4", "cls"), ("second_to_last", "mean")],
+)
+def test_features_mode_trains_the_head_and_leaves_the_encoder(
+    tiny_encoder_checkpoint, order_task, layers, pooling
+):
+    loaded = load_encoder(tiny_encoder_checkpoint)
+    before = encoder_weights(loaded)
+    result = fit_and_score(
+        loaded, order_task, small_settings(mode="features", layers=layers, pooling=pooling)
+    )
+    after = encoder_weights(loaded)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert len(result["predictions"]) == 16
+    assert 0.0 <= result["metrics"]["accuracy"] <= 1.0
+
+
+def test_finetune_mode_trains_the_encoder(tiny_encoder_checkpoint, order_task):
+    loaded = load_encoder(tiny_encoder_checkpoint)
+    before = encoder_weights(loaded)
+    fit_and_score(loaded, order_task, small_settings(mode="finetune", layers="last"))
+    after = encoder_weights(loaded)
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert any("encoder.layer.0" in k for k in changed) and any("embeddings" in k for k in changed)

@@ -1,0 +1,86 @@
+"""pretrain-compare from CSV logs alone: runs found in an experiment directory, a resumed
+run's launches merged, one line per run in every figure, the differing config keys as the
+table's first columns, a self-contained HTML page. (With real training runs:
+tests/multiprocess/test_sweep_wandb.py.)"""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from pretrain.compare import FIGURES, find_runs, read_metrics, write_report
+
+
+def write_run(run_dir: Path, lr: float, launches: list[list[dict]]) -> None:
+    """A run directory as training leaves it: one csv/version_N per launch, with hparams."""
+    for version, rows in enumerate(launches):
+        folder = run_dir / "csv" / f"version_{version}"
+        folder.mkdir(parents=True)
+        config = {"run_dir": str(run_dir), "optim": {"optimizer": {"lr": lr}}, "seed": 1}
+        (folder / "hparams.yaml").write_text(yaml.safe_dump(config))
+        columns = sorted({key for row in rows for key in row})
+        with open(folder / "metrics.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, ["epoch", "step", *columns])
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def training_rows(lr: float, steps: range) -> list[dict]:
+    rows = []
+    for step in steps:
+        loss = 8 - lr * 1e3 * step
+        rows.append({"epoch": 0, "step": step, "train/loss": loss, "train/lr": lr})
+        rows.append({"epoch": 0, "step": step, "train/tokens_per_s": 200.0})
+        rows.append({"epoch": 0, "step": step, "train/skipped_steps": 0.0})
+        rows.append({"step": step + 1, "train/tokens_seen": 100 * (step + 1)})
+        rows.append({"step": step + 1, "train/elapsed_s": 0.5 * (step + 1)})
+        if (step + 1) % 2 == 0:
+            rows.append({"step": step + 1, "val/loss": 9 - lr * 1e3 * step})
+    return rows
+
+
+def test_report_has_one_line_per_run_and_the_differing_config_keys(tmp_path):
+    experiment = tmp_path / "runs" / "sweep"
+    rates = (1e-4, 3e-4, 1e-3)
+    for lr in rates:  # the second launch of each run resumes at step 4
+        write_run(
+            experiment / f"lr{lr}",
+            lr,
+            [training_rows(lr, range(4)), training_rows(lr, range(4, 8))],
+        )
+    runs = find_runs([experiment])
+    assert [run.name for run in runs] == sorted(f"lr{lr}" for lr in rates)
+    assert sorted(read_metrics(runs[0])["train/loss"]) == list(range(8))  # both launches
+    html_path, drawn = write_report(runs, tmp_path / "report")
+    assert set(drawn) == set(FIGURES)
+    for name, panels in drawn.items():
+        assert (tmp_path / "report" / name).stat().st_size > 1000
+        for panel, labels in panels.items():
+            assert labels == [run.name for run in runs], (name, panel)
+    with open(tmp_path / "report" / "summary.csv") as f:
+        header, *rows = list(csv.reader(f))
+    assert header[:2] == ["run", "optim.optimizer.lr"]  # run_dir differs too, but names the run
+    assert "seed" not in header and "val/loss" in header
+    assert [row[header.index("step")] for row in rows] == ["8"] * 3
+    assert [row[header.index("train/tokens_seen")] for row in rows] == ["800"] * 3
+    page = html_path.read_text()
+    assert page.count("data:image/png;base64,") == len(FIGURES)  # self-contained
+    assert 'src="http' not in page and "optim.optimizer.lr" in page
+
+
+def test_cli_starts_without_plotting_libraries_and_names_an_empty_directory(tmp_path):
+    code = (
+        "import sys; from pretrain import compare; "
+        "assert 'matplotlib' not in sys.modules and 'numpy' not in sys.modules; "
+        "compare.main([sys.argv[1]])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"error: no run directory (one with csv/) in {tmp_path}"
+    )
