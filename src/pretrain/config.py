@@ -137,6 +137,11 @@ class DataConfig:
     # Samples per optimizer step over all ranks; null = batch_size x accumulation x ranks.
     # When set, trainer.accumulate_grad_batches is derived from it (pretrain.batching).
     global_batch_size: int | None = None
+    # Read every shard whole and check it (sha256, blocks, counts) before training starts.
+    verify_shards: bool = False
+    # A shard that fails its checks: `error` stops the run naming it; `skip` leaves it out of
+    # the epoch (every rank alike), with a warning line per shard and a count.
+    bad_shards: str = "error"
 
     def __post_init__(self) -> None:
         require(
@@ -162,6 +167,12 @@ class DataConfig:
             "data.shuffle_buffer_documents",
             self.shuffle_buffer_documents,
             "must be at least 1",
+        )
+        require(
+            self.bad_shards in ("error", "skip"),
+            "data.bad_shards",
+            self.bad_shards,
+            "must be error or skip",
         )
         require(
             self.stream_partitions >= 1,
@@ -266,6 +277,9 @@ class TrainerConfig:
     # Skipped optimizer steps in a row after which the run stops (exit status 3): a run whose
     # every step is non-finite has diverged; null: no bound.
     max_consecutive_skipped_steps: int | None = 10
+    # Skipped optimizer steps in all (this run, across launches) after which it stops (exit
+    # status 3): a run that keeps skipping is sick even if it recovers in between; null: no bound.
+    max_skipped_steps: int | None = 100
     # Signal that means "save last.ckpt at the next step boundary, requeue, stop" (sbatch
     # --signal / the launcher's); SIGTERM always saves and stops. null: SIGTERM only.
     preemption_signal: str | None = "USR1"
@@ -293,6 +307,12 @@ class TrainerConfig:
             "trainer.nonfinite",
             self.nonfinite,
             "must be 'skip' or 'stop'",
+        )
+        require(
+            self.max_skipped_steps is None or self.max_skipped_steps >= 1,
+            "trainer.max_skipped_steps",
+            self.max_skipped_steps,
+            "must be at least 1 (optimizer steps), or null (no bound)",
         )
         require(
             self.max_consecutive_skipped_steps is None or self.max_consecutive_skipped_steps >= 1,

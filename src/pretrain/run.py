@@ -18,7 +18,12 @@ from pretrain.checkpointing import (
 )
 from pretrain.collectives import CollectiveTimeout, collective_failure
 from pretrain.config import TrainConfig, settings_from, validate
-from pretrain.data.datamodule import PretrainingDataModule, open_corpus, split_holdout
+from pretrain.data.datamodule import (
+    PretrainingDataModule,
+    open_corpus,
+    split_holdout,
+    verified_shards,
+)
 from pretrain.data.reading import effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
@@ -39,8 +44,11 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
     run.data.shards_dir = str(Path(run.data.shards_dir).resolve())
     run.data.tokenizer_dir = str(corpus.tokenizer_dir)
     module_class = get_class(run.objective._target_)
-    training_paths = split_holdout(corpus, run.data.holdout_shards)[0]
-    training_shards = corpus.manifest.shards[: len(training_paths)]
+    training = range(len(split_holdout(corpus, run.data.holdout_shards)[0]))
+    if run.data.verify_shards:
+        training = verified_shards(corpus.manifest, training, run.data.bad_shards)
+    training_paths = tuple(str(corpus.manifest.shard_paths[i]) for i in training)
+    training_shards = [corpus.manifest.shards[i] for i in training]
     spec = settings_from(
         StreamSpec,
         run.data,

@@ -149,9 +149,24 @@ def test_a_diverged_run_stops_with_status_3_and_a_warning(prepared_corpus, tmp_p
     assert not list((run_dir / "checkpoints").glob("*.ckpt"))
 
 
+def test_the_total_skip_budget_stops_the_run(prepared_corpus, tmp_path):
+    """One skipped step is within a budget of 2 (the nan test above) and exhausts a budget
+    of 1: the run stops at that step, and no checkpoint follows the last applied step."""
+    cfg = tiny_config(prepared_corpus, tmp_path / "run", "trainer.max_skipped_steps=1")
+    with pytest.raises(
+        NonFiniteError,
+        match=f"step {NAN_STEP}: 1 optimizer steps skipped.*trainer.max_skipped_steps=1",
+    ):
+        fit(cfg, Watch("loss"))
+    steps = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*.ckpt"))
+    assert steps[-1] == f"step-{NAN_STEP:07d}.ckpt"
+
+
 def test_the_skip_bound_is_validated():
     from pretrain.config import validate
     from pretrain.errors import ConfigError
 
     with pytest.raises(ConfigError, match="trainer.max_consecutive_skipped_steps = 0"):
         validate(compose_config(["trainer.max_consecutive_skipped_steps=0"]))
+    with pytest.raises(ConfigError, match="trainer.max_skipped_steps = 0"):
+        validate(compose_config(["trainer.max_skipped_steps=0"]))

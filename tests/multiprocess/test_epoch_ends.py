@@ -5,13 +5,14 @@ trained by exactly one rank, except the logged tail; a stuck rank fails the run 
 hanging it."""
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import cpu_run_overrides
+from conftest import cpu_run_overrides, damage_first_shard
 from dist_helpers import RECORDING_MLM, read_records
 
 from pretrain.config import compose_config
@@ -168,6 +169,21 @@ def test_a_stuck_rank_fails_the_run_naming_the_step(prepared_corpus, tmp_path):
     assert "trainer.collective_timeout_s" in result.stderr and "step 3" in result.stderr, (
         result.stderr[-3000:]
     )
+
+
+@pytest.mark.slow
+def test_a_bad_shard_stops_every_rank_at_the_same_step(prepared_corpus, tmp_path):
+    """A shard changed on disk, read by both ranks' data-loader workers: every rank stops at
+    the first step with one error line (the shard named), none hangs, status 2."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(prepared_corpus, corpus)
+    shard = damage_first_shard(corpus)
+    result = launch(corpus, tmp_path / "run", 2, "strategy=ddp", "data.num_workers=2")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and all("step 0" in e or str(shard) in e for e in errors), errors
+    assert any(f"{shard}: sha256 differs" in e for e in errors)
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.slow

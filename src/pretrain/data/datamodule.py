@@ -1,6 +1,7 @@
 """The LightningDataModule: opens and checks a prepared corpus, serves one stream per epoch,
 and records its position in checkpoints so a resumed run sees the same batches."""
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from pretrain.data.shard_format import (
     check_shards,
     check_tokenizer,
     load_manifest,
+    verify_shard,
 )
 from pretrain.data.stream import StreamSpec, training_stream
 from pretrain.data.vocab import Vocabulary, load_vocabulary
@@ -41,6 +43,11 @@ def open_corpus(shards_dir: str | Path, tokenizer_dir: str | Path | None = None)
         tokenizer = Path(tokenizer_dir).resolve() if tokenizer_dir else manifest.tokenizer_dir
         check_tokenizer(manifest, tokenizer)
         vocab = load_vocabulary(tokenizer)
+        if vocab.size != manifest.vocab_size:
+            raise ShardError(
+                f"the manifest of {manifest.root} gives vocab_size {manifest.vocab_size}, its "
+                f"tokenizer {tokenizer} has {vocab.size} tokens (a manifest edited by hand?)"
+            )
     except (ShardError, ValueError) as error:
         raise ShardError(
             f"data.shards_dir={shards_dir} data.tokenizer_dir={tokenizer_dir}: {error}"
@@ -59,6 +66,34 @@ def split_holdout(corpus: Corpus, holdout_shards: int) -> tuple[tuple[str, ...],
         )
     cut = len(paths) - holdout_shards
     return paths[:cut], paths[cut:]
+
+
+def verified_shards(manifest: Manifest, indices: range, bad_shards: str) -> list[int]:
+    """Those of the shards `indices` that pass `verify_shard` (data.verify_shards=true),
+    read whole with a progress bar. A bad shard raises ShardError (data.bad_shards=error) or
+    is left out with a warning line naming it (skip); the count left out is printed."""
+    from tqdm import tqdm
+
+    good = []
+    for index in tqdm(indices, desc="verifying shards", unit="shard", disable=None):
+        try:
+            verify_shard(manifest.shards[index], manifest.shard_paths[index])
+        except ShardError as error:
+            if bad_shards == "error":
+                raise ShardError(f"data.verify_shards: {error}") from error
+            print(f"warning: data.bad_shards=skip: left out {error}", file=sys.stderr)
+            continue
+        good.append(index)
+    if not good:
+        raise ShardError(f"{manifest.root}: every training shard failed its checks")
+    if len(good) < len(indices):
+        print(
+            f"data.bad_shards=skip: {len(indices) - len(good)} of {len(indices)} training "
+            "shards failed their checks and are left out",
+            file=sys.stderr,
+            flush=True,
+        )
+    return good
 
 
 class PretrainingDataModule(L.LightningDataModule):
@@ -97,7 +132,9 @@ class PretrainingDataModule(L.LightningDataModule):
         self._resume = None
         self.teardown("fit")  # the previous epoch's loader and its workers
         self._loader = StepAlignedLoader(
-            training_stream(spec, epoch, self._start_samples, self._start_batches),
+            training_stream(
+                spec, epoch, self._start_samples, self._start_batches, errors_as_batches=True
+            ),
             accumulation=trainer.accumulate_grad_batches if trainer else 1,
             full_batch=spec.batch_size,
             num_workers=self.num_workers,

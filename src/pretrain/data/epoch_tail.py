@@ -27,11 +27,27 @@ import torch
 from torch.utils.data import DataLoader
 
 END_OF_EPOCH_KEY = "end_of_epoch"
+DATA_ERROR_KEY = "data_error"
 
 
 def is_end_of_epoch(batch: object) -> bool:
     """True for the marker batch a `StepAlignedLoader` yields when its rank is out of steps."""
     return isinstance(batch, dict) and END_OF_EPOCH_KEY in batch
+
+
+def data_error_batch(message: str) -> dict:
+    """The marker batch a stream yields, as its last, when a shard failed its checks: the
+    message travels from the data-loader worker to the training step, where every rank stops
+    at the same step (`step_flag`) instead of one rank dying and the others waiting."""
+    return {DATA_ERROR_KEY: message}
+
+
+def step_flag(batch: object) -> int:
+    """What a rank says about the step `batch` begins, reduced (MIN) over ranks: 1 a whole
+    step, 0 the epoch's end, -1 bad data."""
+    if isinstance(batch, dict) and DATA_ERROR_KEY in batch:
+        return -1
+    return int(not is_end_of_epoch(batch))
 
 
 def batch_samples(batch: dict) -> int:
@@ -87,6 +103,10 @@ class StepAlignedLoader(DataLoader):
                     batch = next(source, None)
                     if batch is None:
                         break
+                    if DATA_ERROR_KEY in batch:  # stops the run: hand it on at once
+                        self._buffer.clear()
+                        yield batch
+                        return
                     self._pulled += 1
                     if self.full_batch and batch_samples(batch) < self.full_batch:
                         self.tail_samples += batch_samples(batch)  # a reader's last, short one

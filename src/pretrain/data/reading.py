@@ -15,6 +15,7 @@ several readers: prepare a large corpus with enough shards to avoid that.
 """
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from pretrain.data.keyed_rng import STREAM_SHARD_ORDER, STREAM_SHUFFLE
-from pretrain.data.shard_format import read_documents
+from pretrain.data.shard_format import ShardError, read_documents
 from pretrain.data.vocab import Vocabulary
 
 Corruption = Callable[[dict, int], dict]
@@ -52,6 +53,7 @@ class StreamSpec:
     stream_partitions: int = 64
     masking: str = "dynamic"  # the objective's: static = dupe_factor copies of the masks
     dupe_factor: int = 10
+    bad_shards: str = "error"  # error | skip (data.bad_shards)
 
     def mask_epoch(self, epoch: int) -> int:
         """The epoch that seeds the corruption's draws: the epoch itself (dynamic masking) or
@@ -95,7 +97,7 @@ def read_split(spec: StreamSpec, epoch: int, reader: int, readers: int) -> Itera
     for index, share in shard_sharing(spec, epoch, readers):
         if reader not in share:
             continue
-        documents = read_documents(spec.shard_paths[index])
+        documents = shard_documents(spec, index)
         if len(share) == 1:
             yield from documents
             continue
@@ -106,6 +108,20 @@ def read_split(spec: StreamSpec, epoch: int, reader: int, readers: int) -> Itera
             loads[owner] += len(document["ids"])
             if owner == reader:
                 yield document
+
+
+def shard_documents(spec: StreamSpec, index: int) -> Iterable[dict]:
+    """The documents of shard `index`; under data.bad_shards=skip a shard that fails its
+    checks is left out with a warning line naming it (its documents are read and checked
+    whole before any is used, so none of a bad shard is ever trained)."""
+    path = spec.shard_paths[index]
+    if spec.bad_shards == "error":
+        return read_documents(path)
+    try:
+        return list(read_documents(path))
+    except ShardError as error:
+        print(f"warning: data.bad_shards=skip: left out {error}", file=sys.stderr, flush=True)
+        return []
 
 
 def shuffle_documents(

@@ -3,7 +3,7 @@ document keys stored as runs, and reading them back with every check.
 
 Read forward only, one member at a time: a block is decoded once its members are read, and a
 block wholly before the first document wanted is skipped after its `docs.npy` (seeking over
-the rest), never decoded. The bytes read can be hashed on the way (`HashingReader`).
+the rest), never decoded.
 """
 
 import io
@@ -75,23 +75,18 @@ def decode_keys(text: str) -> list[str]:
     return keys
 
 
-class HashingReader:
-    """A file read forward only, hashing what it reads (when `digest` is given)."""
+class ForwardReader:
+    """A file read forward only, counting the bytes read or skipped (`offset`)."""
 
-    def __init__(self, f: BinaryIO, digest):
-        self.f, self.digest, self.offset = f, digest, 0
+    def __init__(self, f: BinaryIO):
+        self.f, self.offset = f, 0
 
     def read(self, size: int) -> bytes:
         data = self.f.read(size)
-        if self.digest is not None:
-            self.digest.update(data)
         self.offset += len(data)
         return data
 
     def skip(self, size: int) -> None:
-        if self.digest is not None:
-            self.read(size)
-            return
         self.f.seek(size, io.SEEK_CUR)
         self.offset += size
 
@@ -100,7 +95,7 @@ def _damaged(path: Path, what: str) -> ShardError:
     return ShardError(f"{path}: {what} (truncated or damaged); {PREPARE_HINT}")
 
 
-def _members(path: Path, reader: HashingReader) -> Iterator[tuple[str, int]]:
+def _members(path: Path, reader: ForwardReader) -> Iterator[tuple[str, int]]:
     """(name, size) of each member, positioned at its data; the caller reads or skips the
     data (padding is skipped here). Ends at the end-of-archive marker, which must end the
     file (up to zero padding)."""
@@ -128,7 +123,7 @@ def _members(path: Path, reader: HashingReader) -> Iterator[tuple[str, int]]:
         reader.skip(-info.size % _BLOCK)
 
 
-def _read_data(path: Path, reader: HashingReader, name: str, size: int) -> bytes:
+def _read_data(path: Path, reader: ForwardReader, name: str, size: int) -> bytes:
     data = reader.read(size)
     if len(data) != size:
         raise _damaged(path, f"member {name} ends after {len(data)} of {size} bytes")
@@ -193,7 +188,7 @@ def _check_block(path: Path, block: _Block, dtype: str | None, vocab_size: int |
 
 def read_blocks(
     path: Path,
-    reader: HashingReader,
+    reader: ForwardReader,
     dtype: str | None,
     skip_documents: int,
     vocab_size: int | None = None,

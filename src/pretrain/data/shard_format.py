@@ -28,18 +28,18 @@ A shards directory (written by `pretrain-data prepare`) holds
   Members carry a fixed mtime, owner and mode; the tar has no record padding after its
   end-of-archive marker, so a shard is about the size of its content.
 
-Shards are read as a stream, a block at a time, never whole (the blocks' members, key runs
-and checks: `pretrain.data.shard_blocks`). Every block is checked as it is read (member names
-and order, dtypes, lengths, offsets, ids inside the vocabulary, key count), and a shard read
-from its start is hashed on the way and compared with the manifest's sha256 (when a manifest
-lies beside it) once its last byte is read. sha256 runs at about 500 MB/s on one core, the
-training stream consumes a few MB of shards per second and core, so the check costs well
-under 1% there (benchmarks/RESULTS.md). `pretrain-data verify` checks every shard of a
+A shard is read whole into memory (shards are tens of MB at most) and its sha256 compared
+with the manifest's before any of its documents is used; its blocks are then decoded one at a
+time (the blocks' members, key runs and checks: `pretrain.data.shard_blocks`), each checked as
+it is decoded (member names and order, dtypes, lengths, offsets, ids inside the vocabulary,
+key count). sha256 runs at about 500 MB/s on one core, the training stream consumes a few MB
+of shards per second and core, so the check costs well under 1% there (benchmarks/RESULTS.md). `pretrain-data verify` checks every shard of a
 directory in full without training.
 """
 
 import functools
 import hashlib
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,7 +57,7 @@ from pretrain.data.shard_blocks import (
     OUTSIDE_SPAN,
     PHRASE_START,
     PREPARE_HINT,
-    HashingReader,
+    ForwardReader,
     ShardError,
     block_documents,
     decode_keys,
@@ -322,43 +322,53 @@ def read_documents(
     block at a time: {"key": str, "ids": int64 (n,), "sents": int32 (s,) sentence end offsets,
     "words": bool (n,) word starts, "phrases": uint8 (n,) span flags (OUTSIDE_SPAN ..
     INSIDE_SPAN; all zero for shards without annotations)}. Blocks before `start_document`
-    are skipped without being decoded. Read from its start, the shard's sha256 is checked
-    at its end against `expected_sha256`, or else the manifest beside it (if any). Raises
-    ShardError naming the file (and member) when it is missing, truncated, corrupt or of
-    format 1."""
+    are skipped without being decoded. When its sha256 is known (`expected_sha256`, or else
+    the manifest beside it), the shard is read whole into memory and checked before any of
+    its documents is used. Raises ShardError naming the file (and member) when it is
+    missing, truncated, corrupt or of format 1."""
     path = Path(shard_path)
     if not path.is_file():
         raise ShardError(f"{path}: shard not found; {PREPARE_HINT}")
     record = _recorded_shard(path)
     sha256 = expected_sha256 or (record or {}).get("sha256")
     dtype = (record or {}).get("dtype")
-    digest = hashlib.sha256() if sha256 and start_document == 0 else None
+    vocab_size = (record or {}).get("vocab_size")
     try:
         with open(path, "rb") as f:
-            reader = HashingReader(f, digest)
-            vocab_size = (record or {}).get("vocab_size")
+            source = f
+            if sha256:  # a shard is read whole anyway: check it before using any of it
+                data = f.read()
+                if hashlib.sha256(data).hexdigest() != sha256:
+                    raise ShardError(
+                        f"{path}: sha256 differs from the manifest's (corrupt or rewritten?); "
+                        f"{PREPARE_HINT}"
+                    )
+                source = io.BytesIO(data)
+            reader = ForwardReader(source)
             for block, first in read_blocks(path, reader, dtype, start_document, vocab_size):
                 yield from block_documents(block, first)
     except OSError as error:
         raise ShardError(f"{path}: cannot be read ({error}); {PREPARE_HINT}") from error
-    if digest is not None and digest.hexdigest() != sha256:
+
+
+def verify_shard(shard: dict, path: Path) -> None:
+    """Read every document of one shard (its sha256 against `shard`, every block checked)
+    and compare its documents and tokens with the manifest record `shard`. Raises ShardError
+    naming the shard."""
+    documents = tokens = 0
+    for document in read_documents(path, expected_sha256=shard["sha256"]):
+        documents += 1
+        tokens += len(document["ids"])
+    if (documents, tokens) != (shard["documents"], shard["tokens"]):
         raise ShardError(
-            f"{path}: sha256 differs from the manifest's (corrupt or rewritten?); {PREPARE_HINT}"
+            f"{path}: holds {documents} documents and {tokens} tokens, the manifest says "
+            f"{shard['documents']} and {shard['tokens']}; {PREPARE_HINT}"
         )
 
 
 def verify_shards(manifest: Manifest) -> None:
-    """Read every document of every shard of `manifest` (checking every block, and each
-    shard's sha256) and compare the documents and tokens with the manifest's counts. Raises
-    ShardError naming the first shard at fault."""
+    """`verify_shard` for every shard of `manifest`. Raises ShardError naming the first
+    shard at fault."""
     check_shards(manifest)
     for shard, path in zip(manifest.shards, manifest.shard_paths, strict=True):
-        documents = tokens = 0
-        for document in read_documents(path, expected_sha256=shard["sha256"]):
-            documents += 1
-            tokens += len(document["ids"])
-        if (documents, tokens) != (shard["documents"], shard["tokens"]):
-            raise ShardError(
-                f"{path}: holds {documents} documents and {tokens} tokens, the manifest says "
-                f"{shard['documents']} and {shard['tokens']}; {PREPARE_HINT}"
-            )
+        verify_shard(shard, path)

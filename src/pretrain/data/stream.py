@@ -22,6 +22,7 @@ from itertools import count, islice
 
 import torch
 
+from pretrain.data.epoch_tail import data_error_batch
 from pretrain.data.input_formats import INPUT_FORMATS
 from pretrain.data.reading import (
     Corruption,
@@ -32,25 +33,42 @@ from pretrain.data.reading import (
     reader_documents,
     worker_role,
 )
+from pretrain.data.shard_format import ShardError
 
 __all__ = ["Corruption", "EpochStream", "StreamSpec", "training_stream"]
 
 
 class EpochStream(torch.utils.data.IterableDataset):
     """The batches of one epoch for `spec.rank`: from global sample `start_sample` on (a
-    resume; most formats), or from the rank's batch `skip_batches` on (XLNet's memory)."""
+    resume; most formats), or from the rank's batch `skip_batches` on (XLNet's memory). A
+    shard that fails its checks raises ShardError, or with `errors_as_batches` ends the
+    batches with a `data_error_batch`, which stops training on every rank alike."""
 
     def __init__(
-        self, spec: StreamSpec, epoch: int, start_sample: int = 0, skip_batches: int = 0
+        self,
+        spec: StreamSpec,
+        epoch: int,
+        start_sample: int = 0,
+        skip_batches: int = 0,
+        errors_as_batches: bool = False,
     ) -> None:
         super().__init__()
         self.spec, self.epoch = spec, epoch
         self.start_sample, self.skip_batches = start_sample, skip_batches
+        self.errors_as_batches = errors_as_batches
 
     def __iter__(self) -> Iterator[dict]:
-        if INPUT_FORMATS[self.spec.format].workers_share_documents:
-            yield from self._memory_batches()
-            return
+        try:
+            if INPUT_FORMATS[self.spec.format].workers_share_documents:
+                yield from self._memory_batches()
+            else:
+                yield from self._batches()
+        except ShardError as error:
+            if not self.errors_as_batches:
+                raise
+            yield data_error_batch(f"epoch {self.epoch}, rank {self.spec.rank}: {error}")
+
+    def _batches(self) -> Iterator[dict]:
         spec, epoch = self.spec, self.epoch
         worker, workers = worker_role()
         batches = _chunks(rank_sequences(spec, epoch, self.start_sample), spec.batch_size)
@@ -104,7 +122,11 @@ def _chunks(items: Iterator[dict], size: int) -> Iterator[list[dict]]:
 
 
 def training_stream(
-    spec: StreamSpec, epoch: int, start_sample: int = 0, skip_batches: int = 0
+    spec: StreamSpec,
+    epoch: int,
+    start_sample: int = 0,
+    skip_batches: int = 0,
+    errors_as_batches: bool = False,
 ) -> EpochStream:
-    """The pipeline of one epoch, as an IterableDataset of whole batches."""
-    return EpochStream(spec, epoch, start_sample, skip_batches)
+    """The pipeline of one epoch, as an IterableDataset of whole batches (`EpochStream`)."""
+    return EpochStream(spec, epoch, start_sample, skip_batches, errors_as_batches)

@@ -235,7 +235,8 @@ class PretrainingModule(L.LightningModule):
 
     def _on_skipped_step(self, ranks: int | None) -> None:
         """Count a skipped optimizer step; under trainer.nonfinite=stop, or once
-        trainer.max_consecutive_skipped_steps steps in a row were skipped (the run diverged),
+        trainer.max_consecutive_skipped_steps steps in a row (the run diverged) or
+        trainer.max_skipped_steps in all were skipped,
         raise NonFiniteError (exit status 3, no checkpoint after the last one written). A
         warning line is printed for skipped steps, at most one per `SKIP_WARNING_INTERVAL_S`."""
         where = "DeepSpeed's overflow check" if ranks is None else f"{ranks} rank(s)"
@@ -247,6 +248,14 @@ class PretrainingModule(L.LightningModule):
             )
         self.skipped_steps += 1
         self.consecutive_skipped_steps += 1
+        budget = self.run.trainer.max_skipped_steps
+        if budget is not None and self.skipped_steps >= budget:
+            raise NonFiniteError(
+                f"step {self.global_step}: {self.skipped_steps} optimizer steps skipped for a "
+                f"non-finite loss or gradient in all (trainer.max_skipped_steps={budget}): the "
+                "run is unstable. Lower optim.optimizer.lr or lengthen the warm-up and resume "
+                "from an earlier step-*.ckpt, or raise trainer.max_skipped_steps"
+            )
         bound = self.run.trainer.max_consecutive_skipped_steps
         if bound is not None and self.consecutive_skipped_steps >= bound:
             raise NonFiniteError(
@@ -322,11 +331,20 @@ class PretrainingModule(L.LightningModule):
         import torch.distributed as dist
 
         from pretrain.collectives import reduce_on_host
-        from pretrain.data.epoch_tail import StepAlignedLoader, is_end_of_epoch
+        from pretrain.data.epoch_tail import DATA_ERROR_KEY, StepAlignedLoader, step_flag
+        from pretrain.data.shard_format import ShardError
 
         timeout = self.run.trainer.collective_timeout_s
-        if reduce_on_host(int(not is_end_of_epoch(batch)), dist.ReduceOp.MIN, timeout):
+        agreed = reduce_on_host(step_flag(batch), dist.ReduceOp.MIN, timeout)
+        if agreed == 1:
             return True
+        if agreed < 0:  # a rank met a bad shard: every rank stops here, with the same step
+            raise ShardError(
+                batch.get(DATA_ERROR_KEY)
+                or f"rank {self.global_rank}: another rank met a shard that failed its checks "
+                f"at step {self.global_step} (its error names the shard); data.bad_shards=skip "
+                "leaves such shards out"
+            )
         loader = self.trainer.train_dataloader
         tail = loader.drain(batch_idx) if isinstance(loader, StepAlignedLoader) else 0
         dropped = reduce_on_host(tail, dist.ReduceOp.SUM, timeout)
