@@ -15,7 +15,7 @@ not_finished = { status=$$?; [ $$status -ne $(PREEMPTED) ] || echo "preempted (e
 saved a checkpoint, not finished; to resume: $(1)" >&2; exit $$status; }
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
-.PHONY: setup demo demo-ddp demo-chinese demo-families test golden conf-tables lint clean
+.PHONY: setup demo demo-ddp demo-chinese demo-families demo-sweep test golden conf-tables lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -68,6 +68,17 @@ demo-families: $(STAMP) data/builtin/manifest.json data/builtin-bpe/manifest.jso
 		grep -E "loss:|Run directory|rror|preempted" $$log || true; \
 		[ $$status -eq 0 ] || (exit $$status) || $(call not_finished,$(VENV)/bin/pretrain experiment=$$name trainer.max_steps=$(FAMILY_STEPS) logger=csv); \
 	done; rm -f $$log
+
+# RoBERTa's batch-size experiment in miniature (conf/sweep/roberta_batch_size_tiny.yaml): global
+# batch 8 / 32 / 64 over the same samples, one Hydra multirun (a run directory and a wandb run,
+# offline without WANDB_API_KEY, per point; held-out curves), then `pretrain-compare` writes
+# the report (HTML + PNG figures) and prints its path. A few minutes on 2 CPU cores.
+SWEEP_DIR := runs/roberta_batch_size_tiny
+demo-sweep: $(STAMP) data/builtin/manifest.json
+	rm -rf $(SWEEP_DIR)
+	$(VENV)/bin/pretrain -m +sweep=roberta_batch_size_tiny trainer.enable_progress_bar=false \
+		|| $(call not_finished,$(VENV)/bin/pretrain -m +sweep=roberta_batch_size_tiny)
+	$(VENV)/bin/pretrain-compare $(SWEEP_DIR) --out $(SWEEP_DIR)/report
 
 # Chinese BERT-wwm in miniature: show the whole-word masks, then train.
 demo-chinese: $(STAMP) data/chinese/manifest.json
