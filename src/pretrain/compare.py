@@ -14,6 +14,7 @@ import argparse
 import base64
 import csv
 import html
+import re
 import sys
 from pathlib import Path
 
@@ -43,15 +44,22 @@ IDENTITY_KEYS = ("run_dir", "run_name")
 FINAL_COLUMNS = ("step", "train/tokens_seen", "train/elapsed_s", "train/loss")
 
 
+def natural_order(path: Path) -> list:
+    """Sort key of a run directory: numbers in its name by value (tiny-bs8 before tiny-bs32,
+    lr0.0001 before lr0.001)."""
+    parts = re.split(r"(\d+(?:\.\d+)?(?:e-?\d+)?)", path.name)
+    return [(0, float(part), "") if i % 2 else (1, 0.0, part) for i, part in enumerate(parts)]
+
+
 def find_runs(paths: list[str | Path]) -> list[Path]:
     """Run directories (those holding `csv/`) among `paths` and their subdirectories (an
-    experiment or sweep directory), sorted within each path. SystemExit when none."""
+    experiment or sweep directory), in `natural_order` within each path. SystemExit when none."""
     runs: list[Path] = []
     for path in map(Path, paths):
         if (path / "csv").is_dir():
             runs.append(path)
         else:
-            runs += sorted(p.parent for p in path.glob("*/csv") if p.is_dir())
+            runs += sorted((p.parent for p in path.glob("*/csv") if p.is_dir()), key=natural_order)
     if not runs:
         raise SystemExit(f"error: no run directory (one with csv/) in {', '.join(map(str, paths))}")
     return runs
