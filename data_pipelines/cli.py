@@ -15,6 +15,8 @@ pretrain-data merge [overrides...]               slices -> out_dir, one manifest
 
 import sys
 
+from pretrain.errors import report_error
+
 USAGE = __doc__.split("\n", 1)[1]
 
 
@@ -36,7 +38,7 @@ def _prepare(overrides: list[str]) -> int:
     try:
         out_dir = prepare(compose_prepare_config(overrides))
     except _prepare_errors() as error:
-        print(f"pretrain-data prepare: {error}", file=sys.stderr)
+        report_error(error, "pretrain-data prepare")
         return 2
     return _info([str(out_dir)])
 
@@ -128,7 +130,7 @@ def _info(args: list[str]) -> int:
     try:
         print(summarize(args[0]))
     except ShardError as error:
-        print(f"pretrain-data info: {error}", file=sys.stderr)
+        report_error(error, "pretrain-data info")
         return 1
     return 0
 

@@ -214,9 +214,12 @@ RELAUNCH_KEYS = (
     "trainer.preemption_signal",
     "trainer.collective_timeout_s",
     "trainer.max_consecutive_skipped_steps",
+    "trainer.max_skipped_steps",
     "trainer.val_*",
     "logger.*",
     "data.num_workers",
+    "data.verify_shards",
+    "data.bad_shards",
 )
 RANK_KEYS = ("trainer.devices", "trainer.num_nodes")
 UNSET = "<unset>"

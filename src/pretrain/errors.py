@@ -6,8 +6,13 @@
 project.
 """
 
+import os
+import sys
+import traceback
 from collections.abc import Iterable
 from typing import Any
+
+VERBOSE_ENV = "PRETRAIN_VERBOSE"  # set (not 0): one-line errors also print their traceback
 
 
 class ConfigError(ValueError):
@@ -17,6 +22,14 @@ class ConfigError(ValueError):
 class RunEnvironmentError(RuntimeError):
     """The machine cannot do what the run asks (a disk full while saving, an accelerator it
     does not have); one line naming the path or key and what to do (exit status 2)."""
+
+
+def report_error(error: BaseException, prog: str = "") -> None:
+    """Print `error` as the one line `<prog>: error: <message>` on stderr, preceded by its
+    traceback when the environment sets PRETRAIN_VERBOSE (to anything but 0)."""
+    if os.environ.get(VERBOSE_ENV, "0") not in ("", "0"):
+        traceback.print_exception(error, file=sys.stderr)
+    print(f"{prog}: error: {error}" if prog else f"error: {error}", file=sys.stderr, flush=True)
 
 
 def require(ok: bool, key: str, value: Any, expected: str) -> None:

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 
 from pretrain.config import component_config
 from pretrain.data.vocab import load_vocabulary
+from pretrain.errors import report_error
 from pretrain.export import ExportError, import_hf_model, read_checkpoint
 from pretrain.generation import beam_search, greedy_search
 
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{text} => {out}")
     except (GenerationError, ExportError) as error:
-        print(f"pretrain-generate: error: {error}", file=sys.stderr)
+        report_error(error, "pretrain-generate")
         return 2
     return 0
 

@@ -15,6 +15,7 @@ import sys
 import torch
 
 from pretrain.config import ConfigError, component_config, compose_config
+from pretrain.errors import report_error
 from pretrain.models import build_encoder, count_parameters
 
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None, prog: str = "pretrain-params") -> int:
     try:
         info = model_info(overrides, int(vocab[-1].split("=", 1)[1]) if vocab else None)
     except (ConfigError, ValueError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
+        report_error(error, prog)
         return 2
     print(json.dumps(info) if args.format == "json" else format_table(info))
     return 0

@@ -27,7 +27,7 @@ from pretrain.data.datamodule import (
 from pretrain.data.reading import effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
-from pretrain.errors import ConfigError, RunEnvironmentError
+from pretrain.errors import ConfigError, RunEnvironmentError, report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
@@ -99,9 +99,15 @@ def train(cfg: DictConfig) -> Path:
         finished = trainer.global_step >= run.trainer.max_steps
     except RuntimeError as error:
         stuck = collective_failure(error, trainer, run.trainer.collective_timeout_s)
-        if stuck is None:
-            raise
-        raise stuck from error
+        if stuck is not None:
+            raise stuck from error
+        if str(error).startswith("DataLoader worker"):  # killed: out of memory, or by hand
+            raise RunEnvironmentError(
+                f"{str(error).splitlines()[0]} at step {trainer.global_step}: a data-loader "
+                "worker died (out of memory? see `dmesg`); lower data.num_workers or "
+                "data.shuffle_buffer_documents, then resume from the last checkpoint"
+            ) from error
+        raise
     finally:
         finish_loggers(trainer, finished)  # the next sweep point gets its own wandb run
     raise_if_preempted(trainer)  # stopped by a signal before max_steps: not finished
@@ -159,13 +165,13 @@ def run_or_exit(cfg: DictConfig) -> Path:
     try:
         return train(cfg)
     except (ConfigError, ShardError, ExportError, FileNotFoundError, RunEnvironmentError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(error)
         sys.exit(2)
     except NonFiniteError as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(error)
         sys.exit(3)
     except CollectiveTimeout as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(error)
         sys.exit(4)
     except Preempted as stop:
         print(stop, file=sys.stderr, flush=True)

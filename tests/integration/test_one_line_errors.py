@@ -96,9 +96,56 @@ def test_an_accelerator_the_machine_lacks(prepared_corpus, tmp_path, capsys):
     assert "trainer.accelerator=gpu: this machine has no such device" in exit_line(capsys, cfg)
 
 
+def test_pretrain_verbose_adds_the_traceback(prepared_corpus, tmp_path, capsys, monkeypatch):
+    cfg = compose_config(tiny_overrides(prepared_corpus, tmp_path / "run", "data.format=nope"))
+    assert "data.format = 'nope'" in exit_line(capsys, cfg)  # no traceback by default
+    monkeypatch.setenv("PRETRAIN_VERBOSE", "1")
+    with pytest.raises(SystemExit):
+        run_or_exit(cfg)
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "ConfigError" in err
+    assert err.strip().splitlines()[-1].startswith("error: data.format = 'nope'")
+
+
 def test_preview_with_an_unfit_objective_is_one_line(prepared_corpus, capsys):
     status = preview.main(["objective=span", "n=4", f"data.shards_dir={prepared_corpus}"])
     assert status == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("pretrain-data preview: error: data.format")
     assert "data=full_sentences" in err
+
+
+def test_a_killed_data_loader_worker_is_one_line(prepared_corpus, tmp_path):
+    """kill -9 of a data-loader worker (as the kernel's OOM killer does) mid-run: exit 2,
+    one line saying what died and what to do, the checkpoints written before it intact."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(
+        prepared_corpus,
+        run_dir,
+        "trainer.max_steps=100000",
+        "data.num_workers=2",
+        "trainer.checkpoint_every_n_steps=2",
+    )
+    pretrain = str(Path(sys.executable).parent / "pretrain")
+    run = subprocess.Popen([pretrain, *overrides], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240  # a guard against a test that would hang
+    while not list((run_dir / "checkpoints").glob("step-*.ckpt")):
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.5)
+    workers = psutil.Process(run.pid).children()
+    assert workers, "no data-loader worker found"
+    workers[0].kill()
+    _, stderr = run.communicate(timeout=240)
+    assert run.returncode == 2, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "a data-loader worker died" in errors[0], stderr[-3000:]
+    assert "Traceback" not in stderr
+    saved = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
+    assert torch.load(saved, weights_only=True)["global_step"] >= 2

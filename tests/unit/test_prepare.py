@@ -534,7 +534,7 @@ def test_cli_prepare_input_policy_and_a_smaller_vocabulary(tmp_path, capsys):
     args = [f"inputs=[{good},{latin}]", f"out_dir={out}", "num_proc=1", "docs_per_shard=4"]
     assert cli.main(["prepare", *args, "tokenizer.vocab_size=300"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"pretrain-data prepare: {latin}: line 1 is not UTF-8 (2 such")
+    assert err.startswith(f"pretrain-data prepare: error: {latin}: line 1 is not UTF-8 (2 such")
     assert "\n" not in err and not out.exists()
     for policy, said in (("skip", "2 undecodable line(s) dropped"), ("replace", "2 line(s)")):
         run = [*args, f"undecodable={policy}", "overwrite=true", "tokenizer.vocab_size=300"]

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from pretrain.config import compose_config
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.stream import training_stream
+from pretrain.errors import report_error
 from pretrain.run import build_stream
 
 USAGE = "usage: pretrain-data preview [hydra overrides] [n=8] [--format text|json]"
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records, tokenizer_dir, pair_task = preview_records(overrides, n)
     except (ConfigError, ShardError, FileNotFoundError) as error:
-        print(f"pretrain-data preview: error: {error}", file=sys.stderr)
+        report_error(error, "pretrain-data preview")
         return 2
     if fmt == "json":
         print(json.dumps(records))

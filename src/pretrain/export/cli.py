@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from pretrain.errors import report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import export_checkpoint
 
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir, overwrite=args.overwrite)
     except ExportError as error:
-        print(f"pretrain-export: error: {error}", file=sys.stderr)
+        report_error(error, "pretrain-export")
         return 1
     print(f"pretrain-export: wrote {out}")
     return 0
