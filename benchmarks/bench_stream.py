@@ -3,7 +3,9 @@ each shards directory given. Two stages are timed, each in this one process (one
 
 - `read`: `read_documents` over every shard (what the shard format costs);
 - `stream`: the training stream of one epoch (segment pairs of 128 tokens, batch 32, MLM
-  corruption), as one data-loader worker runs it.
+  corruption), as one data-loader worker runs it;
+- `sha256`: hashing every shard, the check every shard passes before its documents are used
+  (part of both stages above); its share of the `stream` time is printed.
 
 Prints documents/s, tokens/s and shard MB/s. Prepare the directories first, e.g. with
 `pretrain-data prepare` (built-in corpus: long documents) or `benchmarks/prepare.py --keep`.
@@ -21,7 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from pretrain.data.reading import effective_partitions  # noqa: E402
-from pretrain.data.shard_format import load_manifest, read_documents  # noqa: E402
+from pretrain.data.shard_format import file_sha256, load_manifest, read_documents  # noqa: E402
 from pretrain.data.stream import StreamSpec, training_stream  # noqa: E402
 from pretrain.data.vocab import load_vocabulary  # noqa: E402
 from pretrain.objectives.mlm import MaskedLMCorruption  # noqa: E402
@@ -61,6 +63,12 @@ def time_stream(paths: list[str], tokenizer_dir: str) -> tuple[float, int, int]:
     return time.perf_counter() - start, batches, tokens
 
 
+def _time(work) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shards_dirs", nargs="+")
@@ -77,6 +85,7 @@ def main() -> None:
             (time_stream(paths, str(manifest.tokenizer_dir)) for _ in range(args.repeats)),
             key=lambda r: r[0],
         )
+        hashing = min(_time(lambda: [file_sha256(p) for p in paths]) for _ in range(args.repeats))  # noqa: B023
         name = os.path.basename(os.path.normpath(shards_dir))
         seconds, documents, tokens = read
         print(
@@ -87,6 +96,10 @@ def main() -> None:
         print(
             f"{name:<32} {'stream':<7} {documents / seconds:>10,.0f} {tokens / seconds:>12,.0f} "
             f"{shard_mb / seconds:>8.1f}"
+        )
+        print(
+            f"{name:<32} {'sha256':<7} {documents / hashing:>10,.0f} {tokens / hashing:>12,.0f} "
+            f"{shard_mb / hashing:>8.1f}  ({100 * hashing / seconds:.2f}% of the stream's time)"
         )
 
 
