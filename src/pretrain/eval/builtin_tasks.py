@@ -7,7 +7,7 @@ encoder knows better than a random one: word order, what follows what, where a p
     builtin_overlap   regression: how many of A's words does B keep (0..1)?
     builtin_qa        extractive QA: which words follow the question's words in the context?
                       (a third of the questions have no answer: SQuAD v2 style)
-    builtin_replaced  tagging: which words were replaced by a random word?
+    builtin_replaced  tagging: which words were replaced by a word drawn from the corpus?
 """
 
 import re
@@ -137,19 +137,20 @@ def qa_task(
 
 
 def replaced_task(rng: np.random.Generator, documents: list[list[str]], count: int) -> list:
-    """Sentences with about 15% of their words replaced by random words of the corpus; tag 1
-    for a replaced word, 0 for an original one."""
+    """Sentences with about 15% of their words replaced by a word drawn from the corpus's
+    running text (so as often as the corpus uses it: rarity gives no hint); tag 1 for a
+    replaced word, 0 for an original one (a draw of the same word stays 0)."""
     sentences = [s for document in documents for s in document]
-    vocabulary = sorted({w for s in sentences for w in s.split()})
+    running = [w for s in sentences for w in s.split()]
     examples = []
     for index in rng.permutation(len(sentences))[:count]:
         words = sentences[index].split()
         replaced = rng.random(len(words)) < 0.15
         out = [
-            vocabulary[int(rng.integers(len(vocabulary)))] if r else w
+            running[int(rng.integers(len(running)))] if r else w
             for w, r in zip(words, replaced, strict=True)
         ]
-        tags = tuple(int(r and o != w) for o, w, r in zip(out, words, replaced, strict=True))
+        tags = tuple(int(o != w) for o, w in zip(out, words, strict=True))
         examples.append(TaggingExample(tuple(out), tags))
     return examples
 

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from pretrain.errors import require, require_positive, require_unit_interval
-from pretrain.eval.heads import LAYER_CHOICES, POOLINGS
-from pretrain.eval.module import MODES
+from pretrain.eval.heads import LAYER_CHOICES, MODES, POOLINGS
 from pretrain.eval.tasks import TASK_KINDS
 
 TASK_FORMATS = ("builtin", "glue", "squad", "jsonl", "csv")

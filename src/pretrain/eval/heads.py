@@ -9,6 +9,7 @@ from pretrain.errors import ConfigError
 
 LAYER_CHOICES = ("last", "second_to_last", "concat_last4", "scalar_mix")
 POOLINGS = ("cls", "mean")
+MODES = ("finetune", "features")  # every weight trained | the encoder frozen
 
 
 class LayerSelection(nn.Module):

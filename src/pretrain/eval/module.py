@@ -11,9 +11,7 @@ from torch.nn import functional as F
 from pretrain.errors import ConfigError
 from pretrain.eval.encoder import HiddenStates
 from pretrain.eval.features import IGNORE_INDEX
-from pretrain.eval.heads import LayerSelection, pool
-
-MODES = ("finetune", "features")
+from pretrain.eval.heads import MODES, LayerSelection, pool
 
 
 @dataclass
