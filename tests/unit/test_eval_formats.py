@@ -3,10 +3,15 @@
 import json
 
 import pytest
+from omegaconf import OmegaConf
 
-from pretrain.eval.config import TaskConfig
+from pretrain.config import compose_config
+from pretrain.eval.config import EvalRunConfig, TaskConfig, register_eval_schema
 from pretrain.eval.formats import TaskFileError, read_task
 from pretrain.eval.tasks import SpanExample, TaggingExample, TextExample
+from pretrain.paths import CONF_DIR
+
+register_eval_schema()
 
 
 def write(directory, name, text):
@@ -156,3 +161,11 @@ def test_jsonl_and_csv_errors_name_file_and_line(tmp_path):
         TaskFileError, match=r"dev.csv:2: label '2' is not one of the task's labels \(0, 1\)"
     ):
         read_task(config)
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF_DIR / "eval").glob("*.yaml")))
+def test_every_eval_option_composes_into_the_typed_config(option):
+    cfg = compose_config([f"eval={option}", "eval.task.path=somewhere"], "evaluate")
+    run = OmegaConf.to_object(cfg)
+    assert isinstance(run, EvalRunConfig)
+    assert run.result_name == run.eval.task.name

@@ -12,6 +12,7 @@ import sys
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 import pretrain.config  # noqa: F401  (the ${sweep_suffix:} resolver)
 from pretrain.errors import ConfigError
@@ -35,6 +36,9 @@ def main(cfg: DictConfig) -> None:
     try:
         run = OmegaConf.to_object(cfg)
         result, path = evaluate(run)
+    except OmegaConfBaseException as error:
+        print(f"pretrain-eval: {error.full_key}: {error.msg}", file=sys.stderr)
+        sys.exit(2)
     except (ConfigError, TaskFileError, ExportError) as error:
         print(f"pretrain-eval: {error}", file=sys.stderr)
         sys.exit(2)
