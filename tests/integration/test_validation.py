@@ -122,3 +122,45 @@ def test_val_settings_are_checked():
 
     with pytest.raises(ConfigError, match="trainer.val_check_interval"):
         validate(compose_config(["trainer.val_check_interval=0"]))
+
+
+def logged_at(run_dir: Path, column: str) -> list[tuple[int, float]]:
+    """(step, value) of `column` over every launch's CSV log, in order."""
+    found = []
+    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        with open(path) as f:
+            found += [
+                (int(r["step"]), float(r[column])) for r in csv.DictReader(f) if r.get(column)
+            ]
+    return found
+
+
+@pytest.mark.slow
+def test_a_resumed_run_logs_the_uninterrupted_runs_val_metrics_and_progress(
+    prepared_corpus, tmp_path
+):
+    def run(run_dir: Path, steps: int) -> None:
+        train(
+            compose_config(
+                tiny_overrides(
+                    prepared_corpus,
+                    run_dir,
+                    f"trainer.max_steps={steps}",
+                    "trainer.log_every_n_steps=2",
+                    "data.holdout_shards=1",
+                    "trainer.val_check_interval=2",
+                    "trainer.val_batches=2",
+                    "optim.schedule=constant",  # a linear decay ends at the first launch's end
+                )
+            )
+        )
+
+    run(tmp_path / "whole", 4)
+    run(tmp_path / "resumed", 2)
+    run(tmp_path / "resumed", 4)
+    for column in ("val/loss", "val/mlm_accuracy", "train/tokens_seen", "train/samples_seen"):
+        whole = logged_at(tmp_path / "whole", column)
+        resumed = logged_at(tmp_path / "resumed", column)
+        assert [step for step, _ in whole] == [2, 4]
+        assert [step for step, _ in resumed] == [2, 4]  # no second evaluation of step 2
+        assert [v for _, v in resumed] == pytest.approx([v for _, v in whole], abs=1e-6), column
