@@ -15,7 +15,6 @@ sampled replacements), so the training's random state is untouched.
 
 import math
 from dataclasses import replace
-from itertools import islice
 
 import lightning as L
 import torch
@@ -23,6 +22,7 @@ from lightning.fabric.utilities import move_data_to_device
 
 from pretrain.data.datamodule import open_corpus, split_holdout
 from pretrain.data.reading import effective_partitions
+from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec, training_stream
 from pretrain.errors import ConfigError
 
@@ -56,12 +56,16 @@ def heldout_spec(run, spec: StreamSpec) -> StreamSpec:
 def heldout_batches(spec: StreamSpec, limit: int) -> list[dict]:
     """The first `limit` full batches (spec.batch_size sequences) of epoch 0 of the held-out
     stream `spec` (`heldout_spec`), corrupted; fewer when the shards hold fewer."""
-    batches = (
-        batch
-        for batch in training_stream(spec, epoch=0)
-        if "input_ids" in batch and len(batch["input_ids"]) == spec.batch_size
-    )
-    return list(islice(batches, limit))
+    batches = []
+    for batch in training_stream(spec, epoch=0):
+        if "input_ids" not in batch:  # a stream's marker of a shard that failed its checks
+            message = next((v for v in batch.values() if isinstance(v, str)), "a bad shard")
+            raise ShardError(f"held-out shards (data.holdout_shards): {message}")
+        if len(batch["input_ids"]) == spec.batch_size:
+            batches.append(batch)
+        if len(batches) == limit:
+            break
+    return batches
 
 
 @torch.no_grad()
