@@ -112,22 +112,26 @@ def differing_keys(configs: list[dict[str, object]]) -> list[str]:
 def x_values(
     metrics: dict[str, dict[int, float]], x: str, steps: list[int], after: int
 ) -> list[float]:
-    """The x value (`x`: tokens seen or seconds, logged at some steps) at each of `steps` plus
-    `after` (1 for a training row: its batch counts; 0 for a held-out row), interpolated
-    linearly from 0 at step 0; the step itself when the run did not log `x`."""
+    """The x value (`x`: tokens seen or seconds) after `steps[i] + after` optimizer steps: a
+    training row's step s is its batch's (s + 1 steps taken, `after` = 1), a held-out row's
+    step the steps taken (`after` = 0). `x` is logged in training rows (so at s + 1 steps),
+    interpolated linearly from 0 at 0 steps; the steps themselves when the run has no `x`."""
     import numpy as np
 
     known = metrics.get(x)
     if not known:
         return [float(s + after) for s in steps]
-    xs, ys = [0, *sorted(known)], [0.0, *(known[s] for s in sorted(known))]
+    taken = sorted(known)
+    xs, ys = [0, *(s + 1 for s in taken)], [0.0, *(known[s] for s in taken)]
     return list(np.interp([s + after for s in steps], xs, ys))
 
 
 def final_metrics(metrics: dict[str, dict[int, float]]) -> dict[str, float]:
-    """The last logged value of each column of `FINAL_COLUMNS` and every `val/*`, and the last
-    step (optimizer steps) the run logged."""
-    final = {"step": float(max((max(v) for v in metrics.values() if v), default=0))}
+    """The optimizer steps the run took ("step"; a training row's step s is its batch's, after
+    which s + 1 steps were taken), and the last logged value of each column of
+    `FINAL_COLUMNS` and every `val/*`."""
+    taken = [max(v) + (0 if k.startswith("val/") else 1) for k, v in metrics.items() if v]
+    final = {"step": float(max(taken, default=0))}
     for key, values in metrics.items():
         if key in FINAL_COLUMNS or key.startswith("val/"):
             final[key] = values[max(values)]

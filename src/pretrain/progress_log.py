@@ -1,9 +1,8 @@
 """Cumulative progress of a run, the x axes of `pretrain-compare`: non-padding input tokens
-and samples trained (all ranks) and wall-clock seconds of training, logged as
-`train/tokens_seen`, `train/samples_seen` and `train/elapsed_s` at every log step
-(`trainer.log_every_n_steps`, counted in optimizer steps after the step) and the last. They
-are saved in checkpoints (callback state), so a resumed run continues its counts; the time
-between two launches is not counted."""
+and samples trained (all ranks, the logged step's batch included) and wall-clock seconds of
+training, logged as `train/tokens_seen`, `train/samples_seen` and `train/elapsed_s` with the
+training metrics of every log step. They are saved in checkpoints (callback state), so a
+resumed run continues its counts; the time between two launches is not counted."""
 
 import time
 
@@ -51,20 +50,22 @@ class ProgressLog(L.Callback):
         counts = torch.stack([mask.sum(), torch.tensor(mask.shape[0], device=mask.device)])
         self._pending = counts if self._pending is None else self._pending + counts
         step = trainer.global_step
-        if step == self._last_step:  # inside an accumulation: no optimizer step yet
+        if step != self._last_step:  # an optimizer step was taken: add every rank's counts
+            self._last_step = step
+            total = trainer.strategy.reduce(self._pending.double(), reduce_op="sum")
+            self._launch = total if self._launch is None else self._launch + total
+            self._pending = None
+        if self._launch is None:
             return
-        self._last_step = step
-        total = trainer.strategy.reduce(self._pending.double(), reduce_op="sum")
-        self._launch = total if self._launch is None else self._launch + total
-        self._pending = None
-        if step % trainer.log_every_n_steps and step < trainer.max_steps:
-            return
-        if trainer.is_global_zero:
-            tokens, samples = self._launch.tolist()
-            metrics = {
-                "train/tokens_seen": self.tokens + tokens,
-                "train/samples_seen": self.samples + samples,
+        # every micro-batch (the same values within a step); Lightning writes them on log
+        # steps, in the row of the step's training metrics
+        pl_module.log_dict(
+            {
+                "train/tokens_seen": self._launch[0] + self.tokens,
+                "train/samples_seen": self._launch[1] + self.samples,
                 "train/elapsed_s": self._elapsed(),
-            }
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
+            },
+            on_step=True,
+            on_epoch=False,
+            batch_size=1,
+        )

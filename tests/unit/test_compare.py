@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from pretrain.compare import FIGURES, find_runs, read_metrics, write_report
+from pretrain.compare import FIGURES, find_runs, read_metrics, write_report, x_values
 
 
 def write_run(run_dir: Path, lr: float, launches: list[list[dict]]) -> None:
@@ -34,8 +34,8 @@ def training_rows(lr: float, steps: range) -> list[dict]:
         rows.append({"epoch": 0, "step": step, "train/loss": loss, "train/lr": lr})
         rows.append({"epoch": 0, "step": step, "train/tokens_per_s": 200.0})
         rows.append({"epoch": 0, "step": step, "train/skipped_steps": 0.0})
-        rows.append({"step": step + 1, "train/tokens_seen": 100 * (step + 1)})
-        rows.append({"step": step + 1, "train/elapsed_s": 0.5 * (step + 1)})
+        rows.append({"epoch": 0, "step": step, "train/tokens_seen": 100 * (step + 1)})
+        rows.append({"epoch": 0, "step": step, "train/elapsed_s": 0.5 * (step + 1)})
         if (step + 1) % 2 == 0:
             rows.append({"step": step + 1, "val/loss": 9 - lr * 1e3 * step})
     return rows
@@ -53,6 +53,10 @@ def test_report_has_one_line_per_run_and_the_differing_config_keys(tmp_path):
     runs = find_runs([experiment])
     assert [run.name for run in runs] == ["lr0.0001", "lr0.0003", "lr0.001"]  # numbers by value
     assert sorted(read_metrics(runs[0])["train/loss"]) == list(range(8))  # both launches
+    metrics = read_metrics(runs[0])
+    # a training row's tokens count its batch; a held-out row's step counts the steps taken
+    assert x_values(metrics, "train/tokens_seen", [1], after=1) == [200.0]
+    assert x_values(metrics, "train/tokens_seen", [2, 8], after=0) == [200.0, 800.0]
     html_path, drawn = write_report(runs, tmp_path / "report")
     assert set(drawn) == set(FIGURES)
     for name, panels in drawn.items():
