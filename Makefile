@@ -86,6 +86,12 @@ demo-chinese: $(STAMP) data/chinese/manifest.json
 	rm -rf runs/demo_chinese
 	$(VENV)/bin/pretrain experiment=demo_chinese logger=csv
 
+# Fine-tune the `make demo` model and a same-size random encoder on built-in tasks (the same
+# recipe for both) and print their dev scores side by side (pretrain.eval.demo).
+demo-eval: $(STAMP)
+	test -f $(DEMO_EXPORT)/config.json || $(MAKE) demo
+	$(PY) -m pretrain.eval.demo encoder.path=$(DEMO_EXPORT) out_dir=$(DEMO_RUN)
+
 # One torch thread per process: the tests run tiny models, often several processes at once
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
 test: $(STAMP)

@@ -115,6 +115,7 @@ def fit_and_score(
         enable_progress_bar=False,
         enable_model_summary=False,
     )
+    module.train()  # a loaded Hugging Face model comes in eval mode; Lightning keeps modes
     trainer.fit(module, loader)
     outputs = trainer.predict(module, DataLoader(dev_rows, batch_size=settings.batch_size))
     logits = torch.cat(outputs).float().cpu()
