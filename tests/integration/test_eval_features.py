@@ -2,6 +2,8 @@
 reads: the last, second-to-last or last four layers, a learned scalar mix; [CLS], XLNet's
 last token or the mean over real tokens."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -91,3 +93,38 @@ def test_finetune_mode_trains_the_encoder(tiny_encoder_checkpoint, order_task):
     after = encoder_weights(loaded)
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert any("encoder.layer.0" in k for k in changed) and any("embeddings" in k for k in changed)
+
+
+def family_dir(tmp_path, tiny_encoder_checkpoint, config) -> Path:
+    """A Hugging Face directory of a random tiny model of another family, with the tiny
+    checkpoint's tokenizer files."""
+    from transformers import AutoModel
+
+    from pretrain.export.output_dir import copy_tokenizer_files
+
+    torch.manual_seed(0)
+    directory = tmp_path / config.model_type
+    AutoModel.from_config(config).save_pretrained(directory)
+    tokenizer_dir = torch.load(tiny_encoder_checkpoint, weights_only=True)["config"]["data"]
+    copy_tokenizer_files(tokenizer_dir["tokenizer_dir"], directory)
+    return directory
+
+
+def test_distilbert_and_xlnet_directories_load_and_fit(
+    tiny_encoder_checkpoint, order_task, tmp_path
+):
+    from transformers import DistilBertConfig, XLNetConfig
+
+    vocab = load_encoder(tiny_encoder_checkpoint).tokenizer.vocab_size
+    configs = [
+        DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=2, hidden_dim=64),
+        XLNetConfig(vocab_size=vocab, d_model=32, n_layer=2, n_head=2, d_inner=64),
+    ]
+    for config in configs:
+        loaded = load_encoder(family_dir(tmp_path, tiny_encoder_checkpoint, config))
+        assert loaded.model_type == config.model_type
+        batch = dict(loaded.tokenizer(["the class", "a"], padding=True, return_tensors="pt"))
+        states = loaded.model(batch)
+        assert len(states) == 3 and states[-1].shape[:2] == batch["input_ids"].shape
+        result = fit_and_score(loaded, order_task, small_settings(mode="features"))
+        assert len(result["predictions"]) == 16
