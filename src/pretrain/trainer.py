@@ -20,7 +20,19 @@ from pretrain.strategies import build_strategy
 
 class StepCheckpoint(ModelCheckpoint):
     """ModelCheckpoint that also saves (top-k and last) when training ends between two
-    `every_n_train_steps` saves, so the final state is always on disk."""
+    `every_n_train_steps` saves, so the final state is always on disk. At `max_steps` it saves
+    right after the last optimizer step, before Lightning closes the epoch, so the checkpoint
+    holds the epoch and stream position the next launch continues from."""
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args)
+        final = trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps
+        if final and self._last_global_step_saved != trainer.global_step:
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._last_global_step_saved != trainer.global_step:

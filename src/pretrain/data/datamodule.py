@@ -128,7 +128,12 @@ class PretrainingDataModule(L.LightningDataModule):
             self._start_samples, self._start_batches = resume_position(self._resume, spec)
             # batch_idx (and so Lightning's accumulation phase) restarts at this position,
             # which may have been reached with another micro-batch size or accumulation
-            trainer.fit_loop.epoch_loop.batch_progress.current.reset()
+            progress = trainer.fit_loop.epoch_loop.batch_progress
+            progress.current.reset()
+            if progress.total.completed == progress.total.processed - 1:
+                # saved at a batch's end: on restart Lightning counts that batch as completed
+                # (+1) and restarts every counter there, so start from -1 to restart at 0
+                progress.current.completed = -1
         self._resume = None
         self.teardown("fit")  # the previous epoch's loader and its workers
         self._loader = StepAlignedLoader(
