@@ -139,31 +139,31 @@ def logged_at(run_dir: Path, column: str) -> list[tuple[int, float]]:
 def test_a_resumed_run_logs_the_uninterrupted_runs_val_metrics_and_progress(
     prepared_corpus, tmp_path
 ):
-    def run(run_dir: Path, steps: int) -> None:
-        train(
-            compose_config(
-                tiny_overrides(
-                    prepared_corpus,
-                    run_dir,
-                    f"trainer.max_steps={steps}",
-                    "trainer.log_every_n_steps=2",
-                    "data.holdout_shards=1",
-                    "trainer.val_check_interval=2",
-                    "trainer.val_batches=2",
-                    "optim.schedule=constant",  # a linear decay ends at the first launch's end
-                )
-            )
+    def run(run_dir: Path, *extra: str) -> None:
+        overrides = tiny_overrides(
+            prepared_corpus,
+            run_dir,
+            "trainer.max_steps=4",
+            "trainer.log_every_n_steps=2",
+            "trainer.checkpoint_every_n_steps=2",
+            "trainer.keep_checkpoints=5",
+            "data.holdout_shards=1",
+            "trainer.val_check_interval=2",
+            "trainer.val_batches=2",
+            *extra,
         )
+        train(compose_config(overrides))
 
-    run(tmp_path / "whole", 4)
-    run(tmp_path / "resumed", 2)
-    run(tmp_path / "resumed", 4)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run(whole)
+    run(resumed, f"resume={whole / 'checkpoints' / 'step-0000002.ckpt'}")
     for column in ("val/loss", "val/mlm_accuracy", "train/tokens_seen", "train/samples_seen"):
-        whole = logged_at(tmp_path / "whole", column)
-        resumed = logged_at(tmp_path / "resumed", column)
-        # val/* after steps 2 and 4 (step 2 not evaluated again); counts in the training rows
-        # of steps 1 and 3 (log_every_n_steps=2), which count their own batch
-        assert [step for step, _ in whole] == ([2, 4] if column.startswith("val/") else [1, 3])
-        assert [step for step, _ in resumed] == [step for step, _ in whole], column
-        assert [v for _, v in resumed] == pytest.approx([v for _, v in whole], abs=1e-6), column
-    assert logged_at(tmp_path / "whole", "train/samples_seen") == [(1, 16.0), (3, 32.0)]
+        before = dict(logged_at(whole, column))
+        after = dict(logged_at(resumed, column))
+        # val/* after steps 2 and 4; counts in the training rows of steps 1 and 3
+        # (log_every_n_steps=2), which count their own batch; the resumed launch logs the
+        # later ones only (step 2 is not evaluated again)
+        assert sorted(before) == ([2, 4] if column.startswith("val/") else [1, 3])
+        assert sorted(after) == sorted(before)[1:], column
+        assert after == pytest.approx({step: before[step] for step in after}, abs=1e-6), column
+    assert logged_at(whole, "train/samples_seen") == [(1, 16.0), (3, 32.0)]
