@@ -24,6 +24,7 @@ from pretrain.data.datamodule import (
     split_holdout,
     verified_shards,
 )
+from pretrain.data.prediction_budget import describe_shape_set, shape_set
 from pretrain.data.reading import effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
@@ -90,7 +91,11 @@ def train(cfg: DictConfig) -> Path:
         if run.resume == "never" and (previous := set_aside_checkpoints(run_dir)):
             print(f"resume=never: the old checkpoints moved to {previous}", flush=True)
         save_hydra_config(cfg)
-        print(describe_batching(run.optim, run.batch_plan), flush=True)
+        spec = datamodule.spec
+        shapes = describe_shape_set(
+            shape_set(spec.corruption, spec.max_seq_length), run.batch_plan.micro_batch_size
+        )
+        print(f"{describe_batching(run.optim, run.batch_plan)}; {shapes}", flush=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(module.config)
     finished = False

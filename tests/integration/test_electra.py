@@ -19,6 +19,7 @@ from pretrain.export import export_checkpoint, import_hf_model
 from pretrain.export.hf import read_hf_model
 from pretrain.models.electra import generator_config
 from pretrain.objectives.electra import ElectraModule, sample_replacements
+from pretrain.objectives.predictions import gather_targets
 from pretrain.param_counts import parameter_counts
 from pretrain.run import initialise_from, train
 
@@ -209,14 +210,15 @@ def test_replaced_fraction_equals_generator_error_rate_and_labels_are_exact():
     batch["labels"][selected] = torch.where(torch.arange(int(selected.sum())) % 3 == 0, 6, 5)
     with torch.no_grad():  # the generator puts about half its mass on "the" (5), half on "cat" (6)
         module.generator_head.bias[5:7] += 12.0
-        logits, selected = module.generate(batch)
-    targets = batch["labels"][selected]
+        full_logits, positions = module.generate(batch)  # (rows * width, vocab), (rows, width)
+    real = positions.flatten() >= 0  # the slots that hold a masked position
+    logits, targets = full_logits[real], gather_targets(batch["labels"], positions)[real]
     error_rate = 1 - torch.softmax(logits, -1).gather(1, targets[:, None]).mean()
     assert 0.3 < error_rate < 0.7
     original = torch.where(selected, batch["labels"], batch["input_ids"])
     replaced_total, draws = 0.0, 200
     for _ in range(draws):
-        replaced_ids, labels = module.replace(batch, logits, selected)
+        replaced_ids, labels = module.replace(batch, full_logits, positions)
         assert torch.equal(labels, replaced_ids != original)
         assert not labels[~selected].any()
         assert torch.equal(replaced_ids[~selected], batch["input_ids"][~selected])

@@ -10,7 +10,8 @@ there). `data=doc_sentences` (no sequence spans two documents) works too.
 Corruption: none; the data-loader transform only writes `labels` = the input ids at real
 tokens and IGNORE_INDEX at padding, unshifted, as `transformers`' `GPT2LMHeadModel(labels=)`.
 Loss: cross-entropy of the logits at position t against the label at t + 1, averaged over
-every non-padding target token (the tied LM head projects to the vocabulary only there).
+every non-padding target token (the tied LM head projects every position; padding is
+ignored by its label, so the shapes are the batch's and the step never reads the device back).
 """
 
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ from pretrain.generation import GenerationSetup
 from pretrain.models import build_encoder
 from pretrain.models.gpt import CachedDecoderStep
 from pretrain.objectives.base import PretrainingModule
-from pretrain.objectives.mlm import classification_metrics
+from pretrain.objectives.predictions import masked_classification_metrics
 
 CAUSAL_FORMATS = ("full_sentences", "doc_sentences")
 
@@ -83,10 +84,9 @@ class CausalLanguageModel(PretrainingModule):
         """Next-token loss, accuracy and perplexity of one batch (targets: non-padding tokens
         after the first)."""
         hidden = self.encoder(batch["input_ids"], attention_mask=batch["attention_mask"])
-        targets = batch["labels"][:, 1:]  # (batch, seq - 1): the token after each position
-        predicted = targets != IGNORE_INDEX
-        logits = self.encoder.logits(hidden[:, :-1][predicted])  # (n_targets, vocab)
-        out = classification_metrics("lm", logits, targets[predicted])
+        targets = batch["labels"][:, 1:].flatten()  # (batch * (seq - 1),): the next tokens
+        logits = self.encoder.logits(hidden[:, :-1].flatten(0, 1))  # (batch * (seq - 1), vocab)
+        out = masked_classification_metrics("lm", logits, targets)
         out["lm_perplexity"] = out["lm_loss"].detach().exp()
         out["loss"] = out["lm_loss"]
         return out

@@ -8,7 +8,10 @@ reads the noised sequence; the decoder reads the original shifted right after a 
 ([SEP], as BART starts with </s>) and predicts the original. Both sides are padded to a
 multiple of 8.
 Loss: cross-entropy over the non-padding target tokens, label-smoothed by
-`objective.label_smoothing` (0.1 in the Transformer's recipe).
+`objective.label_smoothing` (0.1 in the Transformer's recipe). The head projects every decoder
+position (BART predicts every real token; padding is ignored by its label), or, when the batch
+has `prediction_positions` (MASS: only the fragment), the positions listed there (a static
+budget, `pretrain.data.prediction_budget`).
 """
 
 from collections.abc import Mapping
@@ -16,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pretrain.config import ObjectiveConfig, TrainConfig, settings_from
 from pretrain.data.masking import IGNORE_INDEX
@@ -26,12 +28,19 @@ from pretrain.data.noise import (
     apply_noise,
     sequence_generator,
 )
+from pretrain.data.prediction_budget import prediction_positions, sequence_widths
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import require, require_probabilities, require_unit_interval
 from pretrain.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models import build_encoder
 from pretrain.models.seq2seq import TiedLMHead
 from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.predictions import (
+    gather_positions,
+    gather_targets,
+    masked_classification_metrics,
+    masked_mean,
+)
 
 PAD_MULTIPLE = 8
 
@@ -95,14 +104,21 @@ def seq2seq_batch(
     decoder_rows: list[np.ndarray],
     label_rows: list[np.ndarray],
     pad_id: int,
+    prediction_widths: tuple[int, ...] | None = None,
 ) -> dict:
     """The model batch of an encoder-decoder objective: input_ids / attention_mask (encoder),
     decoder_input_ids / decoder_attention_mask, labels (IGNORE_INDEX at padding and at
-    positions not predicted), plus the collated batch's keys and next_sentence_label."""
+    positions not predicted), plus the collated batch's keys and next_sentence_label; with
+    `prediction_widths`, also prediction_positions (batch, width) of the predicted labels."""
     input_ids, attention_mask = pad_rows(encoder_rows, pad_id)
     decoder_input_ids, decoder_attention_mask = pad_rows(decoder_rows, pad_id)
     labels, _ = pad_rows(label_rows, IGNORE_INDEX)
-    return {
+    extra = {}
+    if prediction_widths is not None:
+        extra["prediction_positions"] = prediction_positions(
+            labels != IGNORE_INDEX, prediction_widths
+        )
+    return extra | {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "decoder_input_ids": decoder_input_ids,
@@ -130,6 +146,10 @@ class DenoisingCorruption:
     start_id: int
     max_length: int
     noise: NoiseSettings = NoiseSettings()
+
+    def shape_axes(self, max_seq_length: int) -> dict[str, tuple[int, ...]]:
+        """Decoder lengths: multiples of 8, like the encoder's (`sequence`)."""
+        return {"decoder": sequence_widths(max_seq_length)}
 
     def __call__(self, batch: dict, epoch: int) -> dict:
         encoder_rows, decoder_rows, label_rows = [], [], []
@@ -177,13 +197,19 @@ class DenoisingAutoencoder(PretrainingModule):
             batch["decoder_input_ids"],
             batch["decoder_attention_mask"],
         )  # (batch, tgt, d_model)
-        selected = batch["labels"] != IGNORE_INDEX
-        targets = batch["labels"][selected]  # (n_targets,)
-        logits = self.lm_head(hidden[selected]).float()  # (n_targets, vocab)
-        loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        if "prediction_positions" in batch:  # (batch, width), -1 = ignored slot
+            positions = batch["prediction_positions"]
+            targets = gather_targets(batch["labels"], positions)  # (batch * width,)
+            hidden = gather_positions(hidden, positions)  # (batch * width, d_model)
+        else:  # every decoder position; padding has the label IGNORE_INDEX
+            targets, hidden = batch["labels"].flatten(), hidden.flatten(0, 1)
+        logits = self.lm_head(hidden).float()  # (n, vocab)
+        smoothed = masked_classification_metrics("lm", logits, targets, self.label_smoothing)
+        loss = smoothed["lm_loss"]
         with torch.no_grad():
-            nll = F.cross_entropy(logits, targets)
-            accuracy = (logits.argmax(-1) == targets).float().mean()
+            real = targets != IGNORE_INDEX
+            nll = masked_classification_metrics("lm", logits, targets)["lm_loss"]
+            accuracy = masked_mean(logits.argmax(-1) == targets, real)
         return {"loss": loss, "lm_loss": loss, "nll": nll, "accuracy": accuracy}
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:

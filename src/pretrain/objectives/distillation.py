@@ -25,12 +25,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from pretrain.config import TrainConfig
-from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead
-from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, classification_metrics
+from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig
+from pretrain.objectives.predictions import (
+    gather_positions,
+    gather_targets,
+    masked_classification_metrics,
+    masked_mean,
+    predicted_positions,
+)
 
 
 @dataclass
@@ -160,19 +166,32 @@ def initialise_student(student: MaskedLanguageModel, teacher: Teacher) -> None:
             ) from error
 
 
-def cosine_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """mean(1 - cos) of (n, hidden) vector pairs (CosineEmbeddingLoss with target 1), in fp32."""
-    return (1 - F.cosine_similarity(student.float(), teacher.float(), dim=-1)).mean()
+def cosine_loss(
+    student: torch.Tensor, teacher: torch.Tensor, where: torch.Tensor | None = None
+) -> torch.Tensor:
+    """mean(1 - cos) of (..., hidden) vector pairs (CosineEmbeddingLoss with target 1), in
+    fp32, over the True entries of `where` (...) bool (all when None)."""
+    distance = 1 - F.cosine_similarity(student.float(), teacher.float(), dim=-1)
+    return distance.mean() if where is None else masked_mean(distance, where)
 
 
 def distillation_kl(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    temperature: float,
+    where: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """KL(teacher || student) of (n, vocab) logits softened by `temperature`, averaged over the
-    n positions and scaled by T^2 (Hinton et al., 2015), in fp32."""
+    n positions (those where `where` (n,) bool is True, when given) and scaled by T^2 (Hinton
+    et al., 2015), in fp32."""
     log_student = F.log_softmax(student_logits.float() / temperature, dim=-1)
     teacher_probs = F.softmax(teacher_logits.float() / temperature, dim=-1)
-    return F.kl_div(log_student, teacher_probs, reduction="batchmean") * temperature**2
+    if where is None:
+        return F.kl_div(log_student, teacher_probs, reduction="batchmean") * temperature**2
+    per_element = F.kl_div(log_student, teacher_probs, reduction="none")  # (n, vocab)
+    rows = where.float()
+    kl = (per_element * rows[:, None]).sum() / rows.sum().clamp(min=1)  # "batchmean" over `where`
+    return kl * temperature**2
 
 
 class DistillationModule(MaskedLanguageModel):
@@ -201,21 +220,22 @@ class DistillationModule(MaskedLanguageModel):
         objective = self.run.objective
         inputs = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         hidden = self.encoder(*inputs)  # (batch, seq, hidden)
-        selected = batch["labels"] != IGNORE_INDEX
-        targets = batch["labels"][selected]  # (n_masked,)
-        logits = self.mlm_head(hidden[selected])  # (n_masked, vocab)
+        positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
+        targets = gather_targets(batch["labels"], positions)  # (batch * width,)
+        logits = self.mlm_head(gather_positions(hidden, positions))  # (batch * width, vocab)
         teacher = self._teacher_on(self.encoder.word_embeddings.weight)
         with torch.no_grad():
             teacher_hidden = teacher.encoder(*inputs)
-            teacher_logits = teacher.mlm_head(teacher_hidden[selected])
-        out = classification_metrics("mlm", logits, targets)
-        real = batch["attention_mask"].bool()
-        out["kl_loss"] = distillation_kl(logits, teacher_logits, objective.temperature)
-        out["cos_loss"] = cosine_loss(hidden[real], teacher_hidden[real])
+            teacher_logits = teacher.mlm_head(gather_positions(teacher_hidden, positions))
+        out = masked_classification_metrics("mlm", logits, targets)
+        predicted = positions.flatten() >= 0
+        out["kl_loss"] = distillation_kl(logits, teacher_logits, objective.temperature, predicted)
+        real = batch["attention_mask"].bool()  # (batch, seq)
+        out["cos_loss"] = cosine_loss(hidden, teacher_hidden, real)
         out["loss"] = (
             objective.alpha_ce * out["kl_loss"]
             + objective.alpha_mlm * out["mlm_loss"]
             + objective.alpha_cos * out["cos_loss"]
         )
-        out["teacher_mlm_accuracy"] = (teacher_logits.argmax(-1) == targets).float().mean()
+        out["teacher_mlm_accuracy"] = masked_mean(teacher_logits.argmax(-1) == targets, predicted)
         return out

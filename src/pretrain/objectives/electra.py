@@ -9,7 +9,9 @@ lambda = `objective.discriminator_weight` (50).
 
 Corruption (data-loader workers) is BERT's MLM selection: 15% of the non-special tokens, all
 replaced by [MASK] (the paper's text; the released code keeps 15% of them unchanged:
-`objective.mask_token_probability=0.85`).
+`objective.mask_token_probability=0.85`). The generator predicts at the batch's
+`prediction_positions` (a static budget, `pretrain.data.prediction_budget`); the
+discriminator's loss is averaged over the real tokens by weights, not by boolean indexing.
 """
 
 from collections.abc import Mapping
@@ -28,6 +30,13 @@ from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator
 from pretrain.models.heads import MaskedLMHead
 from pretrain.objectives.base import PretrainingModule
 from pretrain.objectives.mlm import MaskedLMConfig, MaskedLMCorruption, mlm_corruption_inputs
+from pretrain.objectives.predictions import (
+    gather_positions,
+    gather_targets,
+    masked_classification_metrics,
+    masked_mean,
+    predicted_positions,
+)
 
 
 @dataclass
@@ -63,17 +72,12 @@ def sample_replacements(
     logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """One token per row drawn from softmax(logits / temperature): (n, vocab) -> (n,) int64.
-    No gradient flows through the draw."""
-    if logits.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.long, device=logits.device)
+    No gradient flows through the draw. The draw is torch.multinomial's own one-sample method
+    (argmax of probabilities / Exponential(1) noise) without its validity check, which reads
+    the device back (a host synchronisation on CUDA)."""
     probabilities = torch.softmax(logits.detach().float() / temperature, dim=-1)
-    return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
-
-
-def _mean_where(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` over `where` (0 when `where` is empty), without a host sync."""
-    where = where.float()
-    return (values.float() * where).sum() / where.sum().clamp(min=1)
+    noise = torch.empty_like(probabilities).exponential_(1, generator=generator)
+    return (probabilities / noise).argmax(dim=-1)
 
 
 class ElectraModule(PretrainingModule):
@@ -120,49 +124,56 @@ class ElectraModule(PretrainingModule):
     @classmethod
     def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
         """BERT's MLM selection with the objective's probabilities (see the module docstring)."""
-        return mlm_corruption_inputs(vocab)
+        return mlm_corruption_inputs(vocab, config)
 
     def generate(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Generator logits at the masked positions, (n_masked, vocab), and the (batch, seq)
-        bool mask of those positions."""
+        """Generator logits at the batch's prediction positions, (batch * width, vocab), and
+        those positions, (batch, width) int64, -1 = ignored slot."""
         hidden = self.generator(
             batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
         )  # (batch, seq, generator hidden)
-        selected = batch["labels"] != IGNORE_INDEX
-        return self.generator_head(hidden[selected]), selected
+        positions = predicted_positions(batch)
+        return self.generator_head(gather_positions(hidden, positions)), positions
 
     def replace(
-        self, batch: dict, logits: torch.Tensor, selected: torch.Tensor
+        self, batch: dict, logits: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The discriminator's input, (batch, seq) ids with the masked positions filled by
-        tokens sampled from the generator, and its labels, (batch, seq) bool: True where that
-        input differs from the original text (only ever at masked positions)."""
-        original = torch.where(selected, batch["labels"], batch["input_ids"])
-        replaced = original.clone()
-        replaced[selected] = sample_replacements(logits, self.temperature)
+        tokens sampled from the generator's logits (batch * width, vocab) at `positions`
+        (batch, width), and its labels, (batch, seq) bool: True where that input differs from
+        the original text (only ever at masked positions)."""
+        selected = batch["labels"] != IGNORE_INDEX
+        original = torch.where(selected, batch["labels"], batch["input_ids"])  # (batch, seq)
+        sampled = sample_replacements(logits, self.temperature).view(positions.shape)
+        seq = original.shape[1]  # ignored slots write a spare last column, then dropped
+        spare = torch.cat([original, original[:, :1]], dim=1)  # (batch, seq + 1)
+        replaced = spare.scatter(1, positions.masked_fill(positions < 0, seq), sampled)[:, :seq]
         return replaced, replaced != original
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses and metrics of one batch (see the module docstring)."""
-        logits, selected = self.generate(batch)  # (n_masked, vocab)
-        targets = batch["labels"][selected]
-        mlm_loss = F.cross_entropy(logits.float(), targets)
-        replaced_ids, is_replaced = self.replace(batch, logits, selected)
+        logits, positions = self.generate(batch)  # (batch * width, vocab)
+        generator = masked_classification_metrics(
+            "mlm", logits, gather_targets(batch["labels"], positions)
+        )
+        replaced_ids, is_replaced = self.replace(batch, logits, positions)
         hidden = self.encoder(replaced_ids, batch["token_type_ids"], batch["attention_mask"])
         detection = self.discriminator_head(hidden).float()  # (batch, seq) logits
         real = batch["attention_mask"].bool()
-        discriminator_loss = F.binary_cross_entropy_with_logits(
-            detection[real], is_replaced[real].float()
+        per_token = F.binary_cross_entropy_with_logits(
+            detection, is_replaced.float(), reduction="none"
         )
+        discriminator_loss = masked_mean(per_token, real)
         correct = (detection > 0) == is_replaced
+        mlm_loss = generator["mlm_loss"]
         return {
             "loss": mlm_loss + self.discriminator_weight * discriminator_loss,
             "mlm_loss": mlm_loss,
             "discriminator_loss": discriminator_loss,
-            "generator_accuracy": (logits.argmax(-1) == targets).float().mean(),
-            "replaced_fraction": is_replaced[selected].float().mean(),
-            "discriminator_accuracy_replaced": _mean_where(correct, is_replaced & real),
-            "discriminator_accuracy_original": _mean_where(correct, ~is_replaced & real),
+            "generator_accuracy": generator["mlm_accuracy"],
+            "replaced_fraction": masked_mean(is_replaced, batch["labels"] != IGNORE_INDEX),
+            "discriminator_accuracy_replaced": masked_mean(correct, is_replaced & real),
+            "discriminator_accuracy_original": masked_mean(correct, ~is_replaced & real),
         }
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:

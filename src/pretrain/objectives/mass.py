@@ -4,7 +4,10 @@ Corruption: a contiguous fragment of about `fragment_fraction` (50%) of each seq
 is replaced by [MASK] in the encoder input; the decoder reads the fragment shifted right
 (its first position a [MASK], as in the paper's figure 1) with every other position [MASK],
 and predicts the fragment only (`pretrain.data.noise.mass_fragment`), keyed by (seed, epoch,
-sequence key). Model and loss are the denoising autoencoder's (`denoising.py`).
+sequence key); the fragment's positions are the batch's `prediction_positions`, a static
+budget whose base is ceil(fragment_fraction x data.max_seq_length)
+(`pretrain.data.prediction_budget`). Model and loss are the denoising autoencoder's
+(`denoising.py`).
 """
 
 from dataclasses import dataclass
@@ -14,6 +17,7 @@ import numpy as np
 from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.noise import STREAM_MASS, mass_fragment, sequence_generator
+from pretrain.data.prediction_budget import prediction_widths, sequence_widths
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import require_unit_interval
 from pretrain.objectives.denoising import (
@@ -39,12 +43,24 @@ class MassConfig(Seq2SeqObjectiveConfig):
 
 @dataclass(frozen=True)
 class MassCorruption:
-    """(collated batch, epoch) -> encoder-decoder batch with MASS's fragment masking."""
+    """(collated batch, epoch) -> encoder-decoder batch with MASS's fragment masking.
+    `max_length`: the run's data.max_seq_length, which sizes the prediction budget (None: the
+    batch's width)."""
 
     seed: int
     pad_id: int
     mask_id: int
     fragment_fraction: float = 0.5
+    max_length: int | None = None
+
+    def prediction_widths(self, max_length: int) -> tuple[int, ...]:
+        """The widths `prediction_positions` may have for sequences of `max_length`."""
+        return prediction_widths(self.fragment_fraction * max_length, max_length)
+
+    def shape_axes(self, max_seq_length: int) -> dict[str, tuple[int, ...]]:
+        """Decoder lengths (multiples of 8) and the fragment's prediction widths."""
+        decoder = sequence_widths(max_seq_length)
+        return {"decoder": decoder, "predictions": self.prediction_widths(max_seq_length)}
 
     def __call__(self, batch: dict, epoch: int) -> dict:
         encoder_rows, decoder_rows, label_rows = [], [], []
@@ -56,7 +72,8 @@ class MassCorruption:
             encoder_rows.append(encoder)
             decoder_rows.append(decoder)
             label_rows.append(np.where(fragment, ids, IGNORE_INDEX))
-        return seq2seq_batch(batch, encoder_rows, decoder_rows, label_rows, self.pad_id)
+        widths = self.prediction_widths(self.max_length or batch["input_ids"].shape[1])
+        return seq2seq_batch(batch, encoder_rows, decoder_rows, label_rows, self.pad_id, widths)
 
 
 class MaskedSeq2Seq(DenoisingAutoencoder):
@@ -67,4 +84,8 @@ class MaskedSeq2Seq(DenoisingAutoencoder):
 
     @classmethod
     def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
-        return {"pad_id": vocab.pad, "mask_id": vocab.mask}
+        return {
+            "pad_id": vocab.pad,
+            "mask_id": vocab.mask,
+            "max_length": config.data.max_seq_length,
+        }

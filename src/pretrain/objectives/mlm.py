@@ -4,9 +4,12 @@ every MLM-family objective.
 Corruption: `MaskedLMCorruption` selects 15% of the non-special tokens of each sequence and
 applies the 80/10/10 rule, keyed by (seed, epoch, sequence key), where the stream passes the
 epoch that seeds the masks (under static masking epoch % dupe_factor). Subclasses change only `select` (which tokens, grouped in which units).
+The batch also gains `prediction_positions` (batch, width): each row's selected positions,
+padded with -1 to a width from a fixed set (`pretrain.data.prediction_budget`; the base budget
+is ceil(mlm_probability x data.max_seq_length), like BERT's max_predictions_per_seq).
 Loss: cross-entropy over the selected positions only (the head projects to the vocabulary
-only there) + the sentence task on [CLS] (NSP or SOP: 2 classes) + `extra_losses` of
-subclasses.
+only at the gathered positions; ignored slots do not count) + the sentence task on [CLS]
+(NSP or SOP: 2 classes) + `extra_losses` of subclasses.
 """
 
 from collections.abc import Mapping
@@ -20,11 +23,18 @@ from pretrain.config import DataConfig, ObjectiveConfig, TrainConfig
 from pretrain.data.input_formats import PAIR_FORMATS
 from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
 from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_fraction
+from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require_unit_interval
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.predictions import (
+    gather_positions,
+    gather_targets,
+    masked_classification_metrics,
+    predicted_positions,
+)
 
 SENTENCE_TASK_LABELS = {"nsp": 2, "sop": 2, "three_way": 3}
 
@@ -73,7 +83,9 @@ class MaskedLMConfig(ObjectiveConfig):
 
 @dataclass(frozen=True)
 class MaskedLMCorruption:
-    """(batch, epoch) -> batch with corrupted input_ids and labels (IGNORE_INDEX = not predicted)."""
+    """(batch, epoch) -> batch with corrupted input_ids, labels (IGNORE_INDEX = not
+    predicted) and prediction_positions (see the module docstring). `max_seq_length`: the
+    run's data.max_seq_length, which sizes the prediction budget (None: the batch's width)."""
 
     seed: int
     vocab_size: int
@@ -82,6 +94,15 @@ class MaskedLMCorruption:
     mlm_probability: float = 0.15
     mask_token_probability: float = 0.8
     random_token_probability: float = 0.1
+    max_seq_length: int | None = None
+
+    def prediction_widths(self, max_seq_length: int) -> tuple[int, ...]:
+        """The widths `prediction_positions` may have for sequences of `max_seq_length`."""
+        return prediction_widths(self.mlm_probability * max_seq_length, max_seq_length)
+
+    def shape_axes(self, max_seq_length: int) -> dict[str, tuple[int, ...]]:
+        """The batch axes this corruption sizes (`prediction_budget.shape_set`)."""
+        return {"predictions": self.prediction_widths(max_seq_length)}
 
     def select(
         self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
@@ -109,6 +130,10 @@ class MaskedLMCorruption:
             mask_token_probability=self.mask_token_probability,
             random_token_probability=self.random_token_probability,
         )
+        length = self.max_seq_length or ids.shape[1]
+        batch["prediction_positions"] = prediction_positions(
+            batch["labels"] != IGNORE_INDEX, self.prediction_widths(length)
+        )
         return batch
 
 
@@ -123,9 +148,15 @@ def renamed_legacy_head(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.
     }
 
 
-def mlm_corruption_inputs(vocab: Vocabulary) -> dict:
-    """The vocabulary's part of a `MaskedLMCorruption`: its size, [MASK] and special ids."""
-    return {"vocab_size": vocab.size, "mask_token_id": vocab.mask, "special_ids": vocab.special_ids}
+def mlm_corruption_inputs(vocab: Vocabulary, config: TrainConfig) -> dict:
+    """The vocabulary's part of a `MaskedLMCorruption` (its size, [MASK] and special ids) and
+    the run's data.max_seq_length, which sizes the prediction budget."""
+    return {
+        "vocab_size": vocab.size,
+        "mask_token_id": vocab.mask,
+        "special_ids": vocab.special_ids,
+        "max_seq_length": config.data.max_seq_length,
+    }
 
 
 def classification_metrics(
@@ -166,7 +197,7 @@ class MaskedLanguageModel(PretrainingModule):
 
     @classmethod
     def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
-        return mlm_corruption_inputs(vocab)
+        return mlm_corruption_inputs(vocab, config)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
@@ -185,11 +216,10 @@ class MaskedLanguageModel(PretrainingModule):
         hidden = self.encoder(
             batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
         )  # (batch, seq, hidden)
-        selected = batch["labels"] != IGNORE_INDEX
-        targets = batch["labels"][selected]  # (n_masked,)
-        out = classification_metrics(
-            "mlm", self.mlm_head(hidden[selected]), targets
-        )  # (n_masked, vocab)
+        positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
+        targets = gather_targets(batch["labels"], positions)  # (batch * width,)
+        logits = self.mlm_head(gather_positions(hidden, positions))  # (batch * width, vocab)
+        out = masked_classification_metrics("mlm", logits, targets)
         if self.sentence_head is not None:
             sentence = self.sentence_head(hidden)
             out.update(

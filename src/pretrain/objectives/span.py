@@ -18,7 +18,7 @@ import torch
 
 from pretrain.config import DataConfig, TrainConfig
 from pretrain.data.input_formats import PAIR_FORMATS
-from pretrain.data.masking import IGNORE_INDEX, word_start_flags
+from pretrain.data.masking import word_start_flags
 from pretrain.data.span_masking import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require
@@ -27,7 +27,12 @@ from pretrain.objectives.mlm import (
     MaskedLanguageModel,
     MaskedLMConfig,
     MaskedLMCorruption,
-    classification_metrics,
+)
+from pretrain.objectives.predictions import (
+    gather_positions,
+    gather_targets,
+    masked_classification_metrics,
+    predicted_positions,
 )
 
 
@@ -117,10 +122,16 @@ class SpanBert(MaskedLanguageModel):
         )
 
     def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
-        """SBO loss and accuracy over the predicted tokens; hidden (batch, seq, hidden)."""
-        selected = batch["labels"] != IGNORE_INDEX
-        rows = selected.nonzero(as_tuple=True)[0]  # (n_masked,), row-major like hidden[selected]
-        left = hidden[rows, batch["span_left"][selected]]  # (n_masked, hidden)
-        right = hidden[rows, batch["span_right"][selected]]
-        logits = self.sbo_head(left, right, batch["span_position"][selected])  # (n_masked, vocab)
-        return classification_metrics("sbo", logits, batch["labels"][selected])
+        """SBO loss and accuracy over the predicted tokens (the MLM's prediction positions);
+        hidden (batch, seq, hidden)."""
+        positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
+        width = positions.shape[1]
+        left = gather_positions(batch["span_left"], positions).view(-1, width)  # (batch, width)
+        right = gather_positions(batch["span_right"], positions).view(-1, width)
+        where = gather_positions(batch["span_position"], positions)  # (batch * width,)
+        logits = self.sbo_head(
+            gather_positions(hidden, left), gather_positions(hidden, right), where
+        )  # (batch * width, vocab)
+        return masked_classification_metrics(
+            "sbo", logits, gather_targets(batch["labels"], positions)
+        )

@@ -4,7 +4,9 @@ sentence structural objective.
 Word structure: after token masking, trigrams of unmasked tokens covering
 `shuffle_probability` of a sequence's tokens are shuffled (each by one of the five
 non-identity permutations of three); the model predicts the original token at every
-shuffled position through the MLM head. Sentence structure: `pair_task: three_way` (B is the
+shuffled position through the MLM head (at `shuffle_positions`, (batch, width) padded with -1
+to a width from a fixed set whose base is ceil(shuffle_probability x data.max_seq_length + 2),
+`pretrain.data.prediction_budget`). Sentence structure: `pair_task: three_way` (B is the
 next segment, the previous one, or from another document, a third each; see formats.py).
 """
 
@@ -15,12 +17,18 @@ import torch
 
 from pretrain.data.keyed_rng import keyed_generator
 from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.errors import require_unit_interval
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
     MaskedLMConfig,
     MaskedLMCorruption,
-    classification_metrics,
+)
+from pretrain.objectives.predictions import (
+    gather_positions,
+    gather_targets,
+    masked_classification_metrics,
+    predicted_positions,
 )
 
 STREAM_TRIGRAMS = 30
@@ -67,6 +75,17 @@ def shuffle_trigrams(
 class StructBertCorruption(MaskedLMCorruption):
     shuffle_probability: float = 0.05
 
+    def shuffle_widths(self, max_seq_length: int) -> tuple[int, ...]:
+        """The widths `shuffle_positions` may have: whole trigrams overshoot the fraction of a
+        row by at most 1.5 tokens."""
+        return prediction_widths(self.shuffle_probability * max_seq_length + 2, max_seq_length)
+
+    def shape_axes(self, max_seq_length: int) -> dict[str, tuple[int, ...]]:
+        """MLM's axes and the word-order positions' widths."""
+        return super().shape_axes(max_seq_length) | {
+            "word_order": self.shuffle_widths(max_seq_length)
+        }
+
     def __call__(self, batch: dict, epoch: int) -> dict:
         original = batch["input_ids"].copy()
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(original, self.special_ids)
@@ -80,6 +99,8 @@ class StructBertCorruption(MaskedLMCorruption):
             )
             shuffle_labels[row, positions] = original[row, positions]
         batch["shuffle_labels"] = shuffle_labels
+        widths = self.shuffle_widths(self.max_seq_length or original.shape[1])
+        batch["shuffle_positions"] = prediction_positions(shuffle_labels != IGNORE_INDEX, widths)
         return batch
 
 
@@ -90,8 +111,8 @@ class StructBert(MaskedLanguageModel):
     corruption_class = StructBertCorruption
 
     def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
-        shuffled = batch["shuffle_labels"] != IGNORE_INDEX
-        targets = batch["shuffle_labels"][shuffled]
-        if targets.numel() == 0:
-            return {}
-        return classification_metrics("word_order", self.mlm_head(hidden[shuffled]), targets)
+        """Word-order loss and accuracy over the shuffled positions (0 in a batch without)."""
+        positions = predicted_positions(batch, "shuffle_labels", "shuffle_positions")
+        targets = gather_targets(batch["shuffle_labels"], positions)  # (batch * width,)
+        logits = self.mlm_head(gather_positions(hidden, positions))  # (batch * width, vocab)
+        return masked_classification_metrics("word_order", logits, targets)

@@ -5,7 +5,9 @@ factorization order is drawn per sequence (pretrain.data.permutation) and become
 `perm_mask` (batch, seq, seq), `target_mapping` (batch, num_predict, seq) and
 `target_labels` (batch, num_predict); `labels` (batch, seq) and `target_rank` (batch, seq)
 are kept for previews. Loss: cross-entropy of the query stream's predictions at the targets
-(the last 1/K of the order, K = 6).
+(the last 1/K of the order, K = 6). num_predict comes from a fixed set of widths whose base
+is ceil(data.max_seq_length / K) (`pretrain.data.prediction_budget`), so the query stream and
+the head see a bounded set of shapes; unused slots have target label IGNORE_INDEX.
 
 Memory (data.format=xlnet_memory): the module keeps the encoder's memory between training
 steps (detached, per batch slot) and masks a slot's memory when the batch flags
@@ -29,12 +31,13 @@ from pretrain.data.permutation import (
     target_mapping_from,
     uniform_order,
 )
+from pretrain.data.prediction_budget import prediction_widths, width_for
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require
 from pretrain.models import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
 from pretrain.objectives.base import PretrainingModule
-from pretrain.objectives.mlm import classification_metrics
+from pretrain.objectives.predictions import masked_classification_metrics
 
 XLNET_FORMATS = ("xlnet_pair", "xlnet_memory", "full_sentences", "doc_sentences")
 
@@ -81,7 +84,8 @@ class PermutationCorruption:
     """(batch, epoch) -> batch + perm_mask, target_mapping, target_labels, labels, target_rank.
     Draws are keyed by (seed, epoch, sequence key); the stream passes the epoch that seeds
     them (under static masking epoch % dupe_factor).
-    `reuse_len` is read by the xlnet_memory stream (model.reuse_len)."""
+    `reuse_len` is read by the xlnet_memory stream (model.reuse_len); `max_seq_length` (the
+    run's data.max_seq_length; None: the batch's width) sizes num_predict."""
 
     seed: int
     special_ids: tuple[int, ...]
@@ -89,6 +93,15 @@ class PermutationCorruption:
     order: str = "uniform"
     max_span_length: int = 5
     reuse_len: int | None = None
+    max_seq_length: int | None = None
+
+    def prediction_widths(self, max_seq_length: int) -> tuple[int, ...]:
+        """The values num_predict may take for sequences of `max_seq_length`."""
+        return prediction_widths(max_seq_length / self.partial_prediction_k, max_seq_length)
+
+    def shape_axes(self, max_seq_length: int) -> dict[str, tuple[int, ...]]:
+        """The batch axes this corruption sizes (`prediction_budget.shape_set`)."""
+        return {"predictions": self.prediction_widths(max_seq_length)}
 
     def __call__(self, batch: dict, epoch: int) -> dict:
         ids = batch["input_ids"]
@@ -103,7 +116,9 @@ class PermutationCorruption:
                 max_span_length=self.max_span_length,
             )  # fmt: skip
         batch["perm_mask"] = perm_mask_from(perm)
-        mapping, target_labels, _ = target_mapping_from(perm, ids)
+        widths = self.prediction_widths(self.max_seq_length or ids.shape[1])
+        num_predict = width_for(int(perm.targets.sum(axis=1).max(initial=0)), widths)
+        mapping, target_labels, _ = target_mapping_from(perm, ids, num_predict)
         batch["target_mapping"], batch["target_labels"] = mapping, target_labels
         batch["labels"] = np.where(perm.targets, ids, IGNORE_INDEX)
         batch["target_rank"] = perm.rank
@@ -129,7 +144,11 @@ class PermutationLanguageModel(PretrainingModule):
 
     @classmethod
     def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
-        return {"special_ids": vocab.special_ids, "reuse_len": config.model.reuse_len}
+        return {
+            "special_ids": vocab.special_ids,
+            "reuse_len": config.model.reuse_len,
+            "max_seq_length": config.data.max_seq_length,
+        }
 
     def carried_memory(self, batch: dict) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
         """The memory for this batch: the last step's, with the slots that start a new
@@ -197,10 +216,10 @@ class PermutationLanguageModel(PretrainingModule):
         )
         if self.use_memory:
             self._mems, self._mems_mask = out.mems, out.mems_mask
-        labels = batch["target_labels"]  # (batch, num_predict)
-        selected = labels != IGNORE_INDEX
-        logits = self.lm_head(out.query[selected], self.encoder.word_embeddings.weight)
-        metrics = classification_metrics("plm", logits, labels[selected])  # (n_targets, vocab)
+        targets = batch["target_labels"].flatten()  # (batch * num_predict,), unused: ignored
+        query = out.query.flatten(0, 1)  # (batch * num_predict, d_model)
+        logits = self.lm_head(query, self.encoder.word_embeddings.weight)
+        metrics = masked_classification_metrics("plm", logits, targets)
         metrics["loss"] = metrics["plm_loss"]
         return metrics
 

@@ -1,0 +1,96 @@
+"""Static prediction budgets: the predicted positions of a batch as a (batch, width) array
+whose width comes from a small, fixed set, so the heads see a bounded set of tensor shapes.
+
+Like the reference BERT's `max_predictions_per_seq`, each row lists the positions of its
+predicted tokens, left to right, padded with -1 (an ignored slot) up to the width. The width
+is the smallest of `prediction_widths(per_row, max_seq_length)` that holds the row with the
+most predictions: the base budget ceil(per_row) (the expected predictions per row of a full
+sequence, e.g. 0.15 x 128 = 19.2 -> 20), then doubled, up to `max_seq_length`. Objectives
+whose selection never exceeds the base (token-level MLM selects round(p x candidates) per
+row, XLNet round(candidates / K)) use one width; span, word and n-gram units may overshoot
+it by a unit and then take the next width. Computed in the data-loader workers, so the step
+reads the width from the array's shape, without a host synchronisation.
+
+A run's documented shape set (`shape_set`, printed on the batch-plan line at start) is, by
+axis: the micro-batch (fixed: short batches are held back, `epoch_tail.py`), the sequence
+length (collated to a multiple of 8 up to data.max_seq_length), and the corruption's own axes
+(`shape_axes`: prediction widths, decoder lengths). `batch_shape` reads those axes off a batch.
+"""
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+SEQUENCE_MULTIPLE = 8  # collated sequences pad to a multiple of this many tokens
+
+
+def prediction_widths(per_row: float, max_seq_length: int) -> tuple[int, ...]:
+    """The allowed widths (predicted positions per row): ceil(per_row) (at least 1), doubled
+    until `max_seq_length`, which is always the last (no row predicts more tokens than it has)."""
+    widths = [min(max_seq_length, max(1, math.ceil(per_row - 1e-9)))]
+    while widths[-1] < max_seq_length:
+        widths.append(min(2 * widths[-1], max_seq_length))
+    return tuple(widths)
+
+
+def sequence_widths(max_seq_length: int, multiple: int = SEQUENCE_MULTIPLE) -> tuple[int, ...]:
+    """The sequence lengths a collated batch can have: multiples of `multiple` up to
+    `max_seq_length` rounded up to one."""
+    return tuple(range(multiple, math.ceil(max_seq_length / multiple) * multiple + 1, multiple))
+
+
+def width_for(count: int, widths: Sequence[int]) -> int:
+    """The smallest of `widths` that holds `count` predictions; ValueError when none does."""
+    for width in widths:
+        if width >= count:
+            return width
+    raise ValueError(f"{count} predictions in a row exceed the largest budget {widths[-1]}")
+
+
+def prediction_positions(selected: np.ndarray, widths: Sequence[int]) -> np.ndarray:
+    """(batch, width) int64: the positions of each row's True entries of `selected` (batch,
+    seq) bool, left to right, then -1; width = `width_for` the row with the most."""
+    counts = selected.sum(axis=1)
+    width = width_for(int(counts.max(initial=0)), widths)
+    positions = np.full((selected.shape[0], width), -1, np.int64)
+    rows, cols = np.nonzero(selected)  # row-major: left to right within each row
+    slot = np.arange(len(rows)) - np.searchsorted(rows, rows)  # index among the row's selected
+    positions[rows, slot] = cols
+    return positions
+
+
+def shape_set(corruption: object, max_seq_length: int) -> dict[str, tuple[int, ...]]:
+    """The sizes each axis of a model input may take, by axis name: `sequence`, then the
+    corruption's own axes (its `shape_axes(max_seq_length)`, when it has one)."""
+    axes = {"sequence": sequence_widths(max_seq_length)}
+    own = getattr(corruption, "shape_axes", None)
+    return axes | own(max_seq_length) if own is not None else axes
+
+
+def batch_shape(batch: dict) -> dict[str, int]:
+    """The sizes of a batch's axes (those of `shape_set`, plus `batch`): read from input_ids,
+    decoder_input_ids, prediction_positions or XLNet's target_mapping, shuffle_positions."""
+    size = {"batch": batch["input_ids"].shape[0], "sequence": batch["input_ids"].shape[1]}
+    if "decoder_input_ids" in batch:
+        size["decoder"] = batch["decoder_input_ids"].shape[1]
+    if "prediction_positions" in batch:
+        size["predictions"] = batch["prediction_positions"].shape[1]
+    if "target_mapping" in batch:
+        size["predictions"] = batch["target_mapping"].shape[1]
+    if "shuffle_positions" in batch:
+        size["word_order"] = batch["shuffle_positions"].shape[1]
+    return size
+
+
+def _sizes(values: tuple[int, ...]) -> str:
+    step = values[1] - values[0] if len(values) > 4 else 0
+    if step and values == tuple(range(values[0], values[-1] + 1, step)):
+        return f"{values[0]}..{values[-1]} step {step}"
+    return ", ".join(str(v) for v in values)
+
+
+def describe_shape_set(axes: dict[str, tuple[int, ...]], micro_batch_size: int) -> str:
+    """One line: each axis's sizes and the most distinct input shapes they allow."""
+    parts = [f"batch {micro_batch_size}"] + [f"{name} {_sizes(v)}" for name, v in axes.items()]
+    return f"input shapes: {' x '.join(parts)} (at most {math.prod(map(len, axes.values()))})"

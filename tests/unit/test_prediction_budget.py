@@ -1,0 +1,41 @@
+"""Static prediction budgets: the widths a run allows and the padded positions of a batch."""
+
+import numpy as np
+import pytest
+
+from pretrain.data.prediction_budget import (
+    describe_shape_set,
+    prediction_positions,
+    prediction_widths,
+    sequence_widths,
+    width_for,
+)
+
+
+def test_widths_start_at_the_expected_predictions_and_end_at_the_sequence():
+    assert prediction_widths(0.15 * 128, 128) == (20, 40, 80, 128)  # BERT: 20 per 128 tokens
+    assert prediction_widths(0.15 * 512, 512) == (77, 154, 308, 512)
+    assert prediction_widths(64 / 6, 64) == (11, 22, 44, 64)
+    assert prediction_widths(0.0, 16) == (1, 2, 4, 8, 16)
+    assert prediction_widths(200.0, 64) == (64,)
+    assert sequence_widths(64) == tuple(range(8, 65, 8)) and sequence_widths(60)[-1] == 64
+
+
+def test_positions_are_left_to_right_padded_with_minus_one_to_a_width_of_the_set():
+    selected = np.zeros((3, 16), bool)
+    selected[0, [2, 5, 9]] = True
+    selected[2, [0, 15]] = True
+    positions = prediction_positions(selected, (4, 8, 16))
+    np.testing.assert_array_equal(positions, [[2, 5, 9, -1], [-1, -1, -1, -1], [0, 15, -1, -1]])
+    selected[1, :6] = True  # 6 predictions: the next width
+    assert prediction_positions(selected, (4, 8, 16)).shape == (3, 8)
+    assert width_for(0, (4, 8)) == 4
+    with pytest.raises(ValueError, match="exceed the largest budget 8"):
+        width_for(9, (4, 8))
+
+
+def test_the_shape_line_names_every_axis_and_the_bound():
+    line = describe_shape_set({"sequence": sequence_widths(64), "predictions": (10, 20)}, 8)
+    assert line == (
+        "input shapes: batch 8 x sequence 8..64 step 8 x predictions 10, 20 (at most 16)"
+    )
