@@ -114,12 +114,10 @@ class HeldoutEvaluation(L.Callback):
     0, to every logger; also into `trainer.callback_metrics`, hence the wandb summary)."""
 
     def __init__(self, spec: StreamSpec, every_n_steps: int, max_batches: int, seed: int):
-        self.spec, self.every_n_steps, self.max_batches, self.seed = (
-            spec,
-            every_n_steps,
-            max_batches,
-            seed,
-        )
+        self.spec = spec  # the held-out stream (`heldout_spec`)
+        self.every_n_steps = every_n_steps  # optimizer steps
+        self.max_batches = max_batches  # held-out batches per evaluation, all ranks
+        self.seed = seed  # of the random draws made while evaluating
         self.batches: list[dict] = []
         self._last_step = -1
 
