@@ -165,19 +165,19 @@ def test_merge_names_the_missing_slice(tmp_path):
 @needs_slurm
 def test_two_task_ddp_job_through_the_sbatch_template(cluster, prepared_corpus, tmp_path):
     run_dir = tmp_path / "run"
-    log = tmp_path / "job.out"
-    job = sbatch(
+    job = sbatch(  # no --output: the job logs to its run directory, not the repository root
         cluster,
         "--nodes=1",
         "--ntasks-per-node=2",
-        f"--output={log}",
         "slurm/train.sbatch",
         *tiny_run(prepared_corpus, run_dir, "strategy=ddp", "trainer.devices=2"),
         "trainer.max_steps=6",
     )
     state = wait_for_job(cluster, job)
-    text = log.read_text()
+    log, default_log = run_dir / f"slurm-{job}.out", REPO_ROOT / f"slurm-pretrain-{job}.out"
+    text = (log if log.exists() else default_log).read_text()
     assert state == "COMPLETED", text[-3000:]
+    assert not default_log.exists() and f"job {job} restart 0: 2 task(s)" in text
     assert "MEMBER: 2/2" in text and "distributed_backend=gloo" in text
     assert last_checkpoint(run_dir)["global_step"] == 6
 
