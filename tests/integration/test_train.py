@@ -58,8 +58,12 @@ def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp
         "train/nsp_accuracy",
         "train/lr",
         "train/tokens_per_s",
+        "sys/host_memory_gb",  # PSS (or RSS) of the main process and its workers, GiB
+        "sys/host_memory_main_gb",
     ):
         assert any(row.get(column) for row in rows), column
+    memory = [float(r["sys/host_memory_gb"]) for r in rows if r.get("sys/host_memory_gb")]
+    assert 0.05 < min(memory) and max(memory) < 64, memory
     lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
     assert lrs[0] < lrs[4] and lrs[-1] < lrs[5]  # warm-up over 5 steps, then linear decay
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
@@ -85,6 +89,9 @@ def test_resume_gives_the_losses_of_an_uninterrupted_run(prepared_corpus, tmp_pa
     full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
     train(compose_config(tiny_overrides(prepared_corpus, full_dir, *common)))
     full = step_losses(full_dir)
+    with open(next(full_dir.glob("csv/version_*/metrics.csv"))) as f:
+        counted = [float(r["sys/workers"]) for r in csv.DictReader(f) if r.get("sys/workers")]
+    assert counted and min(counted) >= workers, counted  # the data-loader workers are counted
     # The interrupted run: what the uninterrupted one had on disk after step 7, then resume=auto.
     (resumed_dir / "checkpoints").mkdir(parents=True)
     shutil.copy(
@@ -117,6 +124,7 @@ def test_pretrain_console_script_saves_config_in_run_dir(prepared_corpus, tmp_pa
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mlm loss:" in result.stdout
+    assert "; input shapes: batch 8 x sequence 8..64 step 8 x predictions " in result.stdout
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 

@@ -17,6 +17,7 @@ from pretrain.batching import BatchPlan, learning_rate, warmup_steps
 from pretrain.config import TrainConfig, plain_config, run_config, settings_from
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
+from pretrain.memory import memory_metrics
 
 Corruption = Callable[[dict, int], dict]
 
@@ -371,7 +372,8 @@ class PretrainingModule(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer step (after all accumulated micro-batches): the learning rate,
-        and on log steps the summary loss (`summary_metric`) and tokens/s since the last log."""
+        and on log steps the summary loss (`summary_metric`), tokens/s since the last log and
+        the run's memory (`pretrain.memory`, `sys/*`)."""
         self.log("train/lr", optimizer.param_groups[0]["lr"])
         every = self.trainer.log_every_n_steps
         if self.global_step % every == 0 and self._last_summary_loss is not None:
@@ -381,3 +383,4 @@ class PretrainingModule(L.LightningModule):
             rate = float(self._tokens_since_log) / max(now - self._last_log_time, 1e-9)
             self.log("train/tokens_per_s", rate)
             self._tokens_since_log, self._last_log_time = 0, now
+            self.log_dict(memory_metrics(self.device))

@@ -1,0 +1,84 @@
+"""The run's memory, read at logging steps (`sys/*` metrics), so a dashboard shows a leak the
+day it appears.
+
+Host memory is counted per process as PSS (proportional set size: pages shared with other
+processes, such as the data-loader workers forked from the main process, count once in all,
+divided among the sharers), from /proc/<pid>/smaps_rollup; where the kernel has no
+smaps_rollup, RSS (from /proc/<pid>/statm, or psutil off Linux), which counts shared pages
+in every process. The workers are the main process's child processes (data-loader workers;
+any other helper the run started is counted with them). On CUDA, the peak allocated and
+reserved memory of the caching allocator since the start: host-side counters, no device
+synchronisation.
+"""
+
+import os
+from pathlib import Path
+
+import torch
+
+GB = 1024**3
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def process_memory_bytes(pid: int) -> int | None:
+    """PSS of process `pid` in bytes (RSS where PSS is not available); None when the process
+    is gone or cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        return psutil.Process(pid).memory_info().rss
+    except Exception:  # no psutil, or the process is gone
+        return None
+
+
+def child_pids(pid: int) -> list[int]:
+    """The process ids whose parent is `pid` (from /proc/<child>/stat; psutil off Linux)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            import psutil
+
+            return [child.pid for child in psutil.Process(pid).children()]
+        except Exception:
+            return []
+    children = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (command) "
+        if int(fields[1]) == pid:  # state, ppid, ...
+            children.append(int(entry.name))
+    return children
+
+
+def memory_metrics(device: torch.device | None = None) -> dict[str, float]:
+    """`sys/` metrics of this process and its children: host_memory_gb (main + workers),
+    host_memory_main_gb, host_memory_workers_gb, workers (count), in GiB; on a CUDA `device`
+    also cuda_max_allocated_gb and cuda_max_reserved_gb (peaks since the start)."""
+    main = process_memory_bytes(os.getpid()) or 0
+    workers = [process_memory_bytes(pid) for pid in child_pids(os.getpid())]
+    workers = [size for size in workers if size is not None]
+    metrics = {
+        "sys/host_memory_gb": (main + sum(workers)) / GB,
+        "sys/host_memory_main_gb": main / GB,
+        "sys/host_memory_workers_gb": sum(workers) / GB,
+        "sys/workers": float(len(workers)),
+    }
+    if device is not None and device.type == "cuda":
+        metrics["sys/cuda_max_allocated_gb"] = torch.cuda.max_memory_allocated(device) / GB
+        metrics["sys/cuda_max_reserved_gb"] = torch.cuda.max_memory_reserved(device) / GB
+    return metrics
