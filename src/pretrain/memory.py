@@ -5,8 +5,9 @@ Host memory is counted per process as PSS (proportional set size: pages shared w
 processes, such as the data-loader workers forked from the main process, count once in all,
 divided among the sharers), from /proc/<pid>/smaps_rollup; where the kernel has no
 smaps_rollup, RSS (from /proc/<pid>/statm, or psutil off Linux), which counts shared pages
-in every process. The workers are the main process's child processes (data-loader workers;
-any other helper the run started is counted with them). On CUDA, the peak allocated and
+in every process. The workers are the main process's descendants (data-loader workers;
+any other helper the run started is counted with them; under Lightning's subprocess DDP
+launcher, rank 0's count includes the other local ranks, which it started). On CUDA, the peak allocated and
 reserved memory of the caching allocator since the start: host-side counters, no device
 synchronisation.
 """
@@ -41,17 +42,19 @@ def process_memory_bytes(pid: int) -> int | None:
         return None
 
 
-def child_pids(pid: int) -> list[int]:
-    """The process ids whose parent is `pid` (from /proc/<child>/stat; psutil off Linux)."""
+def descendant_pids(pid: int) -> list[int]:
+    """The process ids descending from `pid` (children, their children, ...: data-loader
+    workers forked directly, or by a forkserver the run started), from /proc/<id>/stat;
+    psutil off Linux."""
     proc = Path("/proc")
     if not proc.is_dir():
         try:
             import psutil
 
-            return [child.pid for child in psutil.Process(pid).children()]
+            return [child.pid for child in psutil.Process(pid).children(recursive=True)]
         except Exception:
             return []
-    children = []
+    children: dict[int, list[int]] = {}
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -59,18 +62,21 @@ def child_pids(pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (command) "
-        if int(fields[1]) == pid:  # state, ppid, ...
-            children.append(int(entry.name))
-    return children
+        parent = int(stat[stat.rindex(")") + 2 :].split()[1])  # after "pid (command) state"
+        children.setdefault(parent, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for parent in frontier for child in children.get(parent, [])]
+        found += frontier
+    return found
 
 
 def memory_metrics(device: torch.device | None = None) -> dict[str, float]:
-    """`sys/` metrics of this process and its children: host_memory_gb (main + workers),
+    """`sys/` metrics of this process and its descendants: host_memory_gb (main + workers),
     host_memory_main_gb, host_memory_workers_gb, workers (count), in GiB; on a CUDA `device`
     also cuda_max_allocated_gb and cuda_max_reserved_gb (peaks since the start)."""
     main = process_memory_bytes(os.getpid()) or 0
-    workers = [process_memory_bytes(pid) for pid in child_pids(os.getpid())]
+    workers = [process_memory_bytes(pid) for pid in descendant_pids(os.getpid())]
     workers = [size for size in workers if size is not None]
     metrics = {
         "sys/host_memory_gb": (main + sum(workers)) / GB,
