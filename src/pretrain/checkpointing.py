@@ -220,6 +220,7 @@ RELAUNCH_KEYS = (
     "data.num_workers",
     "data.verify_shards",
     "data.bad_shards",
+    "optim.extend",
 )
 RANK_KEYS = ("trainer.devices", "trainer.num_nodes")
 UNSET = "<unset>"

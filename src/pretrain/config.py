@@ -210,6 +210,13 @@ class OptimConfig:
     )
     schedule: str = "linear"
     warmup_steps: int = 10000
+    # Optimizer steps over which `linear` decays to 0 (null: trainer.max_steps); set it to stop
+    # early with trainer.max_steps and continue later exactly.
+    schedule_steps: int | None = None
+    # A later launch with trainer.max_steps past the end of a decaying schedule (stored in the
+    # checkpoint): refuse (an error), or rewarm (warm up again, then decay to the new
+    # max_steps); see pretrain/schedule.py.
+    extend: str = "refuse"
     # Warm-up in samples instead of optimizer steps (null: use warmup_steps); the same
     # samples of warm-up whatever the global batch size.
     warmup_samples: int | None = None
@@ -253,6 +260,18 @@ class OptimConfig:
         )
         require(
             self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be 0 or more"
+        )
+        require(
+            self.schedule_steps is None or self.schedule_steps >= 1,
+            "optim.schedule_steps",
+            self.schedule_steps,
+            "must be at least 1 (optimizer steps), or null (trainer.max_steps)",
+        )
+        require(
+            self.extend in ("refuse", "rewarm"),
+            "optim.extend",
+            self.extend,
+            "must be 'refuse' or 'rewarm'",
         )
 
 

@@ -8,6 +8,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from pretrain.batching import describe as describe_batching
+from pretrain.batching import warmup_steps
 from pretrain.checkpoint_safety import check_resume_strategy
 from pretrain.checkpointing import (
     check_relaunch,
@@ -31,6 +32,7 @@ from pretrain.data.stream import StreamSpec
 from pretrain.errors import ConfigError, RunEnvironmentError, report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
+from pretrain.schedule import check_extension
 from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
 from pretrain.trainer import build_trainer, finish_loggers
 from pretrain.validation import heldout_callbacks
@@ -83,6 +85,7 @@ def train(cfg: DictConfig) -> Path:
     if ckpt_path:  # refused (ConfigError) when the config changed what is trained
         check_resume_strategy(ckpt_path, run.strategy.name)  # a ZeRO dir: DeepSpeed only
         check_relaunch(saved_config(ckpt_path), module.config, ckpt_path, run.resume)
+        check_extension(ckpt_path, run, warmup_steps(run.optim, run.batch_plan))
         print(f"Resuming from {ckpt_path}", flush=True)
     elif run.init_from:
         initialise_from(module, run.init_from)

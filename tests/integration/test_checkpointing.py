@@ -233,8 +233,14 @@ def test_a_changed_command_never_silently_continues_another_run(prepared_corpus,
     with pytest.raises(ConfigError, match="init_from="):
         train(compose_config([*tiny_overrides(prepared_corpus, run_dir), f"init_from={last}"]))
 
-    # allowed changes continue the run: more steps, workers, logging
-    allowed = ("trainer.max_steps=3", "data.num_workers=1", "trainer.log_every_n_steps=1")
+    # allowed changes continue the run: more steps (past the end of the linear decay: with
+    # optim.extend), workers, logging
+    allowed = (
+        "trainer.max_steps=3",
+        "optim.extend=rewarm",
+        "data.num_workers=1",
+        "trainer.log_every_n_steps=1",
+    )
     train(compose_config(tiny_overrides(prepared_corpus, run_dir, *allowed)))
     assert torch.load(last, weights_only=True)["global_step"] == 3
     # resume=never starts over beside the old run's checkpoints, set aside

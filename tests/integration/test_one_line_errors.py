@@ -63,7 +63,7 @@ def test_resuming_another_model_size_names_the_key_and_shapes(prepared_corpus, t
     run_or_exit(compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=1")))
     capsys.readouterr()
     bigger = tiny_overrides(
-        prepared_corpus, run_dir, "trainer.max_steps=2", "model=bert_mini", "resume=force"
+        prepared_corpus, run_dir, "trainer.max_steps=1", "model=bert_mini", "resume=force"
     )
     line = exit_line(capsys, compose_config(bigger))
     assert "the checkpoint's encoder." in line and "run's model (" in line and ".ckpt: " in line

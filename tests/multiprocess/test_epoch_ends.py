@@ -191,7 +191,12 @@ def test_a_run_resumed_on_two_ranks_continues_the_one_rank_sample_order(prepared
     """Elastic resume: 10 steps on 1 rank (global batch 16 = 8 x 2 accumulated), then the
     same run on 2 ranks (8 x 2 ranks): every later step trains the samples the 1-rank run
     trained at that step, none lost or repeated, across the epoch end."""
-    extra = ("strategy=ddp", "data.global_batch_size=16", "trainer.checkpoint_every_n_steps=10")
+    extra = (
+        "strategy=ddp",
+        "data.global_batch_size=16",
+        "trainer.checkpoint_every_n_steps=10",
+        "optim.schedule_steps=70",  # the first launch stops at 10 of the 70-step schedule
+    )
     whole = launch(prepared_corpus, tmp_path / "whole", 1, *extra, "trainer.max_steps=70")
     assert whole.returncode == 0, whole.stderr[-5000:]
     first = launch(prepared_corpus, tmp_path / "parts", 1, *extra, "trainer.max_steps=10")

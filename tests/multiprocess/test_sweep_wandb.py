@@ -147,6 +147,7 @@ def test_sweep_points_are_separate_wandb_runs_and_resume_keeps_the_id(
                 *overrides,
                 f"optim.optimizer.lr={lr}",
                 "trainer.max_steps=4",
+                "optim.extend=rewarm",  # past the end of the first launch's linear decay
             ]
         )
     )

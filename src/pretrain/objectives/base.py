@@ -18,6 +18,14 @@ from pretrain.config import TrainConfig, plain_config, run_config, settings_from
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.memory import memory_metrics
+from pretrain.schedule import (
+    LearningRateSchedule,
+    describe_extension,
+    extended,
+    first_segment,
+    run_schedule_end,
+    stored_schedule,
+)
 
 Corruption = Callable[[dict, int], dict]
 
@@ -105,6 +113,8 @@ class PretrainingModule(L.LightningModule):
         self._nonfinite_loss: torch.Tensor | None = None  # any micro-batch of this step
         self._last_step_applied = False  # an optimizer step was applied since the schedule's last
         self.epoch_tails: list[tuple[int, int, int]] = []  # (epoch, step, sequences dropped)
+        self._lr_schedule: LearningRateSchedule | None = None  # the scheduler's (schedule.py)
+        self._saved_schedule: list[dict] | None = None  # a resumed checkpoint's segments
 
     @classmethod
     def build_corruption(cls, config: TrainConfig | Mapping, vocab: Vocabulary) -> Corruption:
@@ -165,12 +175,16 @@ class PretrainingModule(L.LightningModule):
         optimizer = instantiate(optim.optimizer, lr=learning_rate(optim, plan), _convert_="all")(
             [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         )
-        factor = warmup_then_decay(
-            warmup_steps(optim, plan), self.run.trainer.max_steps, optim.schedule
+        segment = first_segment(
+            warmup_steps(optim, plan), run_schedule_end(self.run), optim.schedule
         )
+        self._lr_schedule = LearningRateSchedule([segment])
         return {
             "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"},
+            "lr_scheduler": {
+                "scheduler": LambdaLR(optimizer, self._lr_schedule),
+                "interval": "step",
+            },
         }
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -184,6 +198,8 @@ class PretrainingModule(L.LightningModule):
         checkpoint["config"] = self.config
         checkpoint["rng"] = rng_state()
         checkpoint["skipped_steps"] = self.skipped_steps
+        if self._lr_schedule is not None:
+            checkpoint["lr_schedule"] = self._lr_schedule.segments
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Checks that the checkpoint's weights fit this model (ConfigError naming the first
@@ -202,9 +218,12 @@ class PretrainingModule(L.LightningModule):
                 )
         self._restored_rng = checkpoint.get("rng")
         self.skipped_steps = checkpoint.get("skipped_steps", 0)
+        self._saved_schedule = stored_schedule(checkpoint)
 
     def on_train_start(self) -> None:
         from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        self._continue_schedule()
 
         if isinstance(self.trainer.strategy, DeepSpeedStrategy):
             # DeepSpeed skips a step whose gradients hold inf/NaN (its overflow check, on by
@@ -213,6 +232,22 @@ class PretrainingModule(L.LightningModule):
             engine_optimizer = self.trainer.strategy.deepspeed_engine.optimizer
             if hasattr(engine_optimizer, "check_grad_overflow"):
                 engine_optimizer.check_grad_overflow = True
+
+    def _continue_schedule(self) -> None:
+        """A resumed launch follows the checkpoint's schedule (`pretrain.schedule`), extended
+        per optim.extend when its max_steps passes the end of a decaying one (ConfigError under
+        `refuse`); the rate of the next step is set from it."""
+        saved, self._saved_schedule = self._saved_schedule, None
+        if saved is None or self._lr_schedule is None:
+            return
+        scheduler = self.lr_schedulers()
+        warmup = warmup_steps(self.run.optim, self.batch_plan)
+        segments = extended(saved, scheduler.last_epoch, self.run, warmup)
+        self._lr_schedule.segments = [dict(s) for s in segments]
+        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * self._lr_schedule(scheduler.last_epoch)
+        if len(segments) > len(saved) and self.trainer.is_global_zero:
+            print(describe_extension(segments), flush=True)
 
     def on_before_backward(self, loss: torch.Tensor) -> None:
         """Remember (on the device, no sync) whether any micro-batch of this step had a

@@ -1,0 +1,112 @@
+"""The learning-rate schedule of a run, stored in its checkpoints, and how a run is extended.
+
+A schedule is a list of segments, each {"start", "warmup_steps", "end", "kind"} in optimizer
+steps: from `start`, a linear warm-up over `warmup_steps`, then `kind` ("constant", or
+"linear" decay to 0 at `end`). A run starts with one segment, start 0, ending at
+`optim.schedule_steps` (null: `trainer.max_steps`). The schedule is state of the run, not of a
+launch: it is saved with the LR scheduler in every checkpoint (and as `lr_schedule`, readable
+without the weights), and a resumed launch follows the saved one whatever its own max_steps.
+
+Extending a run (a later launch with `trainer.max_steps` past the end of a decaying schedule)
+is explicit, `optim.extend`:
+- `refuse` (default): a one-line error before training, naming the other choice;
+- `rewarm`: a new segment from the resumed step: warm-up over `optim.warmup_steps` (from
+  1/warmup of the peak rate up to it), then `optim.schedule` to the new max_steps. Printed.
+A constant schedule is extended as is (the rate does not depend on max_steps).
+"""
+
+from pathlib import Path
+from typing import Any
+
+from pretrain.errors import ConfigError
+
+EXTEND_MODES = ("refuse", "rewarm")
+
+
+class LearningRateSchedule:
+    """LambdaLR multiplier of the base rate at an optimizer step, from `segments`. A callable
+    object (not a function), so LambdaLR's state_dict saves its segments with the run."""
+
+    def __init__(self, segments: list[dict]):
+        self.segments = [dict(segment) for segment in segments]
+
+    def __call__(self, step: int) -> float:
+        segment = [s for s in self.segments if s["start"] <= step][-1]
+        local, warmup = step - segment["start"], segment["warmup_steps"]
+        if local < warmup:
+            return (local + 1) / warmup
+        if segment["kind"] == "constant":
+            return 1.0
+        end = segment["end"]
+        return max(0.0, (end - step) / max(1, end - segment["start"] - warmup))
+
+
+def first_segment(warmup_steps: int, end: int, kind: str) -> dict:
+    """The one segment of a new run (optimizer steps)."""
+    return {"start": 0, "warmup_steps": warmup_steps, "end": end, "kind": kind}
+
+
+def run_schedule_end(run: Any) -> int:
+    """Where the run's (typed TrainConfig) schedule decays to 0: optim.schedule_steps, else
+    trainer.max_steps (optimizer steps)."""
+    steps = run.optim.schedule_steps
+    return run.trainer.max_steps if steps is None else steps
+
+
+def extended(segments: list[dict], step: int, run: Any, warmup_steps: int) -> list[dict]:
+    """The segments a launch resumed at optimizer `step` trains with: `segments` as saved
+    when the run's max_steps is within them or they end in a constant rate, else per
+    `run.optim.extend` (ConfigError for `refuse`; a new segment for `rewarm`)."""
+    last = segments[-1]
+    max_steps = run.trainer.max_steps
+    if last["kind"] == "constant" or max_steps <= last["end"]:
+        return segments
+    if run.optim.extend == "refuse":
+        raise ConfigError(
+            f"trainer.max_steps={max_steps}: the run's learning rate decays to 0 at step "
+            f"{last['end']} (optim.schedule={last['kind']}, stored in its checkpoint); to train "
+            f"on, set optim.extend=rewarm (warm up again over optim.warmup_steps from step "
+            f"{step}, then decay to step {max_steps}; see README 'Resuming'), or keep "
+            f"trainer.max_steps <= {last['end']}"
+        )
+    segment = {"start": step, "warmup_steps": warmup_steps, "end": max_steps}
+    return [*segments, segment | {"kind": run.optim.schedule}]
+
+
+def describe_extension(segments: list[dict]) -> str:
+    """One line for the log about the newest segment of an extended schedule."""
+    s = segments[-1]
+    return (
+        f"optim.extend=rewarm: the learning rate warms up again from step {s['start']} over "
+        f"{s['warmup_steps']} steps, then {s['kind']} to step {s['end']}"
+    )
+
+
+def check_extension(checkpoint: str | Path, run: Any, warmup_steps: int) -> None:
+    """Before any rank starts: ConfigError when continuing `checkpoint` (a file or a ZeRO
+    directory) with the run's (typed TrainConfig) max_steps would extend its decaying
+    schedule under optim.extend=refuse (`extended`). Checkpoints without a stored schedule
+    ended it at their config's trainer.max_steps."""
+    from pretrain.checkpoint_safety import load_weights_only
+    from pretrain.checkpointing import deepspeed_client_state_file
+
+    path = Path(checkpoint)
+    state = load_weights_only(
+        deepspeed_client_state_file(path) if path.is_dir() else path, mmap=True
+    )
+    segments = stored_schedule(state)
+    if segments:
+        extended(segments, int(state["global_step"]), run, warmup_steps)
+
+
+def stored_schedule(state: dict) -> list[dict] | None:
+    """The segments a checkpoint's state holds (`lr_schedule`); for a checkpoint written
+    before schedules were stored, one segment ending at its config's trainer.max_steps; None
+    when neither is there."""
+    if state.get("lr_schedule"):
+        return state["lr_schedule"]
+    try:
+        optim, trainer = state["config"]["optim"], state["config"]["trainer"]
+        return [first_segment(optim["warmup_steps"], trainer["max_steps"], optim["schedule"])]
+    except (KeyError, TypeError):
+        return None
