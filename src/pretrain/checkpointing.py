@@ -10,7 +10,9 @@ Under DeepSpeed a checkpoint is a directory (`last.ckpt/` holding `latest` and a
 of per-rank shards), written by DeepSpeed's engine rather than CheckpointIO. The strategy
 (`pretrain.strategies.PretrainDeepSpeedStrategy`) writes it aside as `NAME.partial/` and
 renames it into place once every rank has written its part; a directory counts as complete
-only when DeepSpeed's `latest` file (written last) is in it.
+only when DeepSpeed's `latest` file (written last) is in it. Before the renames rank 0 marks
+the written directory complete (`COMPLETE_MARKER`), so a crash between them loses nothing:
+resuming finishes the replacement (`recover_replacements`).
 """
 
 import errno
@@ -30,6 +32,7 @@ from pretrain.errors import ConfigError, RunEnvironmentError
 
 PARTIAL_SUFFIX = ".partial"
 REPLACED_SUFFIX = ".replaced"
+COMPLETE_MARKER = "complete"  # in a ZeRO directory: every rank has written its part
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -118,9 +121,11 @@ def is_complete_checkpoint(path: str | Path) -> bool:
 
 
 def replace_directory(written: Path, final: Path) -> None:
-    """Move the complete directory `written` to `final`, replacing an older one. Between the
-    two renames `final` is briefly absent; resuming then falls back to the newest step
-    checkpoint (`find_resume_checkpoint`)."""
+    """Move the complete directory `written` to `final`, replacing an older one (moved to
+    `final.replaced` first). `written` is marked complete before the renames, so a crash
+    between them leaves a checkpoint that resuming recovers (`recover_replacements`)."""
+    marker = written / COMPLETE_MARKER
+    marker.touch()
     fsync_tree(written)
     replaced = final.with_name(final.name + REPLACED_SUFFIX)
     if replaced.exists():
@@ -130,6 +135,33 @@ def replace_directory(written: Path, final: Path) -> None:
     os.replace(written, final)
     fsync_directory(final.parent)
     shutil.rmtree(replaced, ignore_errors=True)
+
+
+def recover_replacements(directory: Path) -> None:
+    """Finish the replacements of ZeRO directories that a crash interrupted (`replace_directory`):
+    a `NAME.partial` marked complete becomes `NAME`; else a `NAME.replaced` (the previous one)
+    goes back to a missing `NAME`. Other leftovers (`.partial` writes that did not finish,
+    `.replaced` copies no longer needed) are removed. Safe when several ranks run it at once."""
+    for partial in sorted(directory.glob(f"*{PARTIAL_SUFFIX}")):
+        final = partial.with_name(partial.name.removesuffix(PARTIAL_SUFFIX))
+        try:
+            if (partial / COMPLETE_MARKER).is_file():
+                print(f"finishing the interrupted replacement of {final}", flush=True)
+                replace_directory(partial, final)
+            else:
+                _remove(partial)  # an interrupted write; the previous checkpoint is intact
+        except FileNotFoundError:
+            pass  # another rank finished it
+    for replaced in sorted(directory.glob(f"*{REPLACED_SUFFIX}")):
+        final = replaced.with_name(replaced.name.removesuffix(REPLACED_SUFFIX))
+        try:
+            if not final.exists() and is_deepspeed_checkpoint(replaced):
+                os.replace(replaced, final)
+            else:
+                _remove(replaced)
+        except FileNotFoundError:
+            pass
+    fsync_directory(directory)
 
 
 def _remove(path: Path) -> None:
@@ -149,11 +181,22 @@ def checkpoint_step(path: str | Path) -> int:
     return int(state["global_step"])
 
 
+def step_checkpoints(directory: Path) -> list[Path]:
+    """The `step-N.ckpt` files and directories of `directory`, by N as a number (the names
+    have 7 digits, more past step 9,999,999, so text order would be wrong there)."""
+
+    def number(path: Path) -> int:
+        digits = path.name.removeprefix("step-").removesuffix(".ckpt")
+        return int(digits) if digits.isdigit() else -1
+
+    return sorted(directory.glob("step-*.ckpt"), key=lambda path: (number(path), path.name))
+
+
 def newest_checkpoint(directory: Path) -> str | None:
     """The complete checkpoint of `directory` (`last.ckpt`, `step-*.ckpt`) with the highest
     stored step, `last.ckpt` on a tie; a file or ZeRO directory that cannot be read (truncated,
     a shard missing) is skipped with a warning naming it. None when there is none."""
-    candidates = [directory / "last.ckpt", *sorted(directory.glob("step-*.ckpt"), reverse=True)]
+    candidates = [directory / "last.ckpt", *step_checkpoints(directory)[::-1]]
     best: tuple[int, Path] | None = None
     for path in candidates:
         if not is_complete_checkpoint(path):
@@ -182,8 +225,8 @@ def find_resume_checkpoint(run_dir: str | Path, resume: str) -> str | None:
             )
         return resume
     directory = checkpoint_dir(run_dir)
-    for leftover in directory.glob(f"*{PARTIAL_SUFFIX}"):
-        _remove(leftover)  # an interrupted write; the previous complete checkpoint is intact
+    if directory.is_dir():
+        recover_replacements(directory)
     return newest_checkpoint(directory)
 
 

@@ -249,3 +249,63 @@ def test_a_changed_command_never_silently_continues_another_run(prepared_corpus,
     previous = run_dir / "checkpoints.previous" / "last.ckpt"
     assert torch.load(previous, weights_only=True)["global_step"] == 3
     shutil.rmtree(run_dir)
+
+
+def test_step_names_are_ordered_by_number_past_seven_digits(tmp_path):
+    directory = tmp_path / "checkpoints"
+    for step in (9_999_999, 10_000_000, 999_999, 100_000_001):
+        save(directory / f"step-{step:07d}.ckpt", step)
+    names = [path.name for path in checkpointing.step_checkpoints(directory)]
+    assert names == [
+        "step-0999999.ckpt",
+        "step-9999999.ckpt",
+        "step-10000000.ckpt",
+        "step-100000001.ckpt",
+    ]
+    save(directory / "last.ckpt", 10_000_000)
+    assert find_resume_checkpoint(tmp_path, "auto") == str(directory / "step-100000001.ckpt")
+
+
+def crash_at_rename(monkeypatch, source_suffix: str) -> None:
+    """The next os.replace of a path ending in `source_suffix` is a crash (the process dies
+    there); the other renames happen."""
+    real = os.replace
+
+    def replace(source, target):
+        if str(source).endswith(source_suffix):
+            raise KeyboardInterrupt
+        real(source, target)
+
+    monkeypatch.setattr(checkpointing.os, "replace", replace)
+
+
+@pytest.mark.parametrize("previous", [True, False])
+def test_a_crash_between_the_two_renames_loses_no_zero_checkpoint(tmp_path, monkeypatch, previous):
+    """Replacing last.ckpt/ (a ZeRO directory) renames the old one aside, then the new one
+    into place: killed in between, the next resume finishes the replacement (the new one,
+    complete, was marked so before the renames), whether or not there was an old one."""
+    directory = tmp_path / "checkpoints"
+    final = directory / "last.ckpt"
+    if previous:
+        deepspeed_dir(final, 5)
+    written = deepspeed_dir(directory / "last.ckpt.partial", 8)
+    crash_at_rename(monkeypatch, ".partial")
+    with pytest.raises(KeyboardInterrupt):
+        replace_directory(written, final)
+    monkeypatch.undo()
+    assert not final.exists() and written.is_dir()  # the state the crash left
+    assert (directory / "last.ckpt.replaced").is_dir() == previous
+    assert find_resume_checkpoint(tmp_path, "auto") == str(final)
+    assert checkpointing.checkpoint_step(final) == 8
+    assert sorted(p.name for p in directory.iterdir()) == ["last.ckpt"]
+
+
+def test_an_unfinished_write_falls_back_to_the_replaced_checkpoint(tmp_path, monkeypatch):
+    """A `.partial` directory without the mark (some rank had not written its part) is never
+    resumed from; the previous last.ckpt, renamed aside, comes back."""
+    directory = tmp_path / "checkpoints"
+    deepspeed_dir(directory / "last.ckpt.replaced", 5)
+    deepspeed_dir(directory / "last.ckpt.partial", 8)  # `latest` written, not marked complete
+    assert find_resume_checkpoint(tmp_path, "auto") == str(directory / "last.ckpt")
+    assert checkpointing.checkpoint_step(directory / "last.ckpt") == 5
+    assert sorted(p.name for p in directory.iterdir()) == ["last.ckpt"]
