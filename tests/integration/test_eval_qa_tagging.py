@@ -122,3 +122,10 @@ def test_tagging_labels_first_pieces_and_scores_words(tiny_encoder_checkpoint, t
     assert result["kind"] == "tagging"
     assert len(result["predictions"]) > 32  # one per scored word
     assert_binary_metrics(result)
+
+
+def test_windows_need_an_overlap_under_half_a_window(tokenizer):
+    from pretrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval.doc_overlap_tokens = 16: QA windows need"):
+        window_features(tokenizer, [long_example()], max_seq_length=32, doc_overlap_tokens=16)

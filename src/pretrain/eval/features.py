@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
+from pretrain.errors import ConfigError
 from pretrain.eval.tasks import SpanExample, TaggingExample, TextExample
 
 IGNORE_INDEX = -100  # label of a position the loss and the metrics skip
@@ -99,6 +100,11 @@ def window_features(
     context is cut into windows sharing `doc_overlap_tokens` tokens. A window without the
     answer (or an example without one) points both positions at the summary token ([CLS];
     XLNet's last real token with `last_token_summary`): "no answer"."""
+    if not 0 <= doc_overlap_tokens < max_seq_length // 2:
+        raise ConfigError(
+            f"eval.doc_overlap_tokens = {doc_overlap_tokens}: QA windows need it in "
+            f"[0, max_seq_length / 2) = [0, {max_seq_length // 2})"
+        )
     encoded = tokenizer(
         [e.question for e in examples],
         [e.context for e in examples],
