@@ -32,8 +32,8 @@ from pretrain.data.stream import StreamSpec
 from pretrain.errors import ConfigError, RunEnvironmentError, report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
-from pretrain.schedule import check_extension
 from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
+from pretrain.schedule import check_extension
 from pretrain.trainer import build_trainer, finish_loggers
 from pretrain.validation import heldout_callbacks
 
@@ -74,7 +74,12 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingModule, Pretra
     run, spec, module_class = build_stream(cfg)
     L.seed_everything(run.seed, workers=False, verbose=False)
     module = module_class(run, spec.vocab)
-    return run, module, PretrainingDataModule(spec, num_workers=run.data.num_workers)
+    datamodule = PretrainingDataModule(
+        spec,
+        num_workers=run.data.num_workers,
+        collective_timeout_s=run.trainer.collective_timeout_s,
+    )
+    return run, module, datamodule
 
 
 def train(cfg: DictConfig) -> Path:

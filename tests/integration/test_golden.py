@@ -114,7 +114,9 @@ def logged_losses(run_dir: Path) -> dict[str, list[float | None]]:
     for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
         with open(path) as f:
             for row in csv.DictReader(f):
-                by_step.setdefault(int(row["step"]), {}).update({k: v for k, v in row.items() if v})
+                losses = {k: v for k, v in row.items() if v and k.endswith("loss")}
+                if losses:  # rows of the step's metrics (progress rows hold counts only)
+                    by_step.setdefault(int(row["step"]), {}).update(losses)
     assert sorted(by_step) == list(range(STEPS)), sorted(by_step)
     columns = sorted({k for row in by_step.values() for k in row if k.endswith("loss")})
     return {

@@ -183,7 +183,7 @@ def test_readers_split_documents_exactly_and_balanced_by_tokens(prepared_corpus,
     from pretrain.data.shard_format import read_documents
 
     spec = stream_spec(prepared_corpus, "data=doc_sentences", "objective=mlm")
-    shares = [list(read_split(spec, 1, r, readers)) for r in range(readers)]
+    shares = [[d for _, d in read_split(spec, 1, r, readers)] for r in range(readers)]
     keys = [d["key"] for share in shares for d in share]
     every = [d["key"] for path in spec.shard_paths for d in read_documents(path)]
     assert len(keys) == len(set(keys)) and sorted(keys) == sorted(every)
@@ -262,3 +262,52 @@ def test_ranks_shares_differ_by_a_few_batches_in_every_format(
     assert steps > 5
     dropped = sum(sum(c[steps:]) for c in counts)
     assert dropped <= 3 * spec.batch_size * ranks, (data, [len(c) for c in counts])
+
+
+@pytest.mark.parametrize("data", ["full_sentences", "segment_pair", "xlnet_pair"])
+def test_a_resume_seeks_to_its_position_and_continues_the_global_order(
+    prepared_corpus, monkeypatch, data
+):
+    """Positions saved with the samples (the marks of the last sequence of every partition)
+    let a resume on 1 or 2 ranks continue the one global order exactly, sample for sample
+    (ids and masks alike), while reading only from each partition's current chunk on: late
+    in the epoch it reads a fraction of what a resume from the epoch's start reads."""
+    from pretrain.data import reading
+    from pretrain.data.reading import next_position
+    from pretrain.data.stream import rank_sequences
+
+    monkeypatch.setattr(reading, "MIN_CHUNK_DOCUMENTS", 4)  # many chunks in a small corpus
+    spec = stream_spec(
+        prepared_corpus,
+        f"data={data}",
+        "objective=mlm",
+        "data.stream_partitions=2",
+        "data.shuffle_buffer_documents=8",
+    )
+    read = []
+    original = reading.read_split
+
+    def counting_read_split(*args):
+        for located in original(*args):
+            read.append(located)
+            yield located
+
+    monkeypatch.setattr(reading, "read_split", counting_read_split)
+    order = list(rank_sequences(spec, 0))
+    whole = len(read)
+    for start in (len(order) // 3, len(order) - 10):
+        positions = {}
+        for sequence in order[:start]:
+            positions[sequence["mark"][0]] = next_position(list(sequence["mark"]))
+        for ranks in (1, 2):
+            for rank in range(ranks):
+                read.clear()
+                shape = replace(spec, rank=rank, world_size=ranks)
+                got = list(rank_sequences(shape, 0, start, positions))
+                want = order[start + rank :: ranks]  # a rank may run a little past it
+                assert len(got) >= len(want) > 0
+                for a, b in zip(got, want, strict=False):
+                    assert a["key"] == b["key"] and a["mark"] == b["mark"]
+                    assert np.array_equal(a["input_ids"], b["input_ids"])
+                if start > len(order) // 2:
+                    assert len(read) < whole / 3, (len(read), whole)

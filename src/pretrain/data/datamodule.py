@@ -102,12 +102,14 @@ class PretrainingDataModule(L.LightningDataModule):
     Trainer runs with reload_dataloaders_every_n_epochs=1) so each epoch has its own shard
     order, shuffle and masks."""
 
-    def __init__(self, spec: StreamSpec, num_workers: int = 0):
+    def __init__(self, spec: StreamSpec, num_workers: int = 0, collective_timeout_s: float = 600):
         super().__init__()
         self.spec = spec
         self.num_workers = num_workers
+        self.collective_timeout_s = collective_timeout_s
         self._resume: dict | None = None
         self._loader: StepAlignedLoader | None = None
+        self._loader_epoch = -1
         self._start_samples = self._start_batches = 0  # where this launch's epoch began
 
     def train_dataloader(self) -> StepAlignedLoader:
@@ -124,8 +126,10 @@ class PretrainingDataModule(L.LightningDataModule):
                 "not divide; use a number of ranks that divides it, or a larger corpus"
             )
         self._start_samples = self._start_batches = 0
+        positions = None
         if self._resume and self._resume["epoch"] == epoch:
             self._start_samples, self._start_batches = resume_position(self._resume, spec)
+            positions = self._resume.get("partitions")
             # batch_idx (and so Lightning's accumulation phase) restarts at this position,
             # which may have been reached with another micro-batch size or accumulation
             progress = trainer.fit_loop.epoch_loop.batch_progress
@@ -136,12 +140,19 @@ class PretrainingDataModule(L.LightningDataModule):
                 progress.current.completed = -1
         self._resume = None
         self.teardown("fit")  # the previous epoch's loader and its workers
+        self._loader_epoch = epoch
         self._loader = StepAlignedLoader(
             training_stream(
-                spec, epoch, self._start_samples, self._start_batches, errors_as_batches=True
+                spec,
+                epoch,
+                self._start_samples,
+                self._start_batches,
+                errors_as_batches=True,
+                positions=positions,
             ),
             accumulation=trainer.accumulate_grad_batches if trainer else 1,
             full_batch=spec.batch_size,
+            start_positions=positions,
             num_workers=self.num_workers,
             persistent_workers=False,
             generator=torch.Generator().manual_seed(spec.seed),  # keeps the global RNG untouched
@@ -156,23 +167,47 @@ class PretrainingDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict:
         """Position in the stream: the epoch, the global samples of its order consumed (all
-        ranks), and for XLNet's memory format the rank's batches taken (short ones held back
-        included), which a resume skips."""
+        ranks), each canonical partition's position after them ("partitions", gathered from
+        every rank: {partition: resume}, where a resume seeks, `stream.rank_sequences`), and
+        for XLNet's memory format the rank's batches taken (short ones held back included),
+        which a resume skips. Called on every rank alike (each saves or helps save)."""
         trainer = self.trainer
         trained = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         loader = trainer.train_dataloader
-        taken = (
-            loader.stream_position(trained) if isinstance(loader, StepAlignedLoader) else trained
-        )
+        aligned = isinstance(loader, StepAlignedLoader)
+        taken = loader.stream_position(trained) if aligned else trained
         samples = trained * self.spec.batch_size * trainer.world_size
+        positions = {}
+        if aligned and self._loader_epoch == trainer.current_epoch:
+            positions = loader.partition_positions(trained)
         return {
             "epoch": trainer.current_epoch,
             "samples": self._start_samples + samples,
             "stream_batches": self._start_batches + taken,
+            "partitions": gather_positions(positions, self.collective_timeout_s),
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._resume = dict(state_dict)
+
+
+def gather_positions(positions: dict[int, list[int]], timeout_s: float) -> dict[int, list[int]]:
+    """The partitions' positions of every rank (each knows those it read), merged: for each
+    partition the furthest (most samples). Itself alone in a one-process run."""
+    import torch.distributed as dist
+
+    from pretrain.collectives import host_group
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return positions
+    gathered: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, positions, group=host_group(timeout_s))
+    merged: dict[int, list[int]] = {}
+    for rank_positions in gathered:
+        for partition, position in (rank_positions or {}).items():
+            if partition not in merged or position[0] > merged[partition][0]:
+                merged[partition] = position
+    return merged
 
 
 def resume_position(state: dict, spec: StreamSpec) -> tuple[int, int]:

@@ -23,8 +23,11 @@ resume in the middle of an epoch (the loader counts from the resumed batch).
 from collections import deque
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
+
+from pretrain.data.reading import MARKS_KEY, next_position
 
 END_OF_EPOCH_KEY = "end_of_epoch"
 DATA_ERROR_KEY = "data_error"
@@ -71,6 +74,7 @@ class StepAlignedLoader(DataLoader):
         start_batch: int = 0,
         start_source: int | None = None,
         full_batch: int | None = None,
+        start_positions: dict[int, list[int]] | None = None,
         **kwargs,
     ):
         super().__init__(dataset, batch_size=None, **kwargs)
@@ -78,10 +82,13 @@ class StepAlignedLoader(DataLoader):
         self.start_batch = start_batch
         self.start_source = start_batch if start_source is None else start_source
         self.full_batch = full_batch
+        self.start_positions = dict(start_positions or {})
+        self._positions = dict(self.start_positions)  # {partition: resume} of batches let go
         self._pulled = self.start_source  # batches taken from the stream, counted from its start
         self.tail_samples = 0  # sequences held back: short batches, and at the end what was left
-        # (batch index, samples, stream batches taken up to it) of the last batches handed out
-        self._yielded: deque[tuple[int, int, int]] = deque()
+        # (batch index, samples, stream batches taken up to it, marks) of the last batches
+        # handed out
+        self._yielded: deque[tuple[int, int, int, np.ndarray | None]] = deque()
         self._buffer: deque[tuple[dict, int]] = deque()  # (batch, stream batches taken up to it)
         self._source: Iterator | None = None
 
@@ -90,6 +97,7 @@ class StepAlignedLoader(DataLoader):
         self._source = super().__iter__()
         self._buffer.clear()
         self._yielded.clear()
+        self._positions = dict(self.start_positions)
         self.tail_samples = 0
         self._pulled = self.start_source
         return self._steps(self._source)
@@ -118,9 +126,10 @@ class StepAlignedLoader(DataLoader):
                     yield {END_OF_EPOCH_KEY: torch.ones(1)}
                     return
             batch, taken = self._buffer.popleft()
-            self._yielded.append((index, batch_samples(batch), taken))
+            marks = batch.pop(MARKS_KEY, None)
+            self._yielded.append((index, batch_samples(batch), taken, marks))
             while len(self._yielded) > 4 * self.accumulation + 4:  # only the last few matter
-                self._yielded.popleft()
+                self._let_go(self._yielded.popleft()[3])
             yield batch
             index += 1
 
@@ -133,12 +142,30 @@ class StepAlignedLoader(DataLoader):
         if source is not None and hasattr(source, "_shutdown_workers"):
             source._shutdown_workers()
 
+    def _let_go(self, marks, positions: dict | None = None) -> None:
+        """Record the partitions' positions after a batch's sequences (`marks`)."""
+        if marks is None:
+            return
+        positions = self._positions if positions is None else positions
+        for mark in marks.tolist():
+            positions[mark[0]] = next_position(mark)
+
+    def partition_positions(self, processed: int) -> dict[int, list[int]]:
+        """{partition: resume} after the `processed` micro-batches Lightning has trained, for
+        the partitions this rank read (and those it was started with): where a resume seeks
+        (`stream.rank_sequences`)."""
+        positions = dict(self._positions)
+        for index, _, _, marks in self._yielded:
+            if index < processed:
+                self._let_go(marks, positions)
+        return positions
+
     def stream_position(self, processed: int) -> int:
         """Batches of the stream (short ones held back included) taken up to the `processed`
         micro-batches Lightning has trained: what a resume skips (`training_stream`)."""
         if processed <= self.start_batch:
             return self.start_source
-        for index, _, taken in self._yielded:
+        for index, _, taken, _ in self._yielded:
             if index == processed - 1:
                 return taken
         return self._pulled  # past the last batch handed out: the epoch's end
@@ -148,7 +175,7 @@ class StepAlignedLoader(DataLoader):
         ended there by another rank): those already handed to Lightning, those looked ahead,
         and the rest of the stream, read to its end. Returns the count."""
         count = self.tail_samples
-        count += sum(n for index, n, _ in self._yielded if index >= stopped_at)
+        count += sum(n for index, n, _, _ in self._yielded if index >= stopped_at)
         count += sum(batch_samples(b) for b, _ in self._buffer)
         self._buffer.clear()
         self._yielded.clear()

@@ -1,6 +1,7 @@
-"""The reading steps every input format shares: which documents a reader (a rank, or a
-data-loader worker of a rank) reads in an epoch, the shuffle buffer, collation of sequences
-into a padded batch and the conversion of a corrupted batch to tensors.
+"""The reading steps every input format shares: which documents a reader (a canonical
+partition, or for XLNet's memory format a rank) reads in an epoch and from which position
+(a seek), a partition's shuffled chunks, the shuffle buffer, collation of sequences into a
+padded batch and the conversion of a corrupted batch to tensors.
 
 How an epoch's documents are split among R readers: shard order is shuffled per epoch
 (keyed by (seed, epoch)); every shard counts as `units` = ceil(UNITS_PER_READER x R / shards)
@@ -18,6 +19,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 import torch
@@ -28,6 +30,7 @@ from pretrain.data.vocab import Vocabulary
 
 Corruption = Callable[[dict, int], dict]
 UNITS_PER_READER = 32
+MARKS_KEY = "stream_marks"  # (batch, 6) int64: see `stream.partition_sequences`
 
 
 @dataclass(frozen=True)
@@ -90,35 +93,44 @@ def shard_sharing(spec: StreamSpec, epoch: int, readers: int) -> list[dict[int, 
     return list(sharing.items())
 
 
-def read_split(spec: StreamSpec, epoch: int, reader: int, readers: int) -> Iterator[dict]:
-    """Documents of `reader` (of `readers`) in this epoch, in the epoch's shard order. A
-    shard shared by several readers is split document by document: each goes to the sharer
-    with the fewest tokens of that shard per unit so far, which every sharer computes alike."""
-    for index, share in shard_sharing(spec, epoch, readers):
-        if reader not in share:
+Position = tuple[int, int]  # (index in the epoch's shard order, document index in that shard)
+
+
+def read_split(
+    spec: StreamSpec, epoch: int, reader: int, readers: int, start: Position = (0, 0)
+) -> Iterator[tuple[Position, dict]]:
+    """(position, document) of `reader`'s (of `readers`) documents in this epoch, in the
+    epoch's shard order, from position `start` on: shards before it are not read, blocks
+    before it in its shard not decoded (a seek). A shard shared by several readers is split
+    document by document: each goes to the sharer with the fewest tokens of that shard per
+    unit so far, which every sharer computes alike (reading the whole shard)."""
+    start_order, start_document = start
+    for order, (index, share) in enumerate(shard_sharing(spec, epoch, readers)):
+        if order < start_order or reader not in share:
             continue
-        documents = shard_documents(spec, index)
+        first = start_document if order == start_order else 0
         if len(share) == 1:
-            yield from documents
+            for number, document in enumerate(shard_documents(spec, index, first), first):
+                yield (order, number), document
             continue
         sharers = sorted(share)
         loads = dict.fromkeys(sharers, 0)
-        for document in documents:
+        for number, document in enumerate(shard_documents(spec, index)):
             owner = min(sharers, key=lambda r: loads[r] / share[r])
             loads[owner] += len(document["ids"])
-            if owner == reader:
-                yield document
+            if owner == reader and number >= first:
+                yield (order, number), document
 
 
-def shard_documents(spec: StreamSpec, index: int) -> Iterable[dict]:
-    """The documents of shard `index`; under data.bad_shards=skip a shard that fails its
-    checks is left out with a warning line naming it (its documents are read and checked
-    whole before any is used, so none of a bad shard is ever trained)."""
+def shard_documents(spec: StreamSpec, index: int, start_document: int = 0) -> Iterable[dict]:
+    """The documents of shard `index` from `start_document` on; under data.bad_shards=skip a
+    shard that fails its checks is left out with a warning line naming it (its documents are
+    read and checked whole before any is used, so none of a bad shard is ever trained)."""
     path = spec.shard_paths[index]
     if spec.bad_shards == "error":
-        return read_documents(path)
+        return read_documents(path, start_document)
     try:
-        return list(read_documents(path))
+        return list(read_documents(path, start_document))
     except ShardError as error:
         print(f"warning: data.bad_shards=skip: left out {error}", file=sys.stderr, flush=True)
         return []
@@ -145,9 +157,8 @@ def reader_documents(
 ) -> Iterator[dict]:
     """`read_split` through the shuffle buffer keyed by (seed, epoch, *shuffle_key)."""
     rng = np.random.default_rng([spec.seed, epoch, STREAM_SHUFFLE, *shuffle_key])
-    return shuffle_documents(
-        read_split(spec, epoch, reader, readers), spec.shuffle_buffer_documents, rng
-    )
+    documents = (document for _, document in read_split(spec, epoch, reader, readers))
+    return shuffle_documents(documents, spec.shuffle_buffer_documents, rng)
 
 
 MIN_PARTITION_DOCUMENTS = 32
@@ -163,14 +174,41 @@ def effective_partitions(requested: int, documents: int) -> int:
     return next((d for d in divisors if documents / d >= MIN_PARTITION_DOCUMENTS), 1)
 
 
-def partition_documents(spec: StreamSpec, epoch: int, partition: int) -> Iterator[dict]:
-    """Documents of canonical `partition` (of spec.stream_partitions) in this epoch: its
-    token-balanced share (`read_split`) through its own shuffle buffer, keyed by (seed, epoch,
-    partition) and holding ceil(shuffle_buffer_documents / partitions) documents."""
-    partitions = spec.stream_partitions
-    rng = np.random.default_rng([spec.seed, epoch, STREAM_SHUFFLE, partition])
-    buffer = math.ceil(spec.shuffle_buffer_documents / partitions)
-    return shuffle_documents(read_split(spec, epoch, partition, partitions), buffer, rng)
+MIN_CHUNK_DOCUMENTS = 64
+
+
+def chunk_documents(spec: StreamSpec) -> int:
+    """Documents per chunk of a partition: its share of data.shuffle_buffer_documents, at
+    least MIN_CHUNK_DOCUMENTS (a format starts afresh at each chunk, so a chunk should make
+    many sequences)."""
+    return max(
+        MIN_CHUNK_DOCUMENTS, math.ceil(spec.shuffle_buffer_documents / spec.stream_partitions)
+    )
+
+
+def partition_chunks(
+    spec: StreamSpec, epoch: int, partition: int, chunk: int = 0, start: Position = (0, 0)
+) -> Iterator[tuple[int, Position, list[dict]]]:
+    """(chunk number, position of its first document, its documents shuffled) of canonical
+    `partition` (of spec.stream_partitions) in this epoch, from chunk `chunk`, which begins at
+    `start`, on. A chunk is `chunk_documents` consecutive documents of the partition's
+    token-balanced share (`read_split`), shuffled by (seed, epoch, partition, chunk): a
+    resume starts at any chunk without reading the documents before it."""
+    documents = read_split(spec, epoch, partition, spec.stream_partitions, start)
+    while located := list(islice(documents, chunk_documents(spec))):
+        shuffled = [document for _, document in located]
+        rng = np.random.default_rng([spec.seed, epoch, STREAM_SHUFFLE, partition, chunk])
+        rng.shuffle(shuffled)
+        yield chunk, located[0][0], shuffled
+        chunk += 1
+
+
+def next_position(mark: list[int]) -> list[int]:
+    """The resume of `stream.partition_sequences` that continues after the sequence whose
+    mark is `mark`: [samples of the partition before it, chunk, chunk's first document's
+    position (2 ints), sequences of the chunk before it]."""
+    _, n, chunk, order, document, number = mark
+    return [n + 1, chunk, order, document, number + 1]
 
 
 def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
@@ -198,11 +236,16 @@ def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
             batch["sentence_starts"][row, :n] = s["sentence_starts"]
     batch["next_sentence_label"] = np.array([s["next_sentence_label"] for s in sequences], np.int64)
     batch["keys"] = [s["key"] for s in sequences]
+    if "mark" in sequences[0]:  # where each came from in its partition (`stream.py`)
+        batch[MARKS_KEY] = np.array([s["mark"] for s in sequences], np.int64)
     return batch
 
 
 def corrupt_to_tensors(batch: dict, spec: StreamSpec, epoch: int) -> dict:
     """Apply the objective's corruption to a collated batch and convert its arrays to
     tensors (keys stay a list of str)."""
+    marks = batch.pop(MARKS_KEY, None)  # not the corruption's business
     batch = spec.corruption(batch, spec.mask_epoch(epoch))
+    if marks is not None:
+        batch[MARKS_KEY] = marks
     return {k: (v if k == "keys" else torch.from_numpy(v)) for k, v in batch.items()}

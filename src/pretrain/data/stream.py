@@ -3,14 +3,17 @@ batch -> corruption, as an IterableDataset of whole batches (the DataLoader runs
 batch_size=None).
 
 Elastic order: an epoch's documents are split into `data.stream_partitions` canonical
-partitions (token-balanced, `reading.py`), each shuffled and formatted into sequences as its
-own stream keyed by (seed, epoch, partition). The global sample order interleaves them
+partitions (token-balanced, `reading.py`), each cut into chunks of consecutive documents,
+shuffled and formatted into sequences chunk by chunk as its own stream keyed by (seed, epoch,
+partition, chunk). The global sample order interleaves them
 (sample i is the next sequence of partition i mod P), so it depends on the seed and P only:
 the same global batches, samples and masks (keyed by the sample's key) for any number of
 nodes, ranks and data-loader workers. Rank r of R trains global samples r, r + R, ... of each
 global batch; a checkpoint stores how many global samples of the epoch were consumed, so a
 run resumes at the next unseen sample with another number of ranks, workers, micro-batch
-size or accumulation. Every data-loader worker of a rank formats the rank's sequences and
+size or accumulation. With it the checkpoint stores every partition's position (its chunk,
+where the chunk's first document lies, the sequences of the chunk trained), so a resume
+seeks: it reads from each partition's current chunk on, whatever the position in the epoch. Every data-loader worker of a rank formats the rank's sequences and
 corrupts every W-th micro-batch (formatting is cheap next to collation and corruption), so
 DataLoader's round-robin returns them in order. XLNet's memory format keeps its own
 per-rank, per-slot stream (`input_formats.py`), resumed by batches. Where an epoch ends on
@@ -29,7 +32,7 @@ from pretrain.data.reading import (
     StreamSpec,
     collate,
     corrupt_to_tensors,
-    partition_documents,
+    partition_chunks,
     reader_documents,
     worker_role,
 )
@@ -40,7 +43,8 @@ __all__ = ["Corruption", "EpochStream", "StreamSpec", "training_stream"]
 
 class EpochStream(torch.utils.data.IterableDataset):
     """The batches of one epoch for `spec.rank`: from global sample `start_sample` on (a
-    resume; most formats), or from the rank's batch `skip_batches` on (XLNet's memory). A
+    resume; most formats; seeking to `positions`, see `rank_sequences`), or from the rank's
+    batch `skip_batches` on (XLNet's memory). A
     shard that fails its checks raises ShardError, or with `errors_as_batches` ends the
     batches with a `data_error_batch`, which stops training on every rank alike."""
 
@@ -51,11 +55,13 @@ class EpochStream(torch.utils.data.IterableDataset):
         start_sample: int = 0,
         skip_batches: int = 0,
         errors_as_batches: bool = False,
+        positions: dict[int, list[int]] | None = None,
     ) -> None:
         super().__init__()
         self.spec, self.epoch = spec, epoch
         self.start_sample, self.skip_batches = start_sample, skip_batches
         self.errors_as_batches = errors_as_batches
+        self.positions = positions
 
     def __iter__(self) -> Iterator[dict]:
         try:
@@ -71,7 +77,8 @@ class EpochStream(torch.utils.data.IterableDataset):
     def _batches(self) -> Iterator[dict]:
         spec, epoch = self.spec, self.epoch
         worker, workers = worker_role()
-        batches = _chunks(rank_sequences(spec, epoch, self.start_sample), spec.batch_size)
+        sequences = rank_sequences(spec, epoch, self.start_sample, self.positions)
+        batches = _chunks(sequences, spec.batch_size)
         for n, sequences in enumerate(batches):
             if n % workers == worker:
                 yield corrupt_to_tensors(collate(sequences, spec.vocab.pad), spec, epoch)
@@ -89,13 +96,38 @@ class EpochStream(torch.utils.data.IterableDataset):
                 yield corrupt_to_tensors(batch, spec, epoch)
 
 
-def rank_sequences(spec: StreamSpec, epoch: int, start_sample: int = 0) -> Iterator[dict]:
+def partition_sequences(
+    spec: StreamSpec, epoch: int, partition: int, resume: list[int] | None = None
+) -> Iterator[dict]:
+    """The sequences of canonical `partition` in this epoch, each with its "mark": (partition,
+    its number n in the partition, chunk, position of the chunk's first document (2 ints),
+    its number in the chunk). The format starts afresh at every chunk (`partition_chunks`),
+    so `resume` = `next_position(mark)` of the last sequence trained continues after it by
+    reading from that chunk's first document only: a seek that costs at most a chunk."""
+    n, first_chunk, order, document, offset = resume or (0, 0, 0, 0, 0)
+    entry = INPUT_FORMATS[spec.format]
+    for chunk, start, documents in partition_chunks(
+        spec, epoch, partition, first_chunk, (order, document)
+    ):
+        for number, sequence in enumerate(entry.sequences(documents, spec, epoch)):
+            if number >= offset:
+                yield sequence | {"mark": (partition, n, chunk, *start, number)}
+                n += 1
+        offset = 0
+
+
+def rank_sequences(
+    spec: StreamSpec, epoch: int, start_sample: int = 0, resume: dict[int, list[int]] | None = None
+) -> Iterator[dict]:
     """This rank's share of the epoch's global sample order, from global sample
     `start_sample` on. Global sample i is the next sequence of canonical partition
     i mod P (P = spec.stream_partitions); rank r of R takes samples start_sample + r,
     start_sample + r + R, ..., so it reads only the partitions p with p = start_sample + r
-    (mod R). Stops at the first sample whose partition is used up: all samples before it
-    exist, so every rank stops at the same global position."""
+    (mod R). `resume` holds {partition: its `partition_sequences` resume} at `start_sample`
+    (a checkpoint's); a partition without one that agrees is read from the epoch's start and
+    its samples before `start_sample` skipped (slow; checkpoints without positions). Stops at the
+    first sample whose partition is used up: all samples before it exist, so every rank stops
+    at the same global position."""
     partitions, ranks = spec.stream_partitions, spec.world_size
     if partitions % ranks:
         raise ValueError(
@@ -103,12 +135,14 @@ def rank_sequences(spec: StreamSpec, epoch: int, start_sample: int = 0) -> Itera
             "(trainer.devices x trainer.num_nodes); choose a multiple"
         )
     first = start_sample + spec.rank
-    entry = INPUT_FORMATS[spec.format]
     streams = {}
     for p in range(first % ranks, partitions, ranks):
-        sequences = entry.sequences(partition_documents(spec, epoch, p), spec, epoch)
         used = max(0, -(-(start_sample - p) // partitions))  # samples of p before start_sample
-        streams[p] = islice(sequences, used, None)
+        position = (resume or {}).get(p)
+        if position is not None and position[0] == used:
+            streams[p] = partition_sequences(spec, epoch, p, position)
+        else:  # from the epoch's start (fast when nothing is skipped)
+            streams[p] = islice(partition_sequences(spec, epoch, p), used, None)
     for i in count(first, ranks):
         sequence = next(streams[i % partitions], None)
         if sequence is None:
@@ -127,6 +161,8 @@ def training_stream(
     start_sample: int = 0,
     skip_batches: int = 0,
     errors_as_batches: bool = False,
+    positions: dict[int, list[int]] | None = None,
 ) -> EpochStream:
-    """The pipeline of one epoch, as an IterableDataset of whole batches (`EpochStream`)."""
-    return EpochStream(spec, epoch, start_sample, skip_batches, errors_as_batches)
+    """The pipeline of one epoch, as an IterableDataset of whole batches (`EpochStream`);
+    `positions`: {partition: resume} of a checkpoint at `start_sample` (`rank_sequences`)."""
+    return EpochStream(spec, epoch, start_sample, skip_batches, errors_as_batches, positions)
