@@ -155,14 +155,4 @@ def _chunks(items: Iterator[dict], size: int) -> Iterator[list[dict]]:
         yield chunk
 
 
-def training_stream(
-    spec: StreamSpec,
-    epoch: int,
-    start_sample: int = 0,
-    skip_batches: int = 0,
-    errors_as_batches: bool = False,
-    positions: dict[int, list[int]] | None = None,
-) -> EpochStream:
-    """The pipeline of one epoch, as an IterableDataset of whole batches (`EpochStream`);
-    `positions`: {partition: resume} of a checkpoint at `start_sample` (`rank_sequences`)."""
-    return EpochStream(spec, epoch, start_sample, skip_batches, errors_as_batches, positions)
+training_stream = EpochStream  # the pipeline of one epoch, as an IterableDataset of batches
