@@ -57,19 +57,21 @@ def full_batches(spec, count: int):
 def test_stream_batches_stay_in_the_documented_shape_set(case, request, tmp_path):
     run, spec, _ = case_stream(case, request, tmp_path)
     axes = shape_set(spec.corruption, spec.max_seq_length)
-    seen = set()
+    seen, fixed = set(), {}
     for batch in full_batches(spec, STREAM_BATCHES):
         size = batch_shape(batch)
         assert size.pop("batch") == spec.batch_size
         assert sorted(size) == sorted(axes), (case, size, axes)
         for axis, value in size.items():
             assert value in axes[axis], f"{case}: {axis} = {value}, not in {axes[axis]}"
-        for key, tensor in batch.items():  # every tensor is sized by these axes only
+        for key, tensor in batch.items():  # every size is an axis's or fixed (stream marks)
             if key != "keys":
-                allowed = {spec.batch_size, *size.values()}
-                assert set(tensor.shape) <= allowed, (case, key, tuple(tensor.shape), size)
+                for dim, value in enumerate(tensor.shape):
+                    if value not in (spec.batch_size, *size.values()):
+                        fixed.setdefault((key, dim), set()).add(value)
         seen.add(tuple(size.values()))
     assert len(seen) <= math.prod(len(sizes) for sizes in axes.values())
+    assert all(len(values) == 1 for values in fixed.values()), (case, fixed)
     line = describe_shape_set(axes, spec.batch_size)
     assert line.startswith(f"input shapes: batch {spec.batch_size} x sequence "), line
 
