@@ -1,0 +1,146 @@
+"""Host synchronisations in the training step (issue 18 item 2), on a CUDA machine.
+
+For every objective (a tiny model of its family on a prepared corpus), a few training steps
+(forward, loss, backward, optimizer step) run under torch.cuda.set_sync_debug_mode("error"),
+which raises at the first operation that makes the host wait for the device (boolean-mask
+indexing, nonzero, .item(), a device-to-host copy). Outside it: the first step (lazy CUDA
+initialisation, and a logging step's reads, which may sync) and moving each batch to the
+device (Lightning's transfer, not the step). This is the objective's step; Lightning's loop
+adds its own per-step work (logging, the non-finite check), checked by a real run.
+
+    .venv/bin/python benchmarks/sync_check.py --shards data/builtin [--objectives mlm electra]
+    .venv/bin/python benchmarks/sync_check.py --shards data/builtin --device cpu  # the loop only
+
+Prints one line per objective (ok, or the error with the last frames of our code) and exits
+1 when any step synchronised.
+"""
+
+import argparse
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+
+# objective -> overrides of its family (the golden cases' tiny models)
+PAIR = ("model=bert_tiny", "data=segment_pair")
+SEQ2SEQ = ("model=bart_tiny", "data=full_sentences")
+OBJECTIVES = {
+    "mlm_nsp": PAIR,
+    "mlm": ("model=roberta_tiny", "data=full_sentences"),
+    "wwm": PAIR,
+    "ngram": ("objective.pair_task=sop", "model=albert_tiny", "data=segment_pair"),
+    "ernie": PAIR,
+    "span": ("model=bert_tiny", "data=full_sentences"),
+    "sop": PAIR,
+    "structbert": PAIR,
+    "electra": ("model=electra_tiny", "data=segment_pair"),
+    "distillation": ("model=distilbert", "model.hidden_size=128", "model.num_hidden_layers=1")
+    + ("model.num_attention_heads=2", "model.intermediate_size=512", "data=full_sentences"),
+    "xlnet": ("model=xlnet_tiny", "data=full_sentences", "data.format=xlnet_memory"),
+    "xlnet_pair": ("model=xlnet_tiny", "data=full_sentences", "data.format=xlnet_pair"),
+    "bart": SEQ2SEQ,
+    "mass": SEQ2SEQ,
+    "causal_lm": ("model=gpt_tiny", "data=full_sentences"),
+}
+
+
+def build(objective: str, shards: Path, scratch: Path, teacher: Path | None):
+    """(module, stream spec) of `objective` on `shards`: batches of 8 sequences of 128."""
+    from pretrain.config import compose_config
+    from pretrain.run import build_stream
+
+    name = "xlnet" if objective.startswith("xlnet") else objective
+    overrides = [
+        f"objective={name}",
+        *OBJECTIVES[objective],
+        f"data.shards_dir={shards}",
+        f"run_dir={scratch / objective}",
+        "data.max_seq_length=128",
+        "data.batch_size=8",
+        "data.num_workers=0",
+        "seed=7",
+    ]
+    if teacher is not None:
+        overrides.append(f"objective.teacher={teacher}")
+    run, spec, module_class = build_stream(compose_config(overrides))
+    torch.manual_seed(0)
+    return module_class(run, spec.vocab), spec
+
+
+def make_teacher(shards: Path, scratch: Path) -> Path:
+    """A BERT-tiny MLM checkpoint (random weights) on the corpus's tokenizer: the teacher
+    reads its encoder and MLM head (the sentence head is left out)."""
+    module, _ = build("mlm_nsp", shards, scratch, None)
+    path = scratch / "teacher.ckpt"
+    torch.save({"state_dict": module.state_dict(), "config": module.config}, path)
+    return path
+
+
+def on_device(batch: dict, device: torch.device) -> dict:
+    return {k: v if k == "keys" else v.to(device) for k, v in batch.items()}
+
+
+def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
+    """'ok', or what synchronised (the error and the last frames under src/pretrain)."""
+    from pretrain.data.stream import training_stream
+
+    device = torch.device(args.device)
+    module, spec = build(objective, args.shards, scratch, teacher)
+    module.to(device).train()
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    batches = iter(training_stream(spec, 0))
+    for step in range(args.steps + 1):
+        batch = on_device(next(batches), device)
+        guarded = step > 0 and device.type == "cuda"  # step 0: warm-up (a logging step)
+        if guarded:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss = module(batch)["loss"]
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        except RuntimeError as error:
+            frames = [
+                f"{Path(f.filename).name}:{f.lineno} {f.line}"
+                for f in traceback.extract_tb(error.__traceback__)
+                if "pretrain" in f.filename
+            ]
+            return f"SYNC at step {step}: {str(error).splitlines()[0]} | " + " <- ".join(
+                reversed(frames[-3:])
+            )
+        finally:
+            if guarded:
+                torch.cuda.set_sync_debug_mode(0)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return "ok" if device.type == "cuda" else "ok (cpu: loop only, no sync check)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", type=Path, default=Path("data/builtin"))
+    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES))
+    parser.add_argument("--steps", type=int, default=3, help="guarded steps per objective")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    args.shards = args.shards.resolve()
+    failed = 0
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        teacher = make_teacher(args.shards, scratch) if "distillation" in args.objectives else None
+        for objective in args.objectives:
+            try:
+                result = check(
+                    objective, args, scratch, teacher if objective == "distillation" else None
+                )
+            except Exception as error:  # a setup failure: reported, the others still run
+                result = f"ERROR {type(error).__name__}: {str(error).splitlines()[0]}"
+            failed += result.split()[0] in ("SYNC", "ERROR")
+            print(f"{objective:14s} {result}", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
