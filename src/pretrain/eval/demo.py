@@ -1,7 +1,7 @@
 """`make demo-eval`: the `make demo` model against a randomly initialised encoder of the same
 size, each fine-tuned on built-in tasks with the same recipe, scores side by side.
 
-    python -m pretrain.eval.demo [--tasks builtin_next builtin_order] [hydra overrides ...]
+    python -m pretrain.eval.demo [--tasks builtin_next builtin_order ...] [hydra overrides ...]
 
 Overrides apply to every run (e.g. `encoder.path=exports/demo-bert eval.epochs=5`). Results
 are written as `eval/<task>-<init>.json` under the encoder's run directory (`out_dir=` to
@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from pretrain.config import compose_config
 from pretrain.eval.config import register_eval_schema
 
-DEMO_TASKS = ("builtin_next", "builtin_order")
+DEMO_TASKS = ("builtin_order", "builtin_next", "builtin_overlap", "builtin_replaced", "builtin_qa")
 MAIN_METRIC = {
     "classification": "accuracy",
     "pair": "accuracy",
