@@ -1,5 +1,5 @@
-"""Test-only objective for multi-process runs (`objective._target_=dist_helpers.RecordingMLM`
-with `tests/` on PYTHONPATH): the MLM module that records, per rank, the sample keys and loss
+"""Test-only objectives for multi-process runs (`objective._target_=dist_helpers.RecordingMLM`,
+or `RecordingXLNet`, with `tests/` on PYTHONPATH): the objective's module that records, per rank, the sample keys and loss
 of every micro-batch and, at the end, its skipped steps, learning-rate scheduler steps, epoch
 tails and a checksum of its parameters; it can inject faults at one optimizer step of one rank.
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from pretrain.objectives.mlm import MaskedLanguageModel
+from pretrain.objectives.xlnet import PermutationLanguageModel
 
 RECORDING_MLM = (  # overrides of a run whose ranks record what they train (`RecordingMLM`)
     "model.hidden_dropout_prob=0",
@@ -42,7 +43,9 @@ def read_records(directory: Path) -> dict[int, list[dict]]:
     }
 
 
-class RecordingMLM(MaskedLanguageModel):
+class Recording:
+    """Mixin over an objective's module: records and injects faults (see the module doc)."""
+
     def _fault(self, name: str) -> bool:
         step = int(os.environ.get(f"PRETRAIN_TEST_{name}_STEP", "-1"))
         rank = int(os.environ.get(f"PRETRAIN_TEST_{name}_RANK", "0"))
@@ -82,3 +85,11 @@ class RecordingMLM(MaskedLanguageModel):
                 "param_checksum": checksum,
             },
         )
+
+
+class RecordingMLM(Recording, MaskedLanguageModel):
+    """MLM (and MLM with a pair task: objective=mlm_nsp or sop) that records."""
+
+
+class RecordingXLNet(Recording, PermutationLanguageModel):
+    """XLNet's permutation LM (with memory under data=xlnet_memory) that records."""

@@ -169,10 +169,12 @@ class PermutationLanguageModel(PretrainingModule):
     def on_train_epoch_start(self) -> None:
         self.reset_memory()
 
-    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
-        """At the first batch of a run resumed inside an epoch, take back the memory its
-        checkpoint saved, so it continues as if never stopped."""
-        super().on_train_batch_start(batch, batch_idx)
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> int | None:
+        """The base's epoch end (-1, `PretrainingModule.on_train_batch_start`); at the first
+        batch of a run resumed inside an epoch, take back the memory its checkpoint saved, so
+        it continues as if never stopped."""
+        if super().on_train_batch_start(batch, batch_idx) == -1:
+            return -1  # the epoch's end marker: no batch to train
         restored, self._restored_memory = self._restored_memory, None
         if restored is not None and restored["epoch"] == self.current_epoch:
             rank = self.global_rank if restored["mask"].ndim == 3 else None

@@ -1,0 +1,175 @@
+"""The resume matrix: a run continued by a chain of launches trains, at every step, what one
+uninterrupted launch trains there (the same samples, and losses equal to 1e-5), on 2 CPU ranks.
+
+Each cell is one configuration (objective, strategy, accumulation) and one chain of stops:
+- `max_steps`: the launch ends at trainer.max_steps (its final checkpoint), in mid-epoch or
+  exactly at an epoch's last step;
+- `sigterm`: a preemption signal arrives during an optimizer step (with accumulation: at its
+  first micro-batch, inside the accumulation); the run saves at the step's end and stops;
+and every launch after the first resumes (resume=auto) from the newest checkpoint. Stops land
+in mid-epoch, at an epoch end, in the epoch after an epoch-end resume (a second save), and the
+last launch crosses another epoch end. The schedule is constant after a short warm-up, so the
+learning rate does not depend on max_steps (a decaying one: tests/integration/test_extend_run.py).
+
+Cells, a subset of objective x strategy x accumulation in which every objective, strategy,
+accumulation and kind of stop appears (13 launches in all): MLM on ZeRO-2 with accumulation
+(stops: max_steps mid-epoch, max_steps at the epoch end, a signal inside an accumulation);
+SOP (a pair objective) on DDP without accumulation (epoch end, then a signal); XLNet's memory
+stream on DDP with accumulation (a signal inside an accumulation, then the epoch end).
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import cpu_run_overrides
+from dist_helpers import read_records
+
+TESTS_DIR = Path(__file__).parent
+GUARD_S = 600  # a launch that would hang fails the test after this long (a guard, not a timer)
+RANKS = 2
+
+RECORDING = (
+    "optim.schedule=constant",
+    "optim.warmup_steps=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.checkpoint_every_n_steps=1000",
+    "data.max_seq_length=128",
+    "data.batch_size=16",
+)
+NO_DROPOUT = (  # a step's loss depends on the weights, samples and masks only
+    "model.hidden_dropout_prob=0",
+    "model.attention_probs_dropout_prob=0",
+)
+MLM = (
+    *NO_DROPOUT,
+    "objective=mlm",
+    "objective._target_=dist_helpers.RecordingMLM",
+    "data=full_sentences",
+)
+SOP = (
+    *NO_DROPOUT,
+    "objective=sop",
+    "objective._target_=dist_helpers.RecordingMLM",
+    "data=segment_pair",
+)
+XLNET = (
+    "model=xlnet_tiny",
+    "model.dropout=0",
+    "objective=xlnet",
+    "objective._target_=dist_helpers.RecordingXLNet",
+    "data=xlnet_memory",
+    "data.max_seq_length=96",
+    "data.batch_size=32",
+)
+
+
+def launch(shards_dir: Path, run_dir: Path, *extra: str, env: dict | None = None):
+    """`pretrain` on RANKS CPU processes; records go to `<run_dir>-records`."""
+    records = Path(f"{run_dir}-records")
+    records.mkdir(parents=True, exist_ok=True)
+    environment = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {})
+    environment["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
+    overrides = cpu_run_overrides(shards_dir, run_dir, *RECORDING, *extra)
+    command = [sys.executable, "-m", "pretrain.train", *overrides, f"trainer.devices={RANKS}"]
+    try:
+        return subprocess.run(
+            command,
+            env=environment,
+            cwd=run_dir.parent,
+            capture_output=True,
+            text=True,
+            timeout=GUARD_S,
+        )
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"launch still running after {GUARD_S} s: it hangs\n{error.stdout}")
+
+
+def steps(records: dict[int, list[dict]]) -> dict[int, list[tuple[int, list[str], float]]]:
+    """{rank: [(step, keys, loss) of every micro-batch, in order]}."""
+    return {
+        rank: [(e["step"], e["keys"], e["loss"]) for e in entries if "step" in e]
+        for rank, entries in records.items()
+    }
+
+
+def epoch_ends(stdout: str) -> list[int]:
+    """The steps at which the run's epochs ended, from its log."""
+    return [int(m) for m in re.findall(r"epoch \d+ ends at step (\d+)", stdout)]
+
+
+def run_chain(shards_dir: Path, tmp_path: Path, config: tuple, total: int, stops) -> None:
+    """Train `total` steps in one launch, then in a chain of launches: `stops(ends)` (`ends`:
+    the steps where the whole run's epochs ended) gives each launch's stop, ("max_steps", N)
+    or ("sigterm", N) (a signal to rank 1 in step N: it saves after step N and exits 75); a
+    last launch trains to `total`. Every micro-batch of every rank must match."""
+    whole = launch(shards_dir, tmp_path / "whole", *config, f"trainer.max_steps={total}")
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
+    ends = epoch_ends(whole.stdout)
+    assert len(ends) == 2 and ends[1] < total, ends  # the chain crosses two epoch ends
+    for kind, step in [*stops(ends), ("max_steps", total)]:
+        env = {}
+        if kind == "sigterm":
+            env = {"PRETRAIN_TEST_SIGTERM_STEP": str(step), "PRETRAIN_TEST_SIGTERM_RANK": "1"}
+            step = total
+        result = launch(
+            shards_dir, tmp_path / "parts", *config, f"trainer.max_steps={step}", env=env
+        )
+        status = 75 if kind == "sigterm" else 0
+        assert result.returncode == status, result.stdout[-3000:] + result.stderr[-5000:]
+    want = read_records(tmp_path / "whole-records")
+    got = read_records(tmp_path / "parts-records")
+    for rank in range(RANKS):
+        got_steps, want_steps = steps(got)[rank], steps(want)[rank]
+        assert [s for s, _, _ in got_steps] == [s for s, _, _ in want_steps], (rank, ends)
+        for (step, keys, loss), (_, want_keys, want_loss) in zip(
+            got_steps, want_steps, strict=True
+        ):
+            assert keys == want_keys, (rank, step, ends)
+            assert loss == pytest.approx(want_loss, abs=1e-5), (rank, step, ends)
+        last, reference = got[rank][-1], want[rank][-1]  # the weights at the end, too
+        assert last["param_checksum"] == pytest.approx(reference["param_checksum"], rel=1e-6)
+        assert last["epoch_tails"][-1] == reference["epoch_tails"][-1]
+
+
+@pytest.mark.slow
+def test_mlm_zero2_accumulation(prepared_corpus, tmp_path):
+    """ZeRO-2, 2 micro-batches per step: max_steps in mid-epoch 0, max_steps at the end of
+    epoch 0, then a signal at the first micro-batch of a step in epoch 1 (inside the
+    accumulation; the second save after an epoch-end resume)."""
+    run_chain(
+        prepared_corpus,
+        tmp_path,
+        (*MLM, "strategy=deepspeed_zero2", "data.global_batch_size=64"),
+        total=15,
+        stops=lambda ends: [("max_steps", 3), ("max_steps", ends[0]), ("sigterm", ends[0] + 1)],
+    )
+
+
+@pytest.mark.slow
+def test_sop_ddp(prepared_corpus, tmp_path):
+    """A pair objective on DDP without accumulation: max_steps at the end of epoch 0, then a
+    signal in mid-epoch 1."""
+    run_chain(
+        prepared_corpus,
+        tmp_path,
+        (*SOP, "strategy=ddp"),
+        total=36,
+        stops=lambda ends: [("max_steps", ends[0]), ("sigterm", ends[0] + 2)],
+    )
+
+
+@pytest.mark.slow
+def test_xlnet_memory_ddp_accumulation(prepared_corpus, tmp_path):
+    """XLNet's memory, carried across micro-batches and launches, 2 micro-batches per step: a
+    signal inside the accumulation in mid-epoch 0, then max_steps at the end of epoch 0."""
+    run_chain(
+        prepared_corpus,
+        tmp_path,
+        (*XLNET, "strategy=ddp", "data.global_batch_size=128"),
+        total=26,
+        stops=lambda ends: [("sigterm", 2), ("max_steps", ends[0])],
+    )
