@@ -1,6 +1,7 @@
 """A crash while writing a checkpoint never leaves a corrupt one to resume from; `resume=auto`
 takes the newest complete checkpoint; a changed config never silently continues another run."""
 
+import copy
 import os
 import shutil
 import subprocess
@@ -121,6 +122,24 @@ def test_config_changes_lists_what_differs():
         "optim.lr: 0.0001 -> 0.0002",
     ]
     assert config_changes(saved, saved) == []
+
+
+def test_a_key_added_since_the_checkpoint_counts_at_its_default(prepared_corpus):
+    """A checkpoint saved before a key existed (here data.bad_shards, trainer.max_skipped_steps)
+    resumes when the key keeps its default, and is refused when the key is set otherwise."""
+    from pretrain.config import plain_config, validate
+
+    current = plain_config(validate(compose_config([f"data.shards_dir={prepared_corpus}"])))
+    saved = copy.deepcopy(current)
+    del saved["data"]["bad_shards"], saved["trainer"]["max_skipped_steps"], saved["data"]["format"]
+    saved["data"]["format"] = current["data"]["format"]
+    assert refused_changes(saved, current) == []
+    current["data"]["format"] = "full_sentences"
+    current["trainer"]["max_skipped_steps"] = 5  # may change anyway
+    assert refused_changes(saved, current) == ["data.format: 'segment_pair' -> 'full_sentences'"]
+    del saved["seed"]  # a key that is not new, set to a value other than its default, is refused
+    current["seed"] = 7
+    assert "seed: 1234 -> 7" in refused_changes(saved, current)
 
 
 def plain(**changes) -> dict:
