@@ -285,11 +285,11 @@ def test_masks_depend_only_on_seed_epoch_and_key(corruption_class):
     assert (other["labels"] != out["labels"]).mean() > 0.05  # dynamic: another epoch, other masks
 
 
-def masked_batches(cfg, n_batches: int):
-    """The first batches of epoch 0 of the real stream of `cfg`, as numpy, each with its
+def masked_batches(cfg, n_batches: int, epoch: int = 0):
+    """The first batches of `epoch` of the real stream of `cfg`, as numpy, each with its
     selected positions and its candidates (non-special, non-padding tokens before corruption)."""
     _, spec, _ = build_stream(cfg)
-    for index, batch in enumerate(training_stream(spec, epoch=0)):
+    for index, batch in enumerate(training_stream(spec, epoch=epoch)):
         if index == n_batches:
             return
         batch = {k: (v if k == "keys" else v.numpy()) for k, v in batch.items()}

@@ -40,22 +40,23 @@ def sample_ngram_lengths(uniform: np.ndarray, available: np.ndarray, max_ngram: 
     return lengths
 
 
-def clipped_geometric_probabilities(p: float, max_length: int) -> np.ndarray:
-    """Law of min(G, max_length) with G ~ Geometric(p) on 1, 2, ...: p(k) = p (1-p)^(k-1)
-    for k < max_length and P(G >= max_length) = (1-p)^(max_length-1) at max_length.
+def truncated_geometric_probabilities(p: float, max_length: int) -> np.ndarray:
+    """SpanBERT's span-length law: Geometric(p) on 1, 2, ... truncated to 1..max_length and
+    renormalised, p(k) = p (1-p)^(k-1) / sum_{j=1}^{max_length} p (1-p)^(j-1) (SpanBERT's
+    `PairWithSpanMaskingScheme.len_distrib`; draws above max_length are not moved to it).
     Returns (max_length,) float64; entry k-1 is p(k)."""
     k = np.arange(1, max_length + 1)
-    probabilities = p * (1 - p) ** (k - 1)
-    probabilities[-1] = (1 - p) ** (max_length - 1)
-    return probabilities
+    weights = p * (1 - p) ** (k - 1)
+    return weights / weights.sum()
 
 
 def sample_span_lengths(
     rng: np.random.Generator, size: int, p: float, max_length: int
 ) -> np.ndarray:
-    """SpanBERT span lengths in words: Geometric(p) on 1, 2, ... clipped at `max_length`.
-    Returns (size,) int64."""
-    return np.minimum(rng.geometric(p, size=size), max_length).astype(np.int64)
+    """SpanBERT span lengths in words, by inverse transform from
+    `truncated_geometric_probabilities(p, max_length)`. Returns (size,) int64 in 1..max_length."""
+    cdf = np.cumsum(truncated_geometric_probabilities(p, max_length))[:-1]  # (max_length - 1,)
+    return 1 + np.searchsorted(cdf, rng.random(size), side="right").astype(np.int64)
 
 
 def _row_words(word_first: np.ndarray, candidates: np.ndarray) -> tuple[list, list, list]:

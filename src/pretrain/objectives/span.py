@@ -1,9 +1,10 @@
 """SpanBERT (Joshi et al., 2020): span masking + the span boundary objective (SBO), on single
 segments without a sentence task.
 
-Corruption: spans of whole words, lengths ~ Geometric(span_geometric_p) clipped at
-`span_max_words` words, starting at uniformly drawn words, never overlapping, until
-round(mlm_probability * candidates) tokens are covered (`pretrain.data.span_masking.select_spans`);
+Corruption: spans of whole words, lengths ~ Geometric(span_geometric_p) truncated to
+1..`span_max_words` words and renormalised (SpanBERT's sampler: mean 3.8 words at 0.2 and
+10), starting at uniformly drawn words, never overlapping, until round(mlm_probability *
+candidates) tokens are covered (`pretrain.data.span_masking.select_spans`);
 the 80/10/10 rule is decided once per span. The batch gains `span_left`, `span_right` (the
 token indices just before and after each predicted token's span) and `span_position` (0-based
 position inside the span), all (batch, seq) int64, 0 where labels is IGNORE_INDEX.
@@ -59,7 +60,7 @@ class SpanMaskingConfig(MaskedLMConfig):
             self.span_max_words >= 1,
             "objective.span_max_words",
             self.span_max_words,
-            "must be at least 1 word (SpanBERT clips span lengths at 10)",
+            "must be at least 1 word (SpanBERT truncates span lengths to 1..10)",
         )
         require(
             self.sbo_max_span_tokens >= 1,
