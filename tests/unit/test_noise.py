@@ -205,7 +205,7 @@ def test_corruption_is_keyed_by_seed_epoch_and_sample(kind):
             seed=1, pad_id=0, mask_id=MASK, start_id=VOCAB.sep, max_length=64
         )
     else:
-        corruption = MassCorruption(seed=1, pad_id=0, mask_id=MASK)
+        corruption = MassCorruption(seed=1, pad_id=0, mask_id=MASK, vocab_size=VOCAB.size)
     a = corruption(collated(), epoch=0)
     b = corruption(collated(), epoch=0)
     for key in ("input_ids", "decoder_input_ids", "labels"):

@@ -39,6 +39,22 @@ from pretrain.objectives.predictions import (
 SENTENCE_TASK_LABELS = {"nsp": 2, "sop": 2, "three_way": 3}
 
 
+def require_replacement_split(config) -> None:
+    """Check `config`'s 80/10/10 split: objective.mask_token_probability and
+    objective.random_token_probability (shares of the predicted tokens replaced by [MASK] and
+    by a random token) each in [0, 1], together at most 1 (the rest stay unchanged)."""
+    for key in ("mask_token_probability", "random_token_probability"):
+        require_unit_interval(
+            f"objective.{key}", getattr(config, key), open_low=False, open_high=False
+        )
+    total = config.mask_token_probability + config.random_token_probability
+    if total > 1 + 1e-9:
+        raise ConfigError(
+            f"objective.mask_token_probability + objective.random_token_probability = {total!r}: must be at "
+            "most 1 (the rest of the selected tokens stay unchanged)"
+        )
+
+
 @dataclass
 class MaskedLMConfig(ObjectiveConfig):
     """MLM settings; probabilities of selection per token, of replacement per selected unit."""
@@ -53,16 +69,7 @@ class MaskedLMConfig(ObjectiveConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_unit_interval("objective.mlm_probability", self.mlm_probability)
-        for key in ("mask_token_probability", "random_token_probability"):
-            require_unit_interval(
-                f"objective.{key}", getattr(self, key), open_low=False, open_high=False
-            )
-        total = self.mask_token_probability + self.random_token_probability
-        if total > 1 + 1e-9:
-            raise ConfigError(
-                f"objective.mask_token_probability + objective.random_token_probability = {total!r}: must be at "
-                "most 1 (the rest of the selected tokens stay unchanged)"
-            )
+        require_replacement_split(self)
         if self.pair_task not in self.pair_tasks:
             raise ConfigError(
                 f"objective.pair_task = {self.pair_task!r}: must be one of {', '.join(self.pair_tasks)}"
