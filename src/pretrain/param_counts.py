@@ -1,9 +1,11 @@
 """`pretrain-params model=NAME [overrides] [vocab_size=N] [--format json]`: a model's parameter
-count (total, embeddings, the rest), the way the ALBERT paper's tables size models.
+counts, first the way its paper counts them (the encoder, plus BERT's [CLS] pooler for the
+families whose papers count it: BERT 110M, ALBERT-base 12M, RoBERTa, ELECTRA), then the
+encoder (embeddings and the rest) and the pooler.
 
 The model is built on the meta device, so no weights are allocated: even xxlarge sizes print
 in a second. The vocabulary is the paper's (`model.reference_vocab_size`) unless
-`vocab_size=N` is given. Objective heads (MLM, NSP) are not counted.
+`vocab_size=N` is given. Pretraining heads (MLM, NSP/SOP classifier, SBO, ...) are not counted.
 
 (`pretrain-info`, its old name, still works and says so; `pretrain-data info` is about shards.)
 """
@@ -19,14 +21,31 @@ from pretrain.errors import report_error
 from pretrain.models import build_encoder, count_parameters
 
 
-def parameter_counts(model_cfg: dict, vocab_size: int, pad_token_id: int = 0) -> dict[str, int]:
-    """{"total", "embeddings", "rest"} parameter counts of the encoder `model_cfg` describes
-    (shared parameters counted once); `embeddings` is the encoder's `embeddings` submodule."""
+def parameter_counts(
+    model_cfg: dict, vocab_size: int, pad_token_id: int = 0
+) -> dict[str, int | str]:
+    """Parameter counts (shared parameters counted once) of the model `model_cfg` describes:
+    "total" the encoder's, split into "embeddings" (its `embeddings` submodule) and "rest";
+    "pooler" BERT's [CLS] pooler (hidden x hidden + hidden) where the family's paper counts
+    it (the encoder's `paper_counts_pooler`), else 0; "paper_total" = total + pooler, the
+    paper's way; "paper_counts" names the parts paper_total includes."""
     with torch.device("meta"):
         encoder = build_encoder(model_cfg, vocab_size, pad_token_id)
     total = count_parameters(encoder)
     embeddings = count_parameters(encoder.embeddings) if hasattr(encoder, "embeddings") else 0
-    return {"total": total, "embeddings": embeddings, "rest": total - embeddings}
+    pooler = 0
+    if getattr(encoder, "paper_counts_pooler", False):
+        hidden = model_cfg["hidden_size"]
+        pooler = hidden * hidden + hidden
+    parts = "encoder + [CLS] pooler" if pooler else "encoder (the paper's model has no pooler)"
+    return {
+        "total": total,
+        "embeddings": embeddings,
+        "rest": total - embeddings,
+        "pooler": pooler,
+        "paper_total": total + pooler,
+        "paper_counts": f"{parts}; pretraining heads not counted",
+    }
 
 
 def model_info(overrides: list[str], vocab_size: int | None = None) -> dict:
@@ -48,8 +67,14 @@ def format_table(info: dict) -> str:
     """The counts as an aligned text table, in millions and exactly."""
     rows = [("parameters", "millions", "count")]
     rows += [
-        (key, f"{info[key] / 1e6:.2f}M", f"{info[key]:,}")
-        for key in ("total", "embeddings", "rest")
+        (label, f"{info[key] / 1e6:.2f}M", f"{info[key]:,}")
+        for label, key in (
+            ("paper count", "paper_total"),
+            ("encoder", "total"),
+            ("  embeddings", "embeddings"),
+            ("  rest", "rest"),
+            ("pooler", "pooler"),
+        )
     ]
     width = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [f"model {info['model']} (vocabulary {info['vocab_size']:,} tokens)"]
@@ -57,6 +82,7 @@ def format_table(info: dict) -> str:
         "  ".join(cell.rjust(width[i]) if i else cell.ljust(width[i]) for i, cell in enumerate(row))
         for row in rows
     ]
+    lines.append(f"paper count = {info['paper_counts']}")
     return "\n".join(lines)
 
 

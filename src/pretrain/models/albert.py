@@ -108,6 +108,7 @@ class AlbertEncoder(nn.Module):
 
     config_class = AlbertEncoderConfig
     hf_format = "pretrain.export.albert"
+    paper_counts_pooler = True  # Table 1's 12M/18M include the [CLS] pooler (SOP uses it)
 
     def __init__(
         self,

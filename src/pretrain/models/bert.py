@@ -216,6 +216,7 @@ class BertEncoder(nn.Module):
 
     config_class = BertEncoderConfig
     hf_format = "pretrain.export.bert"  # the module whose to_hf/from_hf convert the weights
+    paper_counts_pooler = True  # the paper's parameter count includes the [CLS] pooler
     embeddings_class = BertEmbeddings  # subclasses change positions or token types
 
     def __init__(

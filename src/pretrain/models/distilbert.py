@@ -58,6 +58,7 @@ class DistilBertEncoder(BertEncoder):
 
     config_class = DistilBertEncoderConfig
     hf_format = "pretrain.export.distilbert"
+    paper_counts_pooler = False  # DistilBERT has no pooler (66M)
 
     def __init__(
         self,

@@ -78,6 +78,7 @@ class ElectraEncoder(nn.Module):
 
     config_class = ElectraEncoderConfig
     hf_format = "pretrain.export.electra"
+    paper_counts_pooler = True  # ELECTRA's code builds BERT's model, pooler included
 
     def __init__(
         self,
