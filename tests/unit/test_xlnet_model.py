@@ -4,6 +4,7 @@ memory detached and masked, paper parameter counts."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -12,6 +13,7 @@ from pretrain.export.hf import import_hf_model, write_hf_model
 from pretrain.export.xlnet import to_hf
 from pretrain.models import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
+from pretrain.objectives.xlnet import PermutationCorruption
 from pretrain.param_counts import parameter_counts
 
 VOCAB, PAD = 97, 0
@@ -186,3 +188,33 @@ def test_paper_sizes(name, millions):
     counts = parameter_counts(model, model["reference_vocab_size"])
     assert counts["total"] / 1e6 == pytest.approx(millions, abs=0.1)
     assert counts["embeddings"] == 32000 * model["d_model"] + model["d_model"]
+
+
+def test_query_stream_matches_transformers_with_the_two_part_memory_order(exported):
+    """The corruption's memory-format perm_mask (reuse part permuted on its own and blocked
+    from the rest) gives the same predictions here and in transformers."""
+    encoder, head, hf, _, _ = exported
+    ids, types, mask = _batch()
+    batch = {
+        "input_ids": ids.numpy().copy(),
+        "attention_mask": mask.numpy().copy(),
+        "keys": ["a", "b", "c"],
+        "new_document": np.zeros(3, bool),
+    }
+    corruption = PermutationCorruption(
+        seed=0, special_ids=(PAD,), partial_prediction_k=3, reuse_len=MODEL["reuse_len"]
+    )
+    out = corruption(batch, epoch=0)
+    perm_mask = torch.from_numpy(out["perm_mask"]).float()
+    assert perm_mask[:, : MODEL["reuse_len"], MODEL["reuse_len"] :].all()
+    mapping = torch.from_numpy(out["target_mapping"])
+    with torch.no_grad():
+        ours, _ = _logits(
+            encoder, head, input_ids=ids, token_type_ids=types, attention_mask=mask,
+            perm_mask=perm_mask, target_mapping=mapping,
+        )  # fmt: skip
+        theirs = hf(
+            input_ids=ids, token_type_ids=types, attention_mask=mask,
+            perm_mask=perm_mask, target_mapping=mapping,
+        ).logits  # fmt: skip
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

@@ -335,3 +335,44 @@ def test_resumed_memory_run_matches_the_uninterrupted_one(prepared_corpus, tmp_p
     b = torch.load(resumed_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)
+
+
+def _text_positions(batch: dict, row: int, vocab: Vocabulary) -> np.ndarray:
+    """Positions of a memory-format row's document tokens (not [SEP], [CLS] or padding)."""
+    ids = batch["input_ids"][row].numpy()
+    real = batch["attention_mask"][row].numpy().astype(bool)
+    return np.flatnonzero(real & (ids != vocab.sep) & (ids != vocab.cls))
+
+
+@pytest.mark.parametrize("order", ["uniform", "span"])
+def test_memory_producing_positions_never_see_the_next_segments_targets(prepared_corpus, order):
+    """XLNet's two-part permutation: the reuse part (whose hidden states become the next
+    segment's memory) is permuted on its own and blocked from the rest, so no position that
+    produces memory sees a token the next segment of its slot predicts (the next segment's
+    text is the text after this reuse part, aligned token by token); the rest sees the
+    whole reuse part, and both parts have their own 1/K of targets."""
+    reuse = 16
+    overrides = [
+        "experiment=xlnet_demo", f"data.shards_dir={prepared_corpus}", "data.batch_size=4",
+        "data.max_seq_length=48", f"model.reuse_len={reuse}", f"objective.order={order}",
+    ]  # fmt: skip
+    _, spec, _ = build_stream(compose_config(overrides))
+    batches = [b for _, b in zip(range(30), training_stream(spec, 0), strict=False)]
+    pairs = seen = reuse_targets = 0
+    for before, after in zip(batches, batches[1:], strict=False):
+        mask = before["perm_mask"].numpy()
+        assert mask[:, :reuse, reuse:].all() and not mask[:, reuse:, :reuse].any()
+        for row in np.flatnonzero(~after["new_document"].numpy()):
+            old = _text_positions(before, row, spec.vocab)
+            old = old[old >= reuse]  # the text after this segment's reuse part
+            new = _text_positions(after, row, spec.vocab)
+            n = min(len(old), len(new))
+            np.testing.assert_array_equal(  # the next segment continues the text here
+                before["input_ids"][row, old[:n]], after["input_ids"][row, new[:n]]
+            )
+            predicted = (after["labels"][row, new[:n]] != IGNORE_INDEX).numpy()
+            reuse_targets += int(predicted[new[:n] < reuse].sum())
+            seen += int((~mask[row, :reuse][:, old[:n][predicted]]).sum())
+            pairs += 1
+    assert pairs > 50 and reuse_targets > 50  # the next reuse parts do have targets
+    assert seen == 0

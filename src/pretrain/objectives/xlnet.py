@@ -9,6 +9,12 @@ are kept for previews. Loss: cross-entropy of the query stream's predictions at 
 is ceil(data.max_seq_length / K) (`pretrain.data.prediction_budget`), so the query stream and
 the head see a bounded set of shapes; unused slots have target label IGNORE_INDEX.
 
+With memory (data.format=xlnet_memory), as XLNet's data_utils.py does with reuse_len > 0:
+the reuse part (the first reuse_len positions, whose hidden states become the next segment's
+memory) and the rest are permuted separately, each with 1/K of its candidates as targets;
+the reuse part may not attend to the rest (which holds the next segment's text, so the
+memory never carries a token the next segment predicts) and the rest sees the reuse part.
+
 Memory (data.format=xlnet_memory): the module keeps the encoder's memory between training
 steps (detached, per batch slot) and masks a slot's memory when the batch flags
 `new_document` for it; the memory is not saved in checkpoints (a resumed run starts with an
@@ -26,6 +32,7 @@ from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.permutation import (
     ORDERS,
+    Permutation,
     perm_mask_from,
     span_order,
     target_mapping_from,
@@ -103,19 +110,44 @@ class PermutationCorruption:
         """The batch axes this corruption sizes (`prediction_budget.shape_set`)."""
         return {"predictions": self.prediction_widths(max_seq_length)}
 
+    def order_of(self, candidates: np.ndarray, keys: list[str], epoch: int) -> Permutation:
+        """The factorization order of each row's `candidates` (batch, seq) bool."""
+        k = self.partial_prediction_k
+        if self.order == "uniform":
+            hashes = key_hashes(keys)
+            return uniform_order(candidates, hashes, seed=self.seed, epoch=epoch, k=k)
+        return span_order(
+            candidates, keys, seed=self.seed, epoch=epoch, k=k,
+            max_span_length=self.max_span_length,
+        )  # fmt: skip
+
+    def two_part_order(
+        self, candidates: np.ndarray, keys: list[str], epoch: int, reuse: int
+    ) -> tuple[Permutation, np.ndarray]:
+        """XLNet's memory layout (data_utils.py, reuse_len > 0): the first `reuse` positions
+        (whose hidden states become the next segment's memory) and the rest are permuted
+        separately, each with its own 1/K of targets; the reuse part may not see the rest,
+        the rest sees all of the reuse part. Returns (the joint order, perm_mask (batch, seq,
+        seq))."""
+        first = np.arange(candidates.shape[1]) < reuse  # (seq,)
+        part0 = self.order_of(candidates & first, keys, epoch)
+        rest_keys = [f"{key}/non-reuse" for key in keys]
+        part1 = self.order_of(candidates & ~first, rest_keys, epoch)
+        perm_mask = np.where(first[:, None], perm_mask_from(part0), perm_mask_from(part1))
+        perm_mask[:, :reuse, reuse:] = True  # the reuse part is blocked from the rest
+        perm_mask[:, reuse:, :reuse] = False  # the rest sees the whole reuse part
+        rank = np.where(first, part0.rank, part1.rank)
+        return Permutation(rank, part0.targets | part1.targets), perm_mask
+
     def __call__(self, batch: dict, epoch: int) -> dict:
         ids = batch["input_ids"]
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(ids, self.special_ids)
-        k = self.partial_prediction_k
-        if self.order == "uniform":
-            hashes = key_hashes(batch["keys"])
-            perm = uniform_order(candidates, hashes, seed=self.seed, epoch=epoch, k=k)
+        if "new_document" in batch:  # xlnet_memory: the stream's reuse part comes first
+            reuse = self.reuse_len or (self.max_seq_length or ids.shape[1]) // 2  # as the stream
+            perm, batch["perm_mask"] = self.two_part_order(candidates, batch["keys"], epoch, reuse)
         else:
-            perm = span_order(
-                candidates, batch["keys"], seed=self.seed, epoch=epoch, k=k,
-                max_span_length=self.max_span_length,
-            )  # fmt: skip
-        batch["perm_mask"] = perm_mask_from(perm)
+            perm = self.order_of(candidates, batch["keys"], epoch)
+            batch["perm_mask"] = perm_mask_from(perm)
         widths = self.prediction_widths(self.max_seq_length or ids.shape[1])
         num_predict = width_for(int(perm.targets.sum(axis=1).max(initial=0)), widths)
         mapping, target_labels, _ = target_mapping_from(perm, ids, num_predict)
