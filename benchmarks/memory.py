@@ -1,0 +1,122 @@
+"""Memory against the step of the family demos (issue 18).
+
+Runs `pretrain experiment=<demo>` for `--steps` optimizer steps per demo (CSV logger, a
+scratch run directory, logging every `--every` steps), reads the run's own memory metrics
+from its metrics.csv (`sys/host_memory_gb`: PSS of the main process and its data-loader
+workers, `pretrain.memory`), prints a table of memory against the step and the growth from
+`--from-step` to the last step, and writes a PNG when matplotlib is installed.
+
+    .venv/bin/python benchmarks/memory.py --demos demo electra_demo xlnet_demo \
+        --steps 600 --every 50 --png benchmarks/figures/memory_vs_step.png
+
+The demos read the built-in corpora (`make demo-families` prepares them); distilbert_demo
+needs the demo's checkpoint as its teacher (`make demo`). Extra Hydra overrides for every
+run follow `--`, e.g. `-- data.num_workers=0`.
+"""
+
+import argparse
+import csv
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+COLUMNS = ("sys/host_memory_main_gb", "sys/host_memory_workers_gb", "sys/host_memory_gb")
+
+
+def run_demo(demo: str, steps: int, every: int, run_dir: Path, extra: list[str]) -> None:
+    """Train `demo` for `steps` optimizer steps in `run_dir`; raises on a failed run."""
+    command = [
+        str(Path(sys.executable).parent / "pretrain"),
+        f"experiment={demo}",
+        f"trainer.max_steps={steps}",
+        f"trainer.log_every_n_steps={every}",
+        f"trainer.checkpoint_every_n_steps={10 * steps}",  # only the final checkpoint
+        "logger=csv",
+        f"run_dir={run_dir}",
+        "resume=never",
+        "trainer.enable_progress_bar=false",
+        *extra,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{demo}: exit {result.returncode}\n{result.stderr[-3000:]}")
+
+
+def memory_rows(run_dir: Path) -> list[tuple[int, float, float, float]]:
+    """(step, main GiB, workers GiB, total GiB) of every logged step of the run."""
+    rows = []
+    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row.get("sys/host_memory_gb"):
+                    rows.append((int(row["step"]), *(float(row[c]) for c in COLUMNS)))
+    return sorted(rows)
+
+
+def growth(rows: list[tuple[int, float, float, float]], from_step: int) -> float:
+    """Relative growth of the total from the first logged step >= `from_step` to the last."""
+    start = next((r for r in rows if r[0] >= from_step), rows[0])
+    return rows[-1][3] / start[3] - 1
+
+
+def plot(results: dict[str, list], path: Path) -> bool:
+    """Memory against the step: per demo, main + workers (solid) and the main process alone
+    (dashed); False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for demo, rows in results.items():
+        steps = [r[0] for r in rows]
+        (line,) = axis.plot(
+            steps, [r[3] for r in rows], marker=".", label=f"{demo}: main + workers"
+        )
+        axis.plot(steps, [r[1] for r in rows], "--", color=line.get_color(), label=f"{demo}: main")
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("PSS (GiB)")
+    axis.set_ylim(bottom=0)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--demos", nargs="+", default=["demo", "electra_demo", "xlnet_demo"])
+    parser.add_argument("--steps", type=int, default=600, help="optimizer steps per demo")
+    parser.add_argument("--every", type=int, default=50, help="log (and measure) every N steps")
+    parser.add_argument("--from-step", type=int, default=300, help="growth measured from here")
+    parser.add_argument("--png", type=Path, default=Path("benchmarks/figures/memory_vs_step.png"))
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
+    args = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for demo in args.demos:
+            run_dir = Path(scratch) / demo
+            run_demo(demo, args.steps, args.every, run_dir, args.overrides)
+            results[demo] = memory_rows(run_dir)
+            print(f"== {demo}: step, main, workers, total (GiB, PSS)", flush=True)
+            for step, main_gb, workers_gb, total_gb in results[demo]:
+                print(f"{step:6d} {main_gb:7.3f} {workers_gb:7.3f} {total_gb:7.3f}", flush=True)
+    print(f"\n| demo | total at step >= {args.from_step} | total at the last step | growth |")
+    print("|---|---|---|---|")
+    for demo, rows in results.items():
+        start = next((r for r in rows if r[0] >= args.from_step), rows[0])
+        print(
+            f"| {demo} | {start[3]:.3f} GiB (step {start[0]}) | {rows[-1][3]:.3f} GiB "
+            f"(step {rows[-1][0]}) | {growth(rows, args.from_step):+.1%} |"
+        )
+    if plot(results, args.png):
+        print(f"\nwrote {args.png}")
+
+
+if __name__ == "__main__":
+    main()
