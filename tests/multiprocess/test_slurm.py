@@ -262,7 +262,7 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
     resumed, expected = step_losses(tmp_path / "run"), step_losses(reference)
     assert sorted(resumed) == sorted(expected) == list(range(steps))
     for step, loss in expected.items():
-        assert resumed[step] == pytest.approx(loss, abs=1e-6), step
+        assert resumed[step] == pytest.approx(loss, abs=1e-5), step  # float32 sums
     assert last_checkpoint(tmp_path / "run")["global_step"] == steps
 
 
