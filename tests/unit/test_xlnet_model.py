@@ -95,10 +95,9 @@ def test_content_stream_matches_transformers(exported):
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=1e-5)
 
 
-def test_query_stream_matches_transformers(exported):
-    encoder, head, hf, _, _ = exported
-    ids, types, mask = _batch()
-    perm_mask, mapping = _perm(3, 10, 3)
+def _query_stream_parity(encoder, head, hf, ids, types, mask, perm_mask, mapping):
+    """Our query-stream logits for the permutation `perm_mask` and targets `mapping` equal
+    transformers' XLNetLMHeadModel's; returns ours."""
     with torch.no_grad():
         ours, _ = _logits(
             encoder, head, input_ids=ids, token_type_ids=types, attention_mask=mask,
@@ -108,8 +107,16 @@ def test_query_stream_matches_transformers(exported):
             input_ids=ids, token_type_ids=types, attention_mask=mask,
             perm_mask=perm_mask, target_mapping=mapping,
         ).logits  # fmt: skip
-    assert ours.shape == (3, 3, VOCAB)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    return ours
+
+
+def test_query_stream_matches_transformers(exported):
+    encoder, head, hf, _, _ = exported
+    ids, types, mask = _batch()
+    perm_mask, mapping = _perm(3, 10, 3)
+    ours = _query_stream_parity(encoder, head, hf, ids, types, mask, perm_mask, mapping)
+    assert ours.shape == (3, 3, VOCAB)
 
 
 def test_memory_matches_transformers_and_is_detached(exported):
@@ -208,13 +215,4 @@ def test_query_stream_matches_transformers_with_the_two_part_memory_order(export
     perm_mask = torch.from_numpy(out["perm_mask"]).float()
     assert perm_mask[:, : MODEL["reuse_len"], MODEL["reuse_len"] :].all()
     mapping = torch.from_numpy(out["target_mapping"])
-    with torch.no_grad():
-        ours, _ = _logits(
-            encoder, head, input_ids=ids, token_type_ids=types, attention_mask=mask,
-            perm_mask=perm_mask, target_mapping=mapping,
-        )  # fmt: skip
-        theirs = hf(
-            input_ids=ids, token_type_ids=types, attention_mask=mask,
-            perm_mask=perm_mask, target_mapping=mapping,
-        ).logits  # fmt: skip
-    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    _query_stream_parity(encoder, head, hf, ids, types, mask, perm_mask, mapping)
