@@ -1,25 +1,46 @@
 """SLURM across nodes, for real: on a two-node cluster on this host (`slurm/local-cluster
 start --nodes 2`, as .ci/run starts it), a job of 2 nodes x 1 task trains the same steps with
-the same losses as 1 node x 2 tasks (same global batch, data and masks). Skips, saying why,
-when the cluster has fewer than two nodes."""
+the same losses as 1 node x 2 tasks (same global batch, data and masks), and a 2-node job
+preempted by USR1 requeues and resumes with the uninterrupted losses. Skips, saying why, when
+the cluster has fewer than two nodes."""
 
+import shutil
+import socket
 import subprocess
+import time
 
 import pytest
-from test_slurm import needs_slurm, sbatch, slurm_env, tiny_run, wait_for_job
+from test_slurm import (
+    job_field,
+    last_checkpoint,
+    saved_steps,
+    sbatch,
+    slurm_env,
+    tiny_run,
+    wait_for_job,
+    wait_for_text,
+)
 from test_train import step_losses
 
 
 def _nodes() -> int:
+    """Nodes of the cluster whose names resolve (rank 0's node name is the rendezvous address)."""
+    if shutil.which("sinfo") is None:
+        return 0
     result = subprocess.run(
         ["sinfo", "-h", "-N", "-o", "%N"], env=slurm_env(), capture_output=True, text=True
     )
-    return len(set(result.stdout.split())) if result.returncode == 0 else 0
+    names = set(result.stdout.split()) if result.returncode == 0 else set()
+    try:
+        return len([socket.gethostbyname(name) for name in names])
+    except OSError:
+        return 0
 
 
 two_nodes = pytest.mark.skipif(
-    needs_slurm.args[0] or _nodes() < 2,
-    reason="needs a SLURM cluster of two nodes: slurm/local-cluster start --nodes 2",
+    _nodes() < 2,
+    reason="needs a SLURM cluster of two nodes whose names resolve: "
+    "slurm/local-cluster start --nodes 2",
 )
 
 
@@ -49,3 +70,47 @@ def test_two_nodes_train_like_two_tasks_on_one(prepared_corpus, tmp_path):
     assert sorted(two) == sorted(one) == list(range(6))
     for step, loss in one.items():
         assert two[step] == pytest.approx(loss, abs=1e-5), step
+
+
+@pytest.mark.slow
+@two_nodes
+def test_a_preempted_two_node_job_requeues_and_resumes_exactly(prepared_corpus, tmp_path):
+    """`scancel --signal=USR1` of a 2-node job (srun forwards it to both ranks; their
+    data-loader workers ignore it): both ranks save one checkpoint at the same step, rank 0
+    requeues the job, and the requeued job resumes on both nodes to max_steps with the
+    per-step losses of an uninterrupted 2-node run, no traceback in the log."""
+    env = slurm_env()
+    steps = 300
+    job_args = ("--nodes=2", "--ntasks-per-node=1", "slurm/train.sbatch")
+    settings = (
+        "strategy=ddp",
+        "trainer.num_nodes=2",
+        "trainer.devices=1",
+        "data.num_workers=2",
+        f"trainer.max_steps={steps}",
+        "trainer.checkpoint_every_n_steps=10000",
+    )
+    reference = tmp_path / "reference"
+    job = sbatch(env, *job_args, *tiny_run(prepared_corpus, reference, *settings))
+    run_dir = tmp_path / "run"
+    preempted = sbatch(env, *job_args, *tiny_run(prepared_corpus, run_dir, *settings))
+    log = run_dir / f"slurm-{preempted}.out"
+    wait_for_text(log, "Total params", 300)
+    time.sleep(3)
+    subprocess.run(["scancel", "--signal=USR1", preempted], env=env, check=True)
+    wait_for_text(log, "requeued SLURM job", 300)
+    deadline = time.monotonic() + 240
+    while (state := job_field(env, preempted, "JobState")) != "PENDING":
+        assert time.monotonic() < deadline, f"the job was not requeued (state {state})"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", f"JobId={preempted}", "StartTime=now"], env=env)
+    assert wait_for_job(env, preempted, 600) == "COMPLETED", log.read_text()[-3000:]
+    assert wait_for_job(env, job, 600) == "COMPLETED"
+    text = log.read_text()
+    (saved,) = set(saved_steps(text))  # both ranks saved the same step
+    assert 0 < saved < steps and "restart 1" in text and "Traceback" not in text, text[-3000:]
+    assert last_checkpoint(run_dir)["global_step"] == steps
+    resumed, expected = step_losses(run_dir), step_losses(reference)
+    assert sorted(resumed) == sorted(expected) == list(range(steps))
+    for step, loss in expected.items():
+        assert resumed[step] == pytest.approx(loss, abs=1e-5), step
