@@ -258,6 +258,7 @@ RELAUNCH_KEYS = (
     "trainer.collective_timeout_s",
     "trainer.max_consecutive_skipped_steps",
     "trainer.max_skipped_steps",
+    "trainer.peak_tflops",
     "trainer.val_*",
     "logger.*",
     "data.num_workers",

@@ -6,8 +6,9 @@ and config (the newest `hparams.yaml` beside them) and writes to `--out` (defaul
 self-contained page (figures embedded) with a table of final metrics per run whose first
 columns are the config keys that differ between the runs (a batch-size sweep reads like
 RoBERTa's Table 3). Figures: training and held-out loss against tokens seen and against
-wall-clock seconds, throughput (tokens/s), learning rate and skipped steps against tokens
-seen. Never needs wandb.
+wall-clock seconds, throughput (tokens/s, model TFLOP/s by the 6N rule, and MFU when the run
+set `trainer.peak_tflops`), learning rate and skipped steps against tokens seen. Never needs
+wandb.
 """
 
 import argparse
@@ -30,7 +31,15 @@ FIGURES = {
         "train/elapsed_s",
         [("training loss", "train/loss"), ("held-out loss", "val/loss")],
     ),
-    "throughput.png": ("Throughput", "train/tokens_seen", [("tokens/s", "train/tokens_per_s")]),
+    "throughput.png": (
+        "Throughput (a rank's)",
+        "train/tokens_seen",
+        [
+            ("tokens/s", "train/tokens_per_s"),
+            ("model TFLOP/s (6N)", "train/model_tflops"),
+            ("MFU", "train/mfu"),
+        ],
+    ),
     "lr.png": ("Learning rate", "train/tokens_seen", [("learning rate", "train/lr")]),
     "skipped_steps.png": (
         "Skipped optimizer steps (non-finite loss or gradient)",
@@ -41,7 +50,14 @@ FIGURES = {
 X_LABELS = {"train/tokens_seen": "tokens seen", "train/elapsed_s": "wall-clock seconds"}
 # keys that name a run rather than describe it: never table columns
 IDENTITY_KEYS = ("run_dir", "run_name")
-FINAL_COLUMNS = ("step", "train/tokens_seen", "train/elapsed_s", "train/loss")
+FINAL_COLUMNS = (
+    "step",
+    "train/tokens_seen",
+    "train/elapsed_s",
+    "train/loss",
+    "train/tokens_per_s",
+    "train/mfu",
+)
 
 
 def natural_order(path: Path) -> list:

@@ -299,6 +299,9 @@ class TrainerConfig:
     # Skipped optimizer steps in all (this run, across launches) after which it stops (exit
     # status 3): a run that keeps skipping is sick even if it recovers in between; null: no bound.
     max_skipped_steps: int | None = 100
+    # The peak of one device in TFLOP/s at the run's precision (e.g. 989 for an H100's dense
+    # bf16), for train/mfu = train/model_tflops / peak_tflops; null: no MFU logged.
+    peak_tflops: float | None = None
     # Signal that means "save last.ckpt at the next step boundary, requeue, stop" (sbatch
     # --signal / the launcher's); SIGTERM always saves and stops. null: SIGTERM only.
     preemption_signal: str | None = "USR1"
@@ -326,6 +329,12 @@ class TrainerConfig:
             "trainer.nonfinite",
             self.nonfinite,
             "must be 'skip' or 'stop'",
+        )
+        require(
+            self.peak_tflops is None or self.peak_tflops > 0,
+            "trainer.peak_tflops",
+            self.peak_tflops,
+            "must be a positive number of TFLOP/s (one device's peak), or null",
         )
         require(
             self.max_skipped_steps is None or self.max_skipped_steps >= 1,

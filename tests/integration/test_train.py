@@ -11,7 +11,7 @@ import torch
 from conftest import cpu_run_overrides
 
 from pretrain.config import compose_config
-from pretrain.run import train
+from pretrain.run import prepare_run, train
 
 
 def tiny_overrides(shards_dir: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -42,6 +42,7 @@ def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp
             "trainer.max_steps=30",
             "trainer.checkpoint_every_n_steps=10",
             "trainer.log_every_n_steps=1",
+            "trainer.peak_tflops=0.5",
         )
     )
     train(cfg)
@@ -62,6 +63,12 @@ def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp
         "sys/host_memory_main_gb",
     ):
         assert any(row.get(column) for row in rows), column
+    module = prepare_run(cfg)[1]
+    parameters = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    for row in (r for r in rows if r.get("train/mfu")):  # 6N FLOPs a token, over the peak
+        flops = 6 * parameters * float(row["train/tokens_per_s"]) / 1e12
+        assert float(row["train/model_tflops"]) == pytest.approx(flops, rel=1e-5)
+        assert float(row["train/mfu"]) == pytest.approx(flops / 0.5, rel=1e-5)
     memory = [float(r["sys/host_memory_gb"]) for r in rows if r.get("sys/host_memory_gb")]
     assert 0.05 < min(memory) and max(memory) < 64, memory
     lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]

@@ -33,6 +33,8 @@ def training_rows(lr: float, steps: range) -> list[dict]:
         loss = 8 - lr * 1e3 * step
         rows.append({"epoch": 0, "step": step, "train/loss": loss, "train/lr": lr})
         rows.append({"epoch": 0, "step": step, "train/tokens_per_s": 200.0})
+        mfu = {"train/model_tflops": 1.2e-6, "train/mfu": 2.4e-6}  # peak_tflops=0.5
+        rows.append({"epoch": 0, "step": step, **mfu})
         rows.append({"epoch": 0, "step": step, "train/skipped_steps": 0.0})
         rows.append({"epoch": 0, "step": step, "train/tokens_seen": 100 * (step + 1)})
         rows.append({"epoch": 0, "step": step, "train/elapsed_s": 0.5 * (step + 1)})
@@ -69,6 +71,7 @@ def test_report_has_one_line_per_run_and_the_differing_config_keys(tmp_path):
     assert "seed" not in header and "val/loss" in header
     assert [row[header.index("step")] for row in rows] == ["8"] * 3
     assert [row[header.index("train/tokens_seen")] for row in rows] == ["800"] * 3
+    assert [row[header.index("train/mfu")] for row in rows] == ["2.4e-06"] * 3
     page = html_path.read_text()
     assert page.count("data:image/png;base64,") == len(FIGURES)  # self-contained
     assert 'src="http' not in page and "optim.optimizer.lr" in page

@@ -47,6 +47,24 @@ def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Cal
 SKIP_WARNING_INTERVAL_S = 30.0  # at most one "step skipped" warning line per interval
 
 
+def model_flops_metrics(
+    module: torch.nn.Module, tokens_per_s: float, peak_tflops: float | None
+) -> dict:
+    """This rank's model FLOP/s by the 6N rule (a training token costs 6 FLOPs per trainable
+    parameter: forward 2, backward 4; attention's sequence-length term left out, as in
+    Kaplan et al. and PaLM's MFU), in TFLOP/s as `train/model_tflops`, and over
+    `trainer.peak_tflops` (the device's peak, TFLOP/s) as `train/mfu` when that is set."""
+    if not hasattr(module, "_trainable_parameters"):
+        module._trainable_parameters = sum(
+            getattr(p, "ds_numel", p.numel()) for p in module.parameters() if p.requires_grad
+        )
+    tflops = 6 * module._trainable_parameters * tokens_per_s / 1e12
+    metrics = {"train/model_tflops": tflops}
+    if peak_tflops:
+        metrics["train/mfu"] = tflops / peak_tflops
+    return metrics
+
+
 class NonFiniteError(RuntimeError):
     """A loss or gradient was NaN or infinite and `trainer.nonfinite` is `stop`."""
 
@@ -417,5 +435,6 @@ class PretrainingModule(L.LightningModule):
             now = time.perf_counter()
             rate = float(self._tokens_since_log) / max(now - self._last_log_time, 1e-9)
             self.log("train/tokens_per_s", rate)
+            self.log_dict(model_flops_metrics(self, rate, self.run.trainer.peak_tflops))
             self._tokens_since_log, self._last_log_time = 0, now
             self.log_dict(memory_metrics(self.device))
