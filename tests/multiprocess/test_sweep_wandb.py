@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ POINT_OVERRIDES = [
     "trainer.val_check_interval=1",
     "trainer.val_batches=2",
     "trainer.log_every_n_steps=1",
+    "trainer.peak_tflops=1",  # the report draws MFU
 ]
 LEARNING_RATES = ("1e-4", "2e-4", "3e-4")
 
@@ -56,12 +58,27 @@ def wandb_records(path: Path) -> list:
     return records
 
 
+def complete_wandb_file(directory: Path, guard_s: float = 60) -> Path:
+    """The `.wandb` file of an offline run directory once its last record is the `exit` one:
+    wandb-core, a process of its own, may still be writing it after the run's process has
+    exited (a guard against a file that never completes, not a timer)."""
+    deadline = time.monotonic() + guard_s
+    while True:
+        files = list(directory.glob("*.wandb"))
+        if len(files) == 1:
+            records = wandb_records(files[0])
+            if records and records[-1].WhichOneof("record_type") == "exit":
+                return files[0]
+        assert time.monotonic() < deadline, f"{directory}: no complete .wandb file"
+        time.sleep(0.5)
+
+
 def offline_runs(run_dir: Path) -> list[dict]:
     """For each offline wandb run under `run_dir` (oldest first): its run record's fields
     and the keys of its config and summary updates."""
     found = []
     for directory in sorted((run_dir / "wandb").glob("offline-run-*")):
-        (path,) = directory.glob("*.wandb")
+        path = complete_wandb_file(directory)
         info = {"config": set(), "summary": {}}
         for record in wandb_records(path):
             kind = record.WhichOneof("record_type")
