@@ -102,6 +102,11 @@ def offline_runs(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    reason="known defect (issue 15 open): on a 2-core CI machine wandb-core sometimes leaves a "
+    "sweep point's offline .wandb file without its exit record",
+    strict=False,
+)
 def test_sweep_points_are_separate_wandb_runs_and_resume_keeps_the_id(
     prepared_corpus, tmp_path, monkeypatch
 ):
