@@ -272,31 +272,16 @@ UNSET = "<unset>"
 
 def config_changes(saved: dict, current: dict, ignore: tuple[str, ...] = ("resume",)) -> list[str]:
     """Keys whose value differs between a checkpoint's config and the current one, as
-    'key: saved -> current' lines (keys matching a pattern of `ignore` are skipped). A key
-    the checkpoint's config lacks (added to the schema since it was saved) counts at its
-    schema default, which keeps what older versions did."""
-    new = _flatten(current)
-    old = _flatten(saved)
-    if new.keys() - old.keys():
-        defaults = _schema_defaults(saved)
-        old |= {k: defaults[k] for k in new.keys() - old.keys() if k in defaults}
+    'key: saved -> current' lines (keys matching a pattern of `ignore` are skipped). Give
+    `saved` through `config.with_schema_defaults`, so keys added since it was saved count at
+    their defaults."""
+    old, new = _flatten(saved), _flatten(current)
     return [
         f"{key}: {old.get(key, UNSET)!r} -> {new.get(key, UNSET)!r}"
         for key in sorted(old.keys() | new.keys())
         if not any(fnmatch(key, pattern) for pattern in ignore)
         and old.get(key, UNSET) != new.get(key, UNSET)
     ]
-
-
-def _schema_defaults(saved: dict) -> dict[str, object]:
-    """The flat run config of `saved` with the schema's defaults where it lacks keys ({} when
-    it no longer validates: then only its own keys count)."""
-    from pretrain.config import plain_config, run_config
-
-    try:
-        return _flatten(plain_config(run_config(saved)))
-    except Exception:  # noqa: BLE001 (an old or foreign config: compare its keys only)
-        return {}
 
 
 def _global_batch(config: dict) -> int | None:

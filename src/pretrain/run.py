@@ -18,7 +18,7 @@ from pretrain.checkpointing import (
     set_aside_checkpoints,
 )
 from pretrain.collectives import CollectiveTimeout, collective_failure
-from pretrain.config import TrainConfig, settings_from, validate
+from pretrain.config import TrainConfig, settings_from, validate, with_schema_defaults
 from pretrain.data.datamodule import (
     PretrainingDataModule,
     open_corpus,
@@ -89,7 +89,8 @@ def train(cfg: DictConfig) -> Path:
     ckpt_path = find_resume_checkpoint(run_dir, run.resume)
     if ckpt_path:  # refused (ConfigError) when the config changed what is trained
         check_resume_strategy(ckpt_path, run.strategy.name)  # a ZeRO dir: DeepSpeed only
-        check_relaunch(saved_config(ckpt_path), module.config, ckpt_path, run.resume)
+        saved = with_schema_defaults(saved_config(ckpt_path))
+        check_relaunch(saved, module.config, ckpt_path, run.resume)
         check_extension(ckpt_path, run, warmup_steps(run.optim, run.batch_plan))
         print(f"Resuming from {ckpt_path}", flush=True)
     elif run.init_from:

@@ -127,18 +127,22 @@ def test_config_changes_lists_what_differs():
 def test_a_key_added_since_the_checkpoint_counts_at_its_default(prepared_corpus):
     """A checkpoint saved before a key existed (here data.bad_shards, trainer.max_skipped_steps)
     resumes when the key keeps its default, and is refused when the key is set otherwise."""
-    from pretrain.config import plain_config, validate
+    from pretrain.config import plain_config, validate, with_schema_defaults
 
     current = plain_config(validate(compose_config([f"data.shards_dir={prepared_corpus}"])))
     saved = copy.deepcopy(current)
-    del saved["data"]["bad_shards"], saved["trainer"]["max_skipped_steps"], saved["data"]["format"]
-    saved["data"]["format"] = current["data"]["format"]
+    del saved["data"]["bad_shards"], saved["trainer"]["max_skipped_steps"]
+    del saved["data"]["stream_partitions"]  # one that may not change between launches
+    unfilled = refused_changes(saved, current)  # the new key counts as changed
+    assert unfilled == [
+        f"data.stream_partitions: '<unset>' -> {current['data']['stream_partitions']}"
+    ]
+    saved = with_schema_defaults(saved)
     assert refused_changes(saved, current) == []
     current["data"]["format"] = "full_sentences"
     current["trainer"]["max_skipped_steps"] = 5  # may change anyway
     assert refused_changes(saved, current) == ["data.format: 'segment_pair' -> 'full_sentences'"]
-    del saved["seed"]  # a key that is not new, set to a value other than its default, is refused
-    current["seed"] = 7
+    current["seed"] = 7  # its own values are kept: a changed one is refused
     assert "seed: 1234 -> 7" in refused_changes(saved, current)
 
 
