@@ -66,6 +66,12 @@ class ObjectiveConfig:
     _target_: str = "pretrain.objectives.mlm.MaskedLanguageModel"
     masking: str = "dynamic"
     dupe_factor: int = 10
+    # Corruption settings by training progress (pretrain/data/stages.py): a list of
+    # {until_tokens: N, <corruption setting>: value, ...}; a sample whose progress (tokens of
+    # the global sample order before it) is below a stage's until_tokens, and not below the
+    # previous stage's, is corrupted with that stage's settings; the last stage has no
+    # until_tokens. Empty: the objective's own settings throughout.
+    stages: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         require(
@@ -77,6 +83,7 @@ class ObjectiveConfig:
         require(
             self.dupe_factor >= 1, "objective.dupe_factor", self.dupe_factor, "must be at least 1"
         )
+        stage_configs(self)  # checks every stage
 
     def check_data(self, data: "DataConfig") -> None:
         """Cross-check with the data config (e.g. a sentence task needs a pair format)."""
@@ -86,6 +93,64 @@ class ObjectiveConfig:
         """The sentence-relation task a pair format labels pairs for (nsp, sop, three_way),
         or "none"; objectives with a task (`MaskedLMConfig.pair_task`) say which."""
         return "none"
+
+
+# Objective settings a stage may not change: what the stream, the model or the loss use.
+UNSTAGED_SETTINGS = ("name", "_target_", "masking", "dupe_factor", "stages", "seed", "pair_task")
+
+
+def stage_configs(objective: ObjectiveConfig) -> list[tuple[int | None, ObjectiveConfig]]:
+    """(until_tokens, the objective's config with the stage's settings) of each of
+    `objective.stages` (until_tokens None for the last); [] without stages. Checks that every
+    stage but the last has increasing until_tokens, sets only settings of the objective's
+    corruption, and that those pass the objective's own checks; errors name
+    objective.stages[i].<key>."""
+    if not objective.stages:
+        return []
+    from hydra.utils import get_class
+
+    corruption = get_class(objective._target_).corruption_class
+    settable = {f.name for f in fields(objective)} & {f.name for f in fields(corruption)}
+    settable -= set(UNSTAGED_SETTINGS)
+    staged, previous = [], 0
+    for number, stage in enumerate(objective.stages):
+        where = f"objective.stages[{number}]"
+        require(isinstance(stage, Mapping), where, stage, "must be a mapping of settings")
+        settings = dict(stage)
+        until = settings.pop("until_tokens", None)
+        if number == len(objective.stages) - 1:
+            require(
+                until is None,
+                f"{where}.until_tokens",
+                until,
+                "the last stage runs to the end of training: leave its until_tokens out",
+            )
+        else:
+            whole = isinstance(until, int) and not isinstance(until, bool)
+            require(
+                whole and until > previous,
+                f"{where}.until_tokens",
+                until,
+                f"must be a whole number of tokens above the previous stage's ({previous})",
+            )
+        unknown = sorted(set(settings) - settable)
+        require(
+            not unknown,
+            f"{where}.{unknown[0] if unknown else ''}",
+            settings.get(unknown[0]) if unknown else None,
+            f"not a corruption setting of {objective._target_} (a stage sets until_tokens "
+            f"and any of: {', '.join(sorted(settable)) or 'none'})",
+        )
+        try:
+            values = OmegaConf.merge(OmegaConf.structured(objective), settings, {"stages": []})
+            typed = OmegaConf.to_object(values)
+        except OmegaConfBaseException as error:
+            raise ConfigError(f"{where}.{error.full_key}: {error.msg}") from error
+        except ConfigError as error:
+            raise ConfigError(str(error).replace("objective.", f"{where}.", 1)) from error
+        staged.append((until, typed))
+        previous = until
+    return staged
 
 
 def component_config(group: str, values: Any) -> Any:
@@ -478,6 +543,13 @@ class TrainConfig:
         self.model = component_config("model", self.model)
         self.objective = component_config("objective", self.objective)
         self.objective.check_data(self.data)
+        require(
+            not (self.objective.stages and INPUT_FORMATS[self.data.format].workers_share_documents),
+            "objective.stages",
+            self.objective.stages,
+            f"data.format={self.data.format} has no global sample order to key stages by; "
+            "use another format or leave objective.stages out",
+        )
         longest = self.model.max_sequence_tokens
         require(
             longest is None or self.data.max_seq_length <= longest,

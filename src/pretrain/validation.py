@@ -23,6 +23,7 @@ from lightning.fabric.utilities import move_data_to_device
 from pretrain.data.datamodule import open_corpus, split_holdout
 from pretrain.data.reading import effective_partitions
 from pretrain.data.shard_format import ShardError
+from pretrain.data.stages import StagedCorruption
 from pretrain.data.stream import StreamSpec, training_stream
 from pretrain.errors import ConfigError
 
@@ -38,13 +39,18 @@ PERPLEXITY_OF = {
 
 def heldout_spec(run, spec: StreamSpec) -> StreamSpec:
     """The training stream's `spec` on the held-out shards of the run (`data.holdout_shards`
-    >= 1), as one reader (rank 0 of 1). `run`: the typed TrainConfig."""
+    >= 1), as one reader (rank 0 of 1), corrupted as the last stage of objective.stages
+    (so held-out curves stay comparable across stages). `run`: the typed TrainConfig."""
     corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir)
     heldout = split_holdout(corpus, run.data.holdout_shards)[1]
     shards = corpus.manifest.shards[len(corpus.manifest.shards) - len(heldout) :]
     documents = sum(shard["documents"] for shard in shards)
+    corruption = spec.corruption  # objective.stages: the held-out batches use the last
+    if isinstance(corruption, StagedCorruption):
+        corruption = corruption.stages[-1]
     return replace(
         spec,
+        corruption=corruption,
         shard_paths=heldout,
         shard_tokens=tuple(shard["tokens"] for shard in shards),
         stream_partitions=effective_partitions(spec.stream_partitions, documents),

@@ -26,6 +26,7 @@ import torch
 
 from pretrain.data.keyed_rng import STREAM_SHARD_ORDER, STREAM_SHUFFLE
 from pretrain.data.shard_format import ShardError, read_documents
+from pretrain.data.stages import PROGRESS_KEY, sample_progress_tokens
 from pretrain.data.vocab import Vocabulary
 
 Corruption = Callable[[dict, int], dict]
@@ -243,8 +244,13 @@ def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
 
 def corrupt_to_tensors(batch: dict, spec: StreamSpec, epoch: int) -> dict:
     """Apply the objective's corruption to a collated batch and convert its arrays to
-    tensors (keys stay a list of str)."""
+    tensors (keys stay a list of str). A staged corruption (`objective.stages`) also gets
+    each sample's training progress, from its mark (`stages.sample_progress_tokens`)."""
     marks = batch.pop(MARKS_KEY, None)  # not the corruption's business
+    if marks is not None and getattr(spec.corruption, "uses_progress", False):
+        batch[PROGRESS_KEY] = sample_progress_tokens(  # objective.stages (`stages.py`)
+            marks, epoch, spec.stream_partitions, spec.max_seq_length, sum(spec.shard_tokens)
+        )
     batch = spec.corruption(batch, spec.mask_epoch(epoch))
     if marks is not None:
         batch[MARKS_KEY] = marks

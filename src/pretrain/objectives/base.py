@@ -14,7 +14,8 @@ from torch.nn.utils import get_total_norm
 from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.batching import BatchPlan, learning_rate, warmup_steps
-from pretrain.config import TrainConfig, plain_config, run_config, settings_from
+from pretrain.config import TrainConfig, plain_config, run_config, settings_from, stage_configs
+from pretrain.data.stages import StagedCorruption
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.memory import memory_metrics
@@ -138,10 +139,17 @@ class PretrainingModule(L.LightningModule):
     def build_corruption(cls, config: TrainConfig | Mapping, vocab: Vocabulary) -> Corruption:
         """The objective's corruption (`corruption_class`) for the run config `config`:
         each field from `corruption_inputs`, else the objective's setting of that name, else
-        the run's (`seed`)."""
+        the run's (`seed`); with objective.stages, a `StagedCorruption` of one per stage."""
         config = run_config(config)
         inputs = cls.corruption_inputs(config, vocab)
-        return settings_from(cls.corruption_class, config.objective, config, **inputs)
+        stages = stage_configs(config.objective)
+        if not stages:
+            return settings_from(cls.corruption_class, config.objective, config, **inputs)
+        return StagedCorruption(  # objective.stages: one corruption per stage
+            tuple(settings_from(cls.corruption_class, s, config, **inputs) for _, s in stages),
+            tuple(until for until, _ in stages[:-1]),
+            pad_id=vocab.pad,
+        )
 
     @classmethod
     def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
