@@ -84,13 +84,19 @@ def build_loggers(config: Any, run_dir: Path) -> list[Logger]:
     if options.wandb:
         mode = options.mode
         offline = mode == "offline" or (mode == "auto" and not os.environ.get("WANDB_API_KEY"))
+        # wandb passes its service's address to child processes in WANDB_SERVICE; a run
+        # launched by another process that used wandb (a test runner, a notebook, a driver
+        # script) would log into that process's wandb-core: relative paths resolved against
+        # its working directory, files closed only when it closes them, and wandb.init
+        # failing once it has exited. This process starts its own (and ends it: finish_loggers).
+        os.environ.pop("WANDB_SERVICE", None)
         loggers.append(
             WandbLogger(
                 project=options.project,
                 group=options.group or config.experiment_name,
                 name=config.run_name,
                 id=wandb_run_id(run_dir),
-                save_dir=str(run_dir),
+                save_dir=str(Path(run_dir).resolve()),
                 offline=offline,
                 resume="allow",
                 job_type=config.objective.name,
@@ -104,16 +110,27 @@ def finish_loggers(trainer: L.Trainer, finished: bool) -> None:
     """End this launch's wandb run (rank 0), so the next run in this process (the next point
     of a sweep under Hydra's basic launcher) starts its own instead of reusing it. When the
     run `finished` (not failed or preempted), its summary gets the last value of every logged
-    metric and `trainer/global_step` first."""
+    metric and `trainer/global_step` first.
+
+    `run.finish` returns once wandb-core has the exit record, but wandb-core (a process of
+    its own) writes and closes the run's `.wandb` file only later; `wandb.teardown` waits
+    until it has closed every run's files and exited, so a run's files are complete when
+    its launch returns, before the next sweep point starts."""
     for logger in trainer.loggers:
         if not isinstance(logger, WandbLogger) or logger._experiment is None:
             continue
+        import wandb
+
         run = logger.experiment
         if finished and trainer.is_global_zero:
             final = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
             run.summary.update({"trainer/global_step": trainer.global_step, **final})
         run.finish(exit_code=0 if finished else 1)
         logger._experiment = None
+        try:
+            wandb.teardown()
+        except SystemExit as error:  # wandb-core's own failure: the run itself is done
+            print(f"warning: wandb-core exited with status {error.code}", flush=True)
 
 
 def check_accelerator(accelerator: str) -> None:
