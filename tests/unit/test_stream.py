@@ -161,6 +161,40 @@ def test_segment_pair_batches_carry_balanced_nsp_labels(prepared_corpus):
     assert batch["token_type_ids"].max() == 1 and batch["input_ids"].shape[1] <= 64
 
 
+def test_a_chunks_first_document_gets_a_random_b_as_often_as_any(prepared_corpus):
+    """The format restarts at every chunk of a partition (`stream.partition_sequences`), so
+    the first document of each chunk once had no pool to draw another document from (never a
+    random B). Over the first documents of every partition's first chunk in 5 epochs (40
+    documents, about 170 pairs), B comes from another document at the configured rate."""
+    from pretrain.data.input_formats import INPUT_FORMATS
+    from pretrain.data.reading import partition_chunks
+
+    spec = stream_spec(prepared_corpus, "data=segment_pair", "objective=mlm_nsp")
+    assert spec.nsp_random_probability == 0.5
+    random_b = []
+    for epoch in range(5):
+        for partition in range(spec.stream_partitions):
+            _, _, documents = next(partition_chunks(spec, epoch, partition))
+            first = documents[0]
+            for sequence in INPUT_FORMATS[spec.format].sequences(documents, spec, epoch):
+                if sequence["key"].rsplit(":", 1)[0] != first["key"]:
+                    break
+                random_b.append(_b_from_another_document(sequence, first, spec.vocab))
+    n = len(random_b)
+    assert n > 120 and abs(np.mean(random_b) - 0.5) < 4 * np.sqrt(0.25 / n), (np.mean(random_b), n)
+
+
+def _b_from_another_document(sequence: dict, document: dict, vocab) -> bool:
+    """Whether the pair's B is from another document than `document` (A's), by its label;
+    B of label 0 must be text of the document."""
+    ids = sequence["input_ids"]
+    seps = np.flatnonzero(ids == vocab.sep)
+    b, text = ids[seps[0] + 1 : seps[1]], document["ids"]
+    windows = np.lib.stride_tricks.sliding_window_view(text, len(b)) if len(b) <= len(text) else []
+    assert sequence["next_sentence_label"] == 1 or any((w == b).all() for w in windows)
+    return sequence["next_sentence_label"] == 1
+
+
 def test_holdout_shards_are_kept_out_of_training(prepared_corpus):
     import json
 

@@ -13,7 +13,9 @@ document, a third each), or "none".
 """
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from typing import TypeVar
 
 import numpy as np
 
@@ -22,9 +24,11 @@ from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 
 PAIR_TASKS = ("nsp", "sop", "three_way", "none")
+T = TypeVar("T")
 
 # (token ids, word-start flags, phrase flags) of one sentence or part of one
 Piece = tuple[np.ndarray, np.ndarray, np.ndarray]
+Pool = Sequence[tuple[dict, list[Piece]]]  # (document, its sentence pieces) of other documents
 
 
 def _piece_slice(document: dict, start: int, stop: int) -> Piece:
@@ -172,12 +176,11 @@ def make_segment_pairs(
     `pair_task` (see the module docstring). NSP replaces B by sentences of another recent
     document with `random_probability`. A one-sentence chunk is split inside the sentence so
     that every label stays possible. Draws are keyed by (seed, epoch, document key); the other
-    document comes from a pool of the last `pool_size` documents."""
+    document comes from the pool of `random_document_pools`."""
     max_tokens = max_seq_length - 3  # [CLS] A [SEP] B [SEP]
-    pool: deque[list[Piece]] = deque(maxlen=pool_size)
-    for document in documents:
+    split = ((d, sentence_pieces(d, max_tokens)) for d in documents)
+    for (document, sentences), pool in random_document_pools(split, pool_size):
         rng = keyed_generator(seed, epoch, STREAM_FORMAT, document["key"])
-        sentences = sentence_pieces(document, max_tokens)
         short = rng.random() < short_seq_probability
         target = int(rng.integers(2, max_tokens + 1)) if short else max_tokens
         chunk_start, used, i = 0, 0, 0
@@ -197,13 +200,29 @@ def make_segment_pairs(
                 i -= unused  # sentences not used by a random B start the next chunk
                 chunk_start, used = i + 1, 0
             i += 1
-        pool.append(sentences)
+
+
+def random_document_pools(items: Iterable[T], pool_size: int) -> Iterator[tuple[T, Sequence[T]]]:
+    """Each item of a document stream with the pool its random segments come from: the
+    `pool_size` items before it, and for the first pool_size items (which have fewer before
+    them) the other items of the stream's first pool_size + 1. So the first document of a
+    stream (a partition's chunk) can receive a random B as often as any other, whenever the
+    stream has two documents; a function of the stream alone, reproducible wherever it is
+    read. The pool excludes the item itself."""
+    stream = iter(items)
+    head = list(islice(stream, pool_size + 1))
+    for index, item in enumerate(head):
+        yield item, head[:index] + head[index + 1 :]
+    window = deque(head, maxlen=pool_size)
+    for item in stream:
+        yield item, tuple(window)
+        window.append(item)
 
 
 def _labelled_pair(
     chunk: list[Piece],
     target: int | None,
-    pool: deque,
+    pool: Pool,
     rng: np.random.Generator,
     pair_task: str,
     random_probability: float,
@@ -236,10 +255,10 @@ def _labelled_pair(
     return (a, b, 0 if pair_task == "nsp" else IGNORE_INDEX), 0
 
 
-def _random_segment(pool: deque, rng: np.random.Generator, min_tokens: int) -> Piece:
+def _random_segment(pool: Pool, rng: np.random.Generator, min_tokens: int) -> Piece:
     """Contiguous sentences of a random pooled document, from a random sentence, until at
     least `min_tokens` tokens (or the document's end)."""
-    other = pool[int(rng.integers(len(pool)))]
+    other = pool[int(rng.integers(len(pool)))][1]
     start = int(rng.integers(len(other)))
     lengths = np.cumsum([len(p[0]) for p in other[start:]])
     stop = start + int(np.searchsorted(lengths, max(min_tokens, 1))) + 1
