@@ -1,6 +1,6 @@
 """XLNet: parity with `transformers.XLNetLMHeadModel` (content stream, query stream with
-perm_mask/target_mapping, with and without memory, with padding), lossless round trip,
-memory detached and masked, paper parameter counts."""
+perm_mask/target_mapping, with and without memory, with padding, with bi_data), lossless
+round trip, memory detached and masked, paper parameter counts."""
 
 import json
 
@@ -28,6 +28,7 @@ MODEL = {
     "attn_type": "bi",
     "mem_len": 6,
     "reuse_len": 4,
+    "bi_data": False,
     "clamp_len": -1,
     "dropout": 0.1,
     "layer_norm_eps": 1e-12,
@@ -216,3 +217,39 @@ def test_query_stream_matches_transformers_with_the_two_part_memory_order(export
     assert perm_mask[:, : MODEL["reuse_len"], MODEL["reuse_len"] :].all()
     mapping = torch.from_numpy(out["target_mapping"])
     _query_stream_parity(encoder, head, hf, ids, types, mask, perm_mask, mapping)
+
+
+def test_bi_data_matches_transformers_with_memory(exported, tmp_path):
+    """model.bi_data: the second half of the batch gets backward relative positions, as
+    transformers' XLNet with bi_data=True (exported so): the same content and query streams
+    and memory over two segments; the first half is what the model without bi_data gives."""
+    plain, head, _, _, state = exported
+    model = MODEL | {"bi_data": True}
+    encoder = build_encoder(model, VOCAB, PAD).eval()
+    encoder.load_state_dict(plain.state_dict())
+    config = {"model": model, "model_runtime": {"vocab_size": VOCAB, "pad_token_id": PAD}}
+    write_hf_model(to_hf(state, config), tmp_path, None)
+    assert json.loads((tmp_path / "config.json").read_text())["bi_data"] is True
+    assert import_hf_model(tmp_path)[0]["bi_data"] is True
+    hf = transformers.XLNetLMHeadModel.from_pretrained(tmp_path).eval()
+    ids, types, mask = _batch(batch=4)
+    perm_mask, mapping = _perm(4, 10, 3)
+    ours = _query_stream_parity(encoder, head, hf, ids, types, mask, perm_mask, mapping)
+    with torch.no_grad():
+        alone, _ = _logits(
+            plain, head, input_ids=ids, token_type_ids=types, attention_mask=mask,
+            perm_mask=perm_mask, target_mapping=mapping,
+        )  # fmt: skip
+    torch.testing.assert_close(ours[:2], alone[:2], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(ours[2:], alone[2:], atol=1e-3)  # backward positions
+    second, _, _ = _batch(batch=4, seed=7)
+    with torch.no_grad():
+        out = encoder(ids, types, mask, use_mems=True)
+        ref = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, use_mems=True)
+        torch.testing.assert_close(
+            head(out.content, encoder.word_embeddings.weight), ref.logits, atol=1e-5, rtol=1e-5
+        )
+        inputs = dict(token_type_ids=types, perm_mask=perm_mask, target_mapping=mapping)
+        ours, _ = _logits(encoder, head, input_ids=second, mems=out.mems, **inputs)
+        theirs = hf(input_ids=second, mems=ref.mems, **inputs).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

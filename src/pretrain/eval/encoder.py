@@ -67,11 +67,13 @@ def _load_hf_dir(directory: Path, init: str, seed: int) -> tuple[nn.Module, Any]
             f"encoder.path = {str(directory)!r}: its tokenizer has no tokenizer.json (a fast "
             "tokenizer is needed for QA offsets and word alignment); export it with pretrain-export"
         )
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if getattr(config, "bi_data", False):  # XLNet's pretraining data only; fine-tune without
+        config.bi_data = False
     if init == "random":
         torch.manual_seed(seed)
-        config = AutoConfig.from_pretrained(directory, local_files_only=True)
         return AutoModel.from_config(config), tokenizer
-    return AutoModel.from_pretrained(directory, local_files_only=True), tokenizer
+    return AutoModel.from_pretrained(directory, config=config, local_files_only=True), tokenizer
 
 
 def load_encoder(path: str | Path, init: str = "pretrained", seed: int = 0) -> LoadedEncoder:

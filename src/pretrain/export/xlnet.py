@@ -3,6 +3,9 @@
 Our encoder's names are HF's under `encoder.` instead of `transformer.`, except the
 embeddings (`encoder.embeddings.word_embedding` / `.mask_emb`); the objective's
 `lm_head.bias` is HF's `lm_loss.bias`, and `lm_loss.weight` is the tied word embedding.
+`model.bi_data` is exported as trained (HF's XLNetConfig.bi_data gives the second half of a
+batch backward positions, as our model does); load with `bi_data=False` to fine-tune, as
+XLNet does (`pretrain.eval` does so).
 """
 
 from collections.abc import Mapping
@@ -19,6 +22,7 @@ from pretrain.export.naming import (
     require_model_keys,
     without_compile_prefix,
 )
+from pretrain.models import DESCRIPTIVE_KEYS
 from pretrain.models.xlnet import XLNetEncoderConfig
 
 TARGET = "pretrain.models.xlnet.XLNetEncoder"
@@ -32,7 +36,7 @@ INVERSE = {hf: ours for ours, hf in RENAMES.items()}
 SIZE_KEYS = tuple(
     f.name
     for f in fields(XLNetEncoderConfig)
-    if f.name not in ("name", "_target_", "reference_vocab_size")
+    if f.name not in (*DESCRIPTIVE_KEYS, "_target_", "bi_data")
 )
 
 
@@ -55,7 +59,7 @@ def hf_config(model_cfg: Mapping[str, Any], vocab_size: int, pad_token_id: int, 
         "pad_token_id": int(pad_token_id),
         **sizes,
         "d_head": sizes["d_model"] // model_cfg["n_head"],
-        "bi_data": False,
+        "bi_data": bool(model_cfg.get("bi_data", False)),  # a config before it: off
         "same_length": False,
         "use_mems_eval": True,
         "use_mems_train": False,
@@ -92,10 +96,11 @@ def from_hf(hf_model: HFModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
     for XLNetLMHeadModel, `lm_head.bias`). The inverse of `to_hf`."""
     config = hf_model.config
     require_hf_keys(config, SIZE_KEYS, "an XLNet")
-    if config.get("bi_data") or config.get("same_length") or config.get("attn_type") != "bi":
-        raise ExportError("config.json: only attn_type='bi', bi_data=false, same_length=false")
+    if config.get("same_length") or config.get("attn_type") != "bi":
+        raise ExportError("config.json: only attn_type='bi' and same_length=false")
     model_cfg = {"name": "xlnet_imported", "_target_": TARGET}
     model_cfg.update({key: config[key] for key in SIZE_KEYS})
+    model_cfg["bi_data"] = bool(config.get("bi_data", False))
     ours: dict[str, torch.Tensor] = {}
     for name, tensor in hf_model.weights.items():
         if name == "lm_loss.weight":

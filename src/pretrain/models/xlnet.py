@@ -38,7 +38,10 @@ MASKED_SCORE = 1e30  # subtracted from blocked attention scores, as in XLNet/HF 
 class XLNetEncoderConfig(ModelConfig):
     """XLNet's settings (XLNetConfig's names); sizes in features, layers and heads; lengths in
     tokens. `mem_len`: tokens of memory kept per layer (null or 0: no memory); `reuse_len`:
-    tokens at the start of each segment that go into the memory (null: all)."""
+    tokens at the start of each segment that go into the memory (null: all); `bi_data`: XLNet's
+    bidirectional data, the second half of every batch is text read backward and gets
+    backward relative positions (HF's XLNetConfig.bi_data; pretraining with
+    data.format=xlnet_memory only, batches of an even size)."""
 
     name: str = "xlnet_tiny"
     _target_: str = "pretrain.models.xlnet.XLNetEncoder"
@@ -50,6 +53,7 @@ class XLNetEncoderConfig(ModelConfig):
     attn_type: str = "bi"
     mem_len: int | None = None
     reuse_len: int | None = None
+    bi_data: bool = False
     clamp_len: int = -1
     dropout: float = 0.1
     layer_norm_eps: float = 1e-12
@@ -132,10 +136,17 @@ class XLNetRelativeAttention(nn.Module):
         blocked: Tensor | None,
     ) -> Tensor:
         """q_head (batch, qlen, heads, d_head); k/v (batch, klen, heads, d_head); k_head_r
-        (klen + qlen, heads, d_head); seg_mat (batch, qlen, klen, 2) one-hot "other segment";
-        blocked (batch, qlen, klen) float, 1 = not visible. Returns (batch, qlen, heads, d_head)."""
+        (klen + qlen, heads, d_head), or (2, klen + qlen, heads, d_head) with bi_data: the
+        forward positions for the first half of the batch, the backward ones for the second;
+        seg_mat (batch, qlen, klen, 2) one-hot "other segment"; blocked (batch, qlen, klen)
+        float, 1 = not visible. Returns (batch, qlen, heads, d_head)."""
         ac = torch.einsum("bind,bjnd->bnij", q_head + self.r_w_bias, k_head_h)
-        bd = torch.einsum("bind,jnd->bnij", q_head + self.r_r_bias, k_head_r)
+        q_r = q_head + self.r_r_bias
+        if k_head_r.dim() == 3:
+            bd = torch.einsum("bind,jnd->bnij", q_r, k_head_r)
+        else:  # bi_data: the first half of the batch forward, the second backward
+            halves = zip(q_r.chunk(2, dim=0), k_head_r, strict=True)
+            bd = torch.cat([torch.einsum("bind,jnd->bnij", q, r) for q, r in halves])
         score = ac + self.rel_shift(bd, ac.shape[3])
         if seg_mat is not None:
             ef = torch.einsum("bind,snd->bins", q_head + self.r_s_bias, self.seg_embed)
@@ -164,11 +175,12 @@ class XLNetRelativeAttention(nn.Module):
         target_mapping: Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
         """h (batch, qlen, d_model); g (batch, num_predict, d_model) or None; r (klen + qlen,
-        d_model) relative position embeddings; mem (batch, mlen, d_model) or None."""
+        d_model) relative position embeddings, or (2, klen + qlen, d_model) forward and
+        backward ones with bi_data; mem (batch, mlen, d_model) or None."""
         cat = h if mem is None else torch.cat([mem, h], dim=1)  # (batch, klen, d_model)
         k_head_h = torch.einsum("bih,hnd->bind", cat, self.k)
         v_head_h = torch.einsum("bih,hnd->bind", cat, self.v)
-        k_head_r = torch.einsum("ih,hnd->ind", r, self.r)
+        k_head_r = torch.einsum("...ih,hnd->...ind", r, self.r)
         q_head_h = torch.einsum("bih,hnd->bind", h, self.q)
         args = (k_head_h, v_head_h, k_head_r, seg_mat)
         output_h = self.post_attention(h, self.attend(q_head_h, *args, blocked_h))
@@ -241,6 +253,7 @@ class XLNetEncoder(nn.Module):
         attn_type: str = "bi",
         mem_len: int | None = None,
         reuse_len: int | None = None,
+        bi_data: bool = False,
         clamp_len: int = -1,
         dropout: float = 0.1,
         layer_norm_eps: float = 1e-12,
@@ -251,7 +264,7 @@ class XLNetEncoder(nn.Module):
         if attn_type != "bi":
             raise ValueError(f"attn_type = {attn_type!r}: only 'bi' is implemented")
         self.d_model, self.mem_len, self.reuse_len = d_model, mem_len, reuse_len
-        self.clamp_len = clamp_len
+        self.clamp_len, self.bi_data = clamp_len, bi_data
         self.pad_token_id = pad_token_id
         self.embeddings = XLNetEmbeddings(vocab_size, d_model)
         self.layer = nn.ModuleList(
@@ -272,13 +285,17 @@ class XLNetEncoder(nn.Module):
 
     def relative_positions(self, qlen: int, klen: int, device: torch.device) -> Tensor:
         """Sinusoid embeddings of the relative distances klen, klen-1, ..., -qlen+1:
-        (klen + qlen, d_model), [sin | cos] halves as in Transformer-XL."""
+        (klen + qlen, d_model), [sin | cos] halves as in Transformer-XL; with bi_data
+        (2, klen + qlen, d_model): those and the backward distances -klen, ..., qlen-1
+        (XLNet's `relative_positional_encoding`)."""
         freq = torch.arange(0, self.d_model, 2, dtype=torch.int64, device=device).float()
         inv_freq = 1 / torch.pow(10000, freq / self.d_model)
         pos = torch.arange(klen, -qlen, -1, dtype=torch.int64, device=device).float()
+        if self.bi_data:
+            pos = torch.stack([pos, -pos])
         if self.clamp_len > 0:
             pos = pos.clamp(-self.clamp_len, self.clamp_len)
-        angles = pos[:, None] * inv_freq
+        angles = pos[..., None] * inv_freq
         return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
 
     def cache(self, hidden: Tensor, mem: Tensor | None) -> Tensor:
@@ -312,6 +329,11 @@ class XLNetEncoder(nn.Module):
         next memory (needs mem_len or returns everything).
         """
         batch, qlen = input_ids.shape
+        if self.bi_data and batch % 2:
+            raise ValueError(
+                f"model.bi_data: a batch of {batch} rows cannot be split into a forward and a "
+                "backward half; use an even data.batch_size"
+            )
         mlen = mems[0].shape[1] if mems is not None else 0
         dtype = self.embeddings.word_embedding.weight.dtype
         blocked = None  # (batch, qlen, klen) float: 1 = query stream may not see the key
