@@ -9,12 +9,17 @@ every data-loader worker of a rank reads the rank's documents and builds its who
 of batches, keeping batches w, w + W, ...
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pretrain.data.formats import make_segment_pairs, pack_sentences
-from pretrain.data.reading import StreamSpec
 from pretrain.data.xlnet_formats import make_xlnet_pairs, memory_batches
+
+if TYPE_CHECKING:  # reading imports torch; the config checks names without it
+    from pretrain.data.reading import StreamSpec
 
 Sequences = Iterator[dict]
 Batches = Iterator[tuple[list[dict], dict]]
@@ -77,12 +82,17 @@ def _xlnet_pairs(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Seq
 
 
 def _xlnet_memory(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
-    """reuse_len comes from the corruption (the objective's, set from model.reuse_len), else
-    half of max_seq_length."""
-    reuse_len = getattr(spec.corruption, "reuse_len", None) or spec.max_seq_length // 2
+    """reuse_len and bi_data come from the corruption (the objective's, set from
+    model.reuse_len / model.bi_data), else half of max_seq_length and off; so does the
+    probability of a random B (objective.memory_random_b_probability, else 0)."""
+    corruption = spec.corruption
+    reuse_len = getattr(corruption, "reuse_len", None) or spec.max_seq_length // 2
     for sequences, new_document in memory_batches(
-        documents, spec.batch_size, reuse_len, spec.max_seq_length, spec.vocab, spec.seed, epoch
-    ):
+        documents, spec.batch_size, reuse_len, spec.max_seq_length, spec.vocab, spec.seed, epoch,
+        bi_data=bool(getattr(corruption, "bi_data", False)),
+        random_probability=getattr(corruption, "memory_random_b_probability", 0.0),
+        pool_size=spec.random_document_pool,
+    ):  # fmt: skip
         yield sequences, {"new_document": new_document}
 
 

@@ -15,13 +15,21 @@ and flags `new_document` (batch,) so the objective resets that slot's memory. Ev
 worker builds the rank's whole sequence of batches (cheap slicing) and corrupts only its own
 (batches w, w + W, ...), so the slots stay continuous whatever the number of workers
 (`workers_share_documents` in input_formats.py).
+
+As in XLNet's data_utils.py, B may not continue A: with `random_probability` it is text of
+another document of the stream (from a sentence start, as long as the continuation would
+have been), marked next_sentence_label = 1 (0: B continues A; no loss uses it). With
+`bi_data` (XLNet's bidirectional data, `create_tfrecords`), the first half of the slots
+read their documents forward and the second half read the same documents backward
+(`reversed_document`), slot b + batch/2 being slot b's text reversed, each with its own
+memory; the model gives the second half backward relative positions (`model.bi_data`).
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pretrain.data.formats import make_segment_pairs
+from pretrain.data.formats import make_segment_pairs, random_document_pools
 from pretrain.data.keyed_rng import STREAM_FORMAT, keyed_generator
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
@@ -71,6 +79,56 @@ def make_xlnet_pairs(
         yield to_xlnet_layout(sequence)
 
 
+class BackwardPool(Sequence):
+    """A pool of documents read backwards: each is reversed when drawn (`reversed_document`)."""
+
+    def __init__(self, pool: Sequence[dict]) -> None:
+        self.pool = pool
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def __getitem__(self, index: int) -> dict:  # type: ignore[override]
+        return reversed_document(self.pool[index])
+
+
+def reversed_document(document: dict) -> dict:
+    """`document` read backwards (XLNet's bi_data): its tokens reversed; a word starts at what
+    was a word's last token; sentence ends and phrase/entity spans (first token 1/2, then 3)
+    mirrored. Its key gains "/backward", so its draws differ from the forward text's."""
+    ids, words = document["ids"], document["words"].astype(bool)
+    n, sents = len(ids), np.asarray(document["sents"])
+    backward = {
+        "key": f"{document['key']}/backward",
+        "ids": ids[::-1],
+        "words": np.r_[words[1:], True][::-1],  # token i ends a word
+        "sents": np.r_[(n - sents[:-1])[::-1], n].astype(sents.dtype),
+    }
+    phrases = document.get("phrases")
+    if phrases is not None:
+        inside = phrases != 0
+        starts = np.flatnonzero((phrases == 1) | (phrases == 2))
+        ends = np.flatnonzero(inside & (np.r_[phrases[1:], 0] != 3))  # each span's last token
+        mirrored = np.where(inside, 3, 0).astype(phrases.dtype)
+        mirrored[ends] = phrases[starts]
+        backward["phrases"] = mirrored[::-1]
+    return backward
+
+
+def _random_b(other: dict, length: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """(ids, word starts, phrase flags) of up to `length` tokens of document `other` from a
+    sentence start: a uniform token position (one that leaves `length` tokens when the
+    document is long enough) moved back to its sentence's start, as data_utils.py does."""
+    ids = other["ids"]
+    position = int(rng.integers(max(1, len(ids) - length + 1)))
+    starts = np.r_[0, np.asarray(other["sents"])[:-1]]
+    start = int(starts[np.searchsorted(starts, position, side="right") - 1])
+    stop = min(len(ids), start + length)
+    phrases = other.get("phrases")
+    phrases = np.zeros(len(ids), np.uint8) if phrases is None else phrases
+    return ids[start:stop], other["words"][start:stop], phrases[start:stop]
+
+
 def memory_segment(
     document: dict,
     offset: int,
@@ -79,13 +137,18 @@ def memory_segment(
     vocab: Vocabulary,
     seed: int,
     epoch: int,
+    pool: Sequence[dict] = (),
+    random_probability: float = 0.0,
 ) -> tuple[dict, int | None]:
     """The segment of `document` at token `offset`: (sequence, offset of the next segment or
     None when the document is used up). reuse part = up to reuse_len tokens (fewer at the
     document's end, leaving 2 for A and B), then A [SEP] B [SEP] [CLS] from the next
-    max_seq_length - reuse - 3 tokens, cut at a keyed random point."""
+    max_seq_length - reuse - 3 tokens, cut at a keyed random point; with
+    `random_probability` B is as many tokens of a document of `pool` instead (`_random_b`)."""
     ids, words = document["ids"], document["words"]
     phrases = document.get("phrases")
+    if phrases is None:
+        phrases = np.zeros(len(ids), np.uint8)
     remaining = len(ids) - offset
     reuse = min(reuse_len, remaining - 2)
     pair_end = min(len(ids), offset + max_seq_length - 3)  # room for [SEP] [SEP] [CLS]
@@ -93,31 +156,29 @@ def memory_segment(
     key = f"{document['key']}@{offset}"
     rng = keyed_generator(seed, epoch, STREAM_FORMAT, key)
     a_end = offset + reuse + int(rng.integers(1, pair_len))  # A: at least 1 token, B too
+    b = ids[a_end:pair_end], words[a_end:pair_end], phrases[a_end:pair_end]
+    random_b = random_probability > 0 and len(pool) > 0 and rng.random() < random_probability
+    if random_b:
+        b = _random_b(pool[int(rng.integers(len(pool)))], pair_end - a_end, rng)
     sep, cls = np.array([vocab.sep]), np.array([vocab.cls])
-    input_ids = np.concatenate([ids[offset:a_end], sep, ids[a_end:pair_end], sep, cls])
+    input_ids = np.concatenate([ids[offset:a_end], sep, b[0], sep, cls])
     types = np.concatenate(
         [
             np.zeros(a_end - offset + 1, np.int64),
-            np.ones(pair_end - a_end + 1, np.int64),
+            np.ones(len(b[0]) + 1, np.int64),
             [CLS_TOKEN_TYPE],
         ]
     )
-    flag = np.ones(1, bool)
-    word_starts = np.concatenate([words[offset:a_end], flag, words[a_end:pair_end], flag, flag])
-    if phrases is None:
-        phrase_flags = np.zeros(len(input_ids), np.uint8)
-    else:
-        zero = np.zeros(1, np.uint8)
-        phrase_flags = np.concatenate(
-            [phrases[offset:a_end], zero, phrases[a_end:pair_end], zero, zero]
-        )
+    flag, zero = np.ones(1, bool), np.zeros(1, np.uint8)
+    word_starts = np.concatenate([words[offset:a_end], flag, b[1], flag, flag])
+    phrase_flags = np.concatenate([phrases[offset:a_end], zero, b[2], zero, zero])
     sequence = {
         "key": key,
         "input_ids": input_ids.astype(np.int64),
         "token_type_ids": types,
         "word_starts": word_starts.astype(bool),
         "phrases": phrase_flags.astype(np.uint8),
-        "next_sentence_label": IGNORE_INDEX,
+        "next_sentence_label": int(random_b),
     }
     following = offset + reuse_len
     done = reuse < reuse_len or len(ids) - following < 3
@@ -132,29 +193,50 @@ def memory_batches(
     vocab: Vocabulary,
     seed: int,
     epoch: int,
+    *,
+    bi_data: bool = False,
+    random_probability: float = 0.0,
+    pool_size: int = 100,
 ) -> Iterator[tuple[list[dict], np.ndarray]]:
     """(sequences of the batch_size slots, new_document (batch_size,) bool) per batch: slot b
     continues its document from the previous batch; a used-up slot takes the next document
-    (documents shorter than 3 tokens are skipped). Stops when the documents run out."""
+    (documents shorter than 3 tokens are skipped). With `bi_data`, slots batch_size / 2 + b
+    read slot b's documents backward. Random B segments come from `pool_size` documents
+    around (`random_document_pools`). Stops when the documents run out."""
     if reuse_len >= max_seq_length - 4:
         raise ValueError(
             f"model.reuse_len ({reuse_len}) must leave room for A [SEP] B [SEP] [CLS] in "
             f"data.max_seq_length ({max_seq_length}) tokens"
         )
-    stream = (d for d in documents if len(d["ids"]) >= 3)
-    slots: list[tuple[dict, int] | None] = [None] * batch_size
+    if bi_data and batch_size % 2:
+        raise ValueError(
+            f"model.bi_data: data.batch_size ({batch_size}) must be even (half of each batch "
+            "is read forward, half backward)"
+        )
+    streams = batch_size // 2 if bi_data else batch_size
+    stream = random_document_pools((d for d in documents if len(d["ids"]) >= 3), pool_size)
+    slots: list[tuple[dict, dict | None, Sequence[dict], int] | None] = [None] * streams
+    settings = (reuse_len, max_seq_length, vocab, seed, epoch)
     while True:
-        sequences, new_document = [], np.zeros(batch_size, bool)
-        for b in range(batch_size):
+        forward, backward, new_document = [], [], np.zeros(streams, bool)
+        for b in range(streams):
             if slots[b] is None:
-                document = next(stream, None)
-                if document is None:
+                taken = next(stream, None)
+                if taken is None:
                     return
-                slots[b], new_document[b] = (document, 0), True
-            document, offset = slots[b]
+                document, pool = taken
+                reverse = reversed_document(document) if bi_data else None
+                slots[b], new_document[b] = (document, reverse, pool, 0), True
+            document, reverse, pool, offset = slots[b]
             sequence, following = memory_segment(
-                document, offset, reuse_len, max_seq_length, vocab, seed, epoch
+                document, offset, *settings, pool, random_probability
             )
-            sequences.append(sequence)
-            slots[b] = None if following is None else (document, following)
-        yield sequences, new_document
+            forward.append(sequence)
+            if reverse is not None:
+                backward.append(
+                    memory_segment(
+                        reverse, offset, *settings, BackwardPool(pool), random_probability
+                    )[0]
+                )
+            slots[b] = None if following is None else (document, reverse, pool, following)
+        yield forward + backward, np.tile(new_document, 2 if bi_data else 1)
