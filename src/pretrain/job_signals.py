@@ -70,10 +70,17 @@ def ignore_in_data_worker(_worker_id: int) -> None:
     the whole job, so the main process can finish the step and save; the main process ends
     the workers. SIGTERM from the main process itself still ends the worker (else a worker
     left at exit would keep the process waiting for it): SIGTERM is blocked and a thread
-    reads who sent each one."""
+    reads who sent each one. The main process is the one that started the worker, also
+    when a forkserver forked it (`pretrain.data.worker_processes`)."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
     for signum in PREEMPTION_SIGNALS:
         signal.signal(signum, _ignore)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later too
     threading.Thread(
-        target=_end_on_sigterm_from, args=(os.getppid(),), name="sigterm", daemon=True
+        target=_end_on_sigterm_from,
+        args=(parent.pid if parent is not None else os.getppid(),),
+        name="sigterm",
+        daemon=True,
     ).start()

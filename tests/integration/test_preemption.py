@@ -19,6 +19,7 @@ from test_train import step_losses, tiny_overrides
 import pretrain.trainer
 from pretrain import job_signals
 from pretrain.config import ConfigError, compose_config
+from pretrain.data.worker_processes import worker_context
 from pretrain.preemption import (
     PREEMPTED_EXIT_STATUS,
     Preempted,
@@ -172,8 +173,10 @@ def _worker(ready) -> None:
         time.sleep(0.05)
 
 
-def test_data_loader_workers_ignore_the_job_signals_but_not_their_main_process():
-    context = multiprocessing.get_context("fork")
+@pytest.mark.parametrize("start", ["fork", "run's"])
+def test_data_loader_workers_ignore_the_job_signals_but_not_their_main_process(start):
+    # the run's: forked by the forkserver (`worker_processes`), whose parent is not this one
+    context = multiprocessing.get_context("fork") if start == "fork" else worker_context(1)
     ready = context.Queue()
     worker = context.Process(target=_worker, args=(ready,), daemon=True)
     worker.start()

@@ -20,6 +20,7 @@ from pretrain.data.shard_format import (
 )
 from pretrain.data.stream import StreamSpec, training_stream
 from pretrain.data.vocab import Vocabulary, load_vocabulary
+from pretrain.data.worker_processes import worker_context
 from pretrain.errors import ConfigError
 from pretrain.job_signals import ignore_in_data_worker
 
@@ -100,7 +101,8 @@ class PretrainingDataModule(L.LightningDataModule):
     """Serves `training_stream(spec, epoch)` in whole optimizer steps (`StepAlignedLoader`,
     so every rank ends the epoch at the same step); the loader is rebuilt every epoch (the
     Trainer runs with reload_dataloaders_every_n_epochs=1) so each epoch has its own shard
-    order, shuffle and masks."""
+    order, shuffle and masks. After the launch's first epoch, its workers are forked by a
+    forkserver that does not grow with the run, not by the main process (`worker_processes`)."""
 
     def __init__(self, spec: StreamSpec, num_workers: int = 0, collective_timeout_s: float = 600):
         super().__init__()
@@ -155,6 +157,9 @@ class PretrainingDataModule(L.LightningDataModule):
             start_positions=positions,
             num_workers=self.num_workers,
             persistent_workers=False,
+            multiprocessing_context=worker_context(  # not forked from a grown process
+                self.num_workers, spec.corruption, first_loader=self._loader is None
+            ),
             generator=torch.Generator().manual_seed(spec.seed),  # keeps the global RNG untouched
             worker_init_fn=ignore_in_data_worker,  # SLURM's signals: the main process decides
         )
