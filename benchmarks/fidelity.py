@@ -6,11 +6,11 @@ statistics measured on real batches of the project's stream, one command:
 Batches come from the stream (`pretrain.run.build_stream`: shards, partitions, input format,
 collation; epoch 0), 4,096 tokens each: 32 sequences of 128 tokens, or 8 of 512 for ALBERT's
 n-grams and SpanBERT's spans (their papers' length; fewer units cut by a segment's end).
-Corpora, prepared once into data/fidelity/: the built-in English corpus with phrases and the
-entities of tests/data/entities_en.txt plus `EXTRA_ENTITIES`, and for Chinese whole-word
-masking tests/data/chinese_prose.txt with the seed texts of ../shared/seeds when present
-(jieba words). Masking units are read from the corruption's own `select` on the collated
-batch, splits from the corrupted batch. The table is printed and written into
+Corpora (`fidelity_corpora.py`, prepared once into data/fidelity/): the built-in English
+corpus with phrase and entity annotations, and for Chinese whole-word masking the Chinese
+prose of the tests with the seed texts of ../shared/seeds when present (jieba words).
+Masking units are read from the corruption's own `select` on the collated batch, splits from
+the corrupted batch. The table is printed and written into
 benchmarks/RESULTS.md between the `fidelity` markers. About a minute on 2 cores once the
 corpora exist (preparing them takes about another).
 """
@@ -25,6 +25,7 @@ from itertools import islice
 from pathlib import Path
 
 import numpy as np
+from fidelity_corpora import chinese_corpus, english_corpus
 
 from pretrain.config import compose_config
 from pretrain.data.keyed_rng import key_hashes
@@ -40,56 +41,8 @@ from pretrain.data.stream import rank_sequences, training_stream
 from pretrain.run import build_stream
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPORA = ROOT / "data" / "fidelity"
-TEST_DATA = ROOT / "tests" / "data"
-SEEDS = ROOT.parent / "shared" / "seeds"
 BEGIN, END = "<!-- fidelity:begin -->", "<!-- fidelity:end -->"
 Row = tuple[str, str, str, str]  # objective, statistic, paper, measured
-
-
-# Multi-word terms of the built-in corpus added to tests/data/entities_en.txt as entities
-# (that list alone finds almost no entity of two or more words there).
-EXTRA_ENTITIES = ("standard library", "keyword arguments", "return value", "for example")
-
-
-def english_corpus() -> Path:
-    """The built-in corpus with ERNIE's phrase and entity annotations (prepared once)."""
-    from data_pipelines.prepare import prepare
-    from data_pipelines.prepare_config import EntitySettings, PhraseSettings, PrepareConfig
-
-    out = CORPORA / "english"
-    if not (out / "manifest.json").is_file():
-        names = (TEST_DATA / "entities_en.txt").read_text(encoding="utf-8").split("\n")
-        listed = CORPORA / "entities_en.txt"
-        listed.parent.mkdir(parents=True, exist_ok=True)
-        listed.write_text("\n".join([*filter(None, names), *EXTRA_ENTITIES]) + "\n")
-        entities = EntitySettings(path=str(listed))
-        config = PrepareConfig(out_dir=str(out), docs_per_shard=64, overwrite=True)
-        config.phrases, config.entities = PhraseSettings(enabled=True), entities
-        prepare(config, progress=False)
-    return out
-
-
-def chinese_corpus() -> Path:
-    """Chinese prose (character tokens, jieba words, phrases, entities), prepared once."""
-    from data_pipelines.prepare import prepare
-    from data_pipelines.prepare_config import (
-        EntitySettings,
-        PhraseSettings,
-        PrepareConfig,
-        TokenizerSettings,
-    )
-
-    out = CORPORA / "chinese"
-    if not (out / "manifest.json").is_file():
-        inputs = [str(TEST_DATA / "chinese_prose.txt"), *map(str, sorted(SEEDS.glob("*.txt")))]
-        config = PrepareConfig(inputs=inputs, out_dir=str(out), docs_per_shard=4, overwrite=True)
-        config.tokenizer = TokenizerSettings(kind="chinese", vocab_size=3000, min_frequency=1)
-        config.segmenter = "jieba"
-        config.phrases = PhraseSettings(enabled=True, min_count=2, min_npmi=0.3)
-        config.entities = EntitySettings(path=str(TEST_DATA / "entities_zh.txt"))
-        prepare(config, progress=False)
-    return out
 
 
 def stream_spec(shards: Path, *overrides: str, length: int = 128):
