@@ -1,12 +1,17 @@
 """Host synchronisations in the training step (issue 18 item 2), on a CUDA machine.
 
 For every objective (a tiny model of its family on a prepared corpus), a few training steps
-(forward, loss, backward, optimizer step) run under torch.cuda.set_sync_debug_mode("error"),
+(forward, loss, backward, the non-finite check and the optimizer step as
+`PretrainingModule.optimizer_step` does them on CUDA: `nonfinite_flag`, counted by
+`DeviceSkips`, handed to a fused AdamW as `found_inf`) run
+under torch.cuda.set_sync_debug_mode("error"),
 which raises at the first operation that makes the host wait for the device (boolean-mask
 indexing, nonzero, .item(), a device-to-host copy). Outside it: the first step (lazy CUDA
 initialisation, and a logging step's reads, which may sync) and moving each batch to the
-device (Lightning's transfer, not the step). This is the objective's step; Lightning's loop
-adds its own per-step work (logging, the non-finite check), checked by a real run.
+device (Lightning's transfer, not the step). The one planted NaN gradient (`--nan-step`)
+must leave the weights as they were, counted when the skips are settled after the loop.
+Lightning's loop adds its own per-step work (logging off logging steps, no progress bar:
+trainer.enable_progress_bar=false, whose per-step postfix reads the loss).
 
     .venv/bin/python benchmarks/sync_check.py --shards data/builtin [--objectives mlm electra]
     .venv/bin/python benchmarks/sync_check.py --shards data/builtin --device cpu  # the loop only
@@ -85,11 +90,14 @@ def on_device(batch: dict, device: torch.device) -> dict:
 def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
     """'ok', or what synchronised (the error and the last frames under src/pretrain)."""
     from pretrain.data.stream import training_stream
+    from pretrain.objectives.nonfinite import DeviceSkips, nonfinite_flag
 
     device = torch.device(args.device)
     module, spec = build(objective, args.shards, scratch, teacher)
     module.to(device).train()
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)  # takes found_inf
+    skips = DeviceSkips()
+    nan, before, after = float("nan"), [], []
     batches = iter(training_stream(spec, 0))
     for step in range(args.steps + 1):
         batch = on_device(next(batches), device)
@@ -99,8 +107,15 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
         try:
             loss = module(batch)["loss"]
             loss.backward()
+            if step == args.nan_step:  # copies on the device: compared after the loop
+                next(p for p in module.parameters() if p.grad is not None).grad.view(-1)[0] = nan
+                before = [p.detach().clone() for p in module.parameters()]
+            bad = nonfinite_flag(~torch.isfinite(loss.detach()), module.parameters(), device)
+            optimizer.found_inf = skips.record(bad.float())
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if step == args.nan_step:
+                after = [p.detach().clone() for p in module.parameters()]
         except RuntimeError as error:
             frames = [
                 f"{Path(f.filename).name}:{f.lineno} {f.line}"
@@ -115,6 +130,10 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
                 torch.cuda.set_sync_debug_mode(0)
     if device.type == "cuda":
         torch.cuda.synchronize()
+    skipped = skips.settle()[0]
+    kept = all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    if not kept or skipped != 1:
+        return f"ERROR the NaN step: weights kept {kept}, {skipped} step(s) counted as skipped"
     return "ok" if device.type == "cuda" else "ok (cpu: loop only, no sync check)"
 
 
@@ -124,7 +143,10 @@ def main() -> None:
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES))
     parser.add_argument("--steps", type=int, default=3, help="guarded steps per objective")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--nan-step", type=int, default=2, help="a guarded step with a NaN")
     args = parser.parse_args()
+    if not 0 < args.nan_step <= args.steps:
+        parser.error("--nan-step must be one of the guarded steps 1..--steps")
     args.shards = args.shards.resolve()
     failed = 0
     with tempfile.TemporaryDirectory() as scratch:

@@ -81,10 +81,16 @@ def fit(cfg, watch: Watch):
     return module
 
 
-@pytest.mark.parametrize("inject", ["loss", "grad"])
-def test_nonfinite_step_is_skipped_and_counted(prepared_corpus, tmp_path, inject):
+@pytest.mark.parametrize(
+    "inject, optimizer",
+    [("loss", "foreach"), ("grad", "foreach"), ("grad", "fused")],
+)
+def test_nonfinite_step_is_skipped_and_counted(prepared_corpus, tmp_path, inject, optimizer):
+    # fused: the step is skipped on the device (found_inf) and counted at the log step
+    extra = ["+optim.optimizer.fused=true"] if optimizer == "fused" else []
     watch = Watch(inject)
-    module = fit(tiny_config(prepared_corpus, tmp_path / "run"), watch)
+    module = fit(tiny_config(prepared_corpus, tmp_path / "run", *extra), watch)
+    assert bool(module.optimizers().optimizer.defaults["fused"]) == (optimizer == "fused")
     (w0, lr_steps0, m0), (w1, lr_steps1, m1) = watch.before[NAN_STEP], watch.after[NAN_STEP]
     assert all(torch.equal(a, b) for a, b in zip(w0, w1, strict=True))  # weights untouched
     assert (lr_steps1, m1) == (lr_steps0, m0) == (NAN_STEP, m0)  # schedule did not advance

@@ -10,7 +10,6 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.utils import instantiate
-from torch.nn.utils import get_total_norm
 from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.batching import BatchPlan, learning_rate, warmup_steps
@@ -19,6 +18,11 @@ from pretrain.data.stages import StagedCorruption
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.memory import memory_metrics
+from pretrain.objectives.nonfinite import (
+    DeviceSkips,
+    nonfinite_flag,
+    skips_on_device,
+)
 from pretrain.schedule import (
     LearningRateSchedule,
     describe_extension,
@@ -130,6 +134,7 @@ class PretrainingModule(L.LightningModule):
         self.consecutive_skipped_steps = 0  # of them, since the last applied step
         self._last_skip_warning = float("-inf")  # time.monotonic() of the last warning line
         self._nonfinite_loss: torch.Tensor | None = None  # any micro-batch of this step
+        self._device_skips = DeviceSkips()  # steps skipped on the device, not yet counted
         self._last_step_applied = False  # an optimizer step was applied since the schedule's last
         self.epoch_tails: list[tuple[int, int, int]] = []  # (epoch, step, sequences dropped)
         self._lr_schedule: LearningRateSchedule | None = None  # the scheduler's (schedule.py)
@@ -213,7 +218,34 @@ class PretrainingModule(L.LightningModule):
             },
         }
 
+    def settle_skips(self) -> None:
+        """Count the optimizer steps skipped on the device since the last call (one host
+        read: on logging steps, before a checkpoint, at the end of fit), apply
+        `trainer.nonfinite`'s bounds to them and move the learning-rate schedule back by
+        them, so it follows the applied steps again."""
+        settled = self._device_skips.settle()
+        if settled is None:  # no step skips on the device (the host decides each step)
+            return
+        skipped, run, longest = settled
+        if skipped == 0:
+            self.consecutive_skipped_steps = run
+            return
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.last_epoch -= skipped
+            rate = self._lr_schedule(scheduler.last_epoch) if self._lr_schedule else 1.0
+            for group, base in zip(
+                scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True
+            ):
+                group["lr"] = base * rate
+        steps = f"the last {skipped} non-finite step(s) up to this one, skipped on the device"
+        self._on_skipped_step(steps, skipped, (run, longest))
+
+    def on_train_end(self) -> None:
+        self.settle_skips()
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.settle_skips()  # counted, and checked against trainer.nonfinite, before saving
         for name, parameter in self.named_parameters():
             local = getattr(parameter, "ds_tensor", parameter)  # ZeRO-3: this rank's partition
             if not torch.isfinite(local.detach()).all():
@@ -281,35 +313,39 @@ class PretrainingModule(L.LightningModule):
         bad = ~torch.isfinite(loss.detach())
         self._nonfinite_loss = bad if self._nonfinite_loss is None else self._nonfinite_loss | bad
 
-    def _ranks_with_nonfinite(self) -> int:
+    def _ranks_with_nonfinite(self) -> torch.Tensor:
         """Ranks whose loss (any micro-batch of this step) or gradients are not finite,
-        agreed by all ranks (an all-reduce of one number per optimizer step). Under fp16
-        mixed precision gradients are left to the loss scaler, which skips such steps itself."""
-        bad = torch.zeros((), dtype=torch.bool, device=self.device)
-        if self._nonfinite_loss is not None:
-            bad = bad | self._nonfinite_loss.to(self.device)
-        if self.trainer.precision not in ("16-mixed", "16"):
-            grads = [p.grad for p in self.parameters() if p.grad is not None]
-            if grads:  # the largest |gradient| (one foreach pass): inf/NaN iff one is
-                bad = bad | ~torch.isfinite(get_total_norm(grads, norm_type=float("inf")))
+        agreed by all ranks (an all-reduce of one number per optimizer step), as a float
+        scalar on the device (no host synchronisation). Under fp16 mixed precision gradients
+        are left to the loss scaler, which skips such steps itself."""
+        fp16 = self.trainer.precision in ("16-mixed", "16")
+        bad = nonfinite_flag(self._nonfinite_loss, self.parameters(), self.device, not fp16)
         self._nonfinite_loss = None
-        return int(self.trainer.strategy.reduce(bad.float(), reduce_op="sum").item())
+        return self.trainer.strategy.reduce(bad.float(), reduce_op="sum")
 
-    def _on_skipped_step(self, ranks: int | None) -> None:
-        """Count a skipped optimizer step; under trainer.nonfinite=stop, or once
-        trainer.max_consecutive_skipped_steps steps in a row (the run diverged) or
-        trainer.max_skipped_steps in all were skipped,
+    def _on_skipped_step(
+        self, ranks: int | str | None, count: int = 1, in_a_row: tuple[int, int] | None = None
+    ) -> None:
+        """Count `count` skipped optimizer steps (`in_a_row`: the run of skipped steps now and
+        its longest, from `DeviceSkips.settle`; else this step one more in a row); under
+        trainer.nonfinite=stop, or once trainer.max_consecutive_skipped_steps steps in a row
+        (the run diverged) or trainer.max_skipped_steps in all were skipped,
         raise NonFiniteError (exit status 3, no checkpoint after the last one written). A
         warning line is printed for skipped steps, at most one per `SKIP_WARNING_INTERVAL_S`."""
         where = "DeepSpeed's overflow check" if ranks is None else f"{ranks} rank(s)"
+        if isinstance(ranks, str):  # skipped on the device, counted now
+            where = ranks
         if self.run.trainer.nonfinite == "stop":
             raise NonFiniteError(
                 f"step {self.global_step}: non-finite loss or gradient ({where}); "
                 "trainer.nonfinite=stop. Lower optim.optimizer.lr or check the data, or set "
                 "trainer.nonfinite=skip to skip such steps"
             )
-        self.skipped_steps += 1
+        self.skipped_steps += count
         self.consecutive_skipped_steps += 1
+        longest = self.consecutive_skipped_steps
+        if in_a_row is not None:
+            self.consecutive_skipped_steps, longest = in_a_row
         budget = self.run.trainer.max_skipped_steps
         if budget is not None and self.skipped_steps >= budget:
             raise NonFiniteError(
@@ -319,9 +355,9 @@ class PretrainingModule(L.LightningModule):
                 "from an earlier step-*.ckpt, or raise trainer.max_skipped_steps"
             )
         bound = self.run.trainer.max_consecutive_skipped_steps
-        if bound is not None and self.consecutive_skipped_steps >= bound:
+        if bound is not None and longest >= bound:
             raise NonFiniteError(
-                f"step {self.global_step}: {self.consecutive_skipped_steps} optimizer steps in a "
+                f"step {self.global_step}: {longest} optimizer steps in a "
                 f"row skipped for a non-finite loss or gradient ({self.skipped_steps} in all; "
                 f"trainer.max_consecutive_skipped_steps={bound}): the run diverged. Lower "
                 f"optim.optimizer.lr (now {self.run.optim.optimizer['lr']}) or lengthen the "
@@ -356,7 +392,17 @@ class PretrainingModule(L.LightningModule):
             self._last_step_applied = engine.skipped_steps == before
         else:
             loss = optimizer_closure()  # forward and backward of the step's last micro-batch
-            bad_ranks = self._ranks_with_nonfinite()
+            if skips_on_device(optimizer, self.trainer.precision):  # no host sync (nonfinite.py)
+                inner = getattr(optimizer, "optimizer", optimizer)
+                inner.found_inf = self._device_skips.record(self._ranks_with_nonfinite())
+                try:
+                    optimizer.step(closure=lambda: loss)  # settles on log steps, may raise
+                finally:
+                    inner.__dict__.pop("found_inf", None)
+                self._last_step_applied = True  # as far as the host knows: see settle_skips
+                self.log("train/skipped_steps", float(self.skipped_steps))
+                return
+            bad_ranks = int(self._ranks_with_nonfinite().item())  # the host decides: a sync
             self._last_step_applied = bad_ranks == 0
             if self._last_step_applied:
                 optimizer.step(closure=lambda: loss)
@@ -445,4 +491,5 @@ class PretrainingModule(L.LightningModule):
             self.log("train/tokens_per_s", rate)
             self.log_dict(model_flops_metrics(self, rate, self.run.trainer.peak_tflops))
             self._tokens_since_log, self._last_log_time = 0, now
+            self.settle_skips()
             self.log_dict(memory_metrics(self.device))

@@ -1,0 +1,74 @@
+"""Non-finite steps skipped on the device, without a host synchronisation per step.
+
+Deciding on the host whether to apply an optimizer step reads a device flag every step
+(`.item()`: the CPU waits for the GPU). Optimizers whose step takes a `found_inf` tensor
+(torch's Adam/AdamW with `fused=True`, as `optim.optimizer.fused=true` sets; the ones
+GradScaler drives without a sync) skip the update on the device instead: weights, moments
+and the step count stay as they were when the flag is set. The host learns of skipped steps at the next logging step, checkpoint
+or the end of fit (`DeviceSkips.settle`, one read), where they are counted, the bounds of
+`trainer.nonfinite` are applied and the learning-rate schedule is moved back by the steps
+skipped since (until then it ran ahead by that many steps). Other optimizers keep the host
+decision of every step (`PretrainingModule.optimizer_step`).
+"""
+
+from collections.abc import Iterable
+
+import torch
+from torch.nn.utils import get_total_norm
+
+
+def skips_on_device(optimizer: object, precision: str) -> bool:
+    """Whether `optimizer` (a torch optimizer, or Lightning's wrapper of one) takes a
+    `found_inf` tensor, under a precision without a loss scaler (fp16's GradScaler sets that
+    tensor itself)."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    supported = getattr(optimizer, "_step_supports_amp_scaling", False)
+    return bool(supported) and precision not in ("16-mixed", "16")
+
+
+def nonfinite_flag(
+    loss_flag: torch.Tensor | None,
+    parameters: Iterable[torch.nn.Parameter],
+    device: torch.device,
+    check_gradients: bool = True,
+) -> torch.Tensor:
+    """A bool scalar on `device`, no host synchronisation: whether `loss_flag` (the step's
+    micro-batches had a non-finite loss) is set or, with `check_gradients`, a gradient of
+    `parameters` holds an inf or NaN (their largest |value|, one foreach pass, is not
+    finite)."""
+    bad = torch.zeros((), dtype=torch.bool, device=device)
+    if loss_flag is not None:
+        bad = bad | loss_flag.to(device)
+    grads = [p.grad for p in parameters if p.grad is not None] if check_gradients else []
+    if grads:
+        bad = bad | ~torch.isfinite(get_total_norm(grads, norm_type=float("inf")))
+    return bad
+
+
+class DeviceSkips:
+    """Counters on the device of the optimizer steps skipped (all ranks agreed) since the
+    last `settle`: how many, the current run of skipped steps in a row, and its longest."""
+
+    def __init__(self) -> None:
+        self._counts: torch.Tensor | None = None  # (skipped, run, longest run) int64
+
+    def record(self, bad_ranks: torch.Tensor) -> torch.Tensor:
+        """Count this step's flag (`bad_ranks`: ranks with a non-finite loss or gradient, a
+        device scalar); returns the step's `found_inf` (float32 0/1) on the same device."""
+        bad = (bad_ranks > 0).to(torch.int64)
+        if self._counts is None:
+            self._counts = torch.zeros(3, dtype=torch.int64, device=bad.device)
+        skipped, run, longest = self._counts.unbind()
+        run = (run + 1) * bad
+        self._counts = torch.stack((skipped + bad, run, torch.maximum(longest, run)))
+        return bad.to(torch.float32)
+
+    def settle(self) -> tuple[int, int, int] | None:
+        """(steps skipped, current run in a row, longest run in a row) since the last settle,
+        read on the host (a synchronisation: call on logging steps); the counts restart, the
+        current run carries on. None when no step was recorded."""
+        if self._counts is None:
+            return None
+        skipped, run, longest = self._counts.tolist()
+        self._counts = torch.tensor([0, run, run], dtype=torch.int64, device=self._counts.device)
+        return skipped, run, longest
