@@ -53,10 +53,16 @@ def full_batches(spec, count: int):
         epoch += 1
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_stream_batches_stay_in_the_documented_shape_set(case, request, tmp_path):
-    run, spec, _ = case_stream(case, request, tmp_path)
+# (golden case, data.max_seq_length): the cases' own 64 tokens (buckets every 8), and 128
+# (buckets every 16) for an encoder and an encoder-decoder objective
+SHAPE_CASES = [(case, 64) for case in sorted(CASES)] + [("mlm_nsp", 128), ("bart", 128)]
+
+
+@pytest.mark.parametrize("case, length", SHAPE_CASES)
+def test_stream_batches_stay_in_the_documented_shape_set(case, length, request, tmp_path):
+    run, spec, _ = case_stream(case, request, tmp_path, f"data.max_seq_length={length}")
     axes = shape_set(spec.corruption, spec.max_seq_length)
+    assert len(axes["sequence"]) <= 8
     seen, fixed = set(), {}
     for batch in full_batches(spec, STREAM_BATCHES):
         size = batch_shape(batch)

@@ -7,6 +7,7 @@ from pretrain.data.prediction_budget import (
     describe_shape_set,
     prediction_positions,
     prediction_widths,
+    sequence_width,
     sequence_widths,
     width_for,
 )
@@ -19,6 +20,16 @@ def test_widths_start_at_the_expected_predictions_and_end_at_the_sequence():
     assert prediction_widths(0.0, 16) == (1, 2, 4, 8, 16)
     assert prediction_widths(200.0, 64) == (64,)
     assert sequence_widths(64) == tuple(range(8, 65, 8)) and sequence_widths(60)[-1] == 64
+
+
+def test_sequences_pad_to_at_most_eight_buckets():
+    assert sequence_widths(128) == (16, 32, 48, 64, 80, 96, 112, 128)
+    assert sequence_widths(512) == tuple(range(64, 513, 64))
+    assert sequence_widths(100) == (16, 32, 48, 64, 80, 96, 104)  # the last: 100 rounded to 8
+    assert sequence_widths(12) == (8, 16)
+    assert [sequence_width(n, 128) for n in (1, 16, 17, 70, 128)] == [16, 16, 32, 80, 128]
+    assert sequence_width(130, 128) == 136  # longer than the maximum: a multiple of 8
+    assert sequence_width(17, None) == 24  # no maximum: a multiple of 8
 
 
 def test_positions_are_left_to_right_padded_with_minus_one_to_a_width_of_the_set():

@@ -13,8 +13,9 @@ reads the width from the array's shape, without a host synchronisation.
 
 A run's documented shape set (`shape_set`, printed on the batch-plan line at start) is, by
 axis: the micro-batch (fixed: short batches are held back, `epoch_tail.py`), the sequence
-length (collated to a multiple of 8 up to data.max_seq_length), and the corruption's own axes
-(`shape_axes`: prediction widths, decoder lengths). `batch_shape` reads those axes off a batch.
+length (collated to the next of at most `SEQUENCE_BUCKETS` lengths, `sequence_widths`), and
+the corruption's own axes (`shape_axes`: prediction widths, decoder lengths, bucketed alike).
+`batch_shape` reads those axes off a batch.
 """
 
 import math
@@ -22,7 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SEQUENCE_MULTIPLE = 8  # collated sequences pad to a multiple of this many tokens
+SEQUENCE_MULTIPLE = 8  # sequence buckets are multiples of this many tokens
+SEQUENCE_BUCKETS = 8  # at most this many sequence lengths per run
 
 
 def prediction_widths(per_row: float, max_seq_length: int) -> tuple[int, ...]:
@@ -34,10 +36,27 @@ def prediction_widths(per_row: float, max_seq_length: int) -> tuple[int, ...]:
     return tuple(widths)
 
 
-def sequence_widths(max_seq_length: int, multiple: int = SEQUENCE_MULTIPLE) -> tuple[int, ...]:
-    """The sequence lengths a collated batch can have: multiples of `multiple` up to
-    `max_seq_length` rounded up to one."""
-    return tuple(range(multiple, math.ceil(max_seq_length / multiple) * multiple + 1, multiple))
+def sequence_widths(max_seq_length: int) -> tuple[int, ...]:
+    """The sequence lengths (tokens) a collated batch can have: at most `SEQUENCE_BUCKETS`,
+    multiples of a step that is itself a multiple of `SEQUENCE_MULTIPLE` (16 for 128 tokens,
+    64 for 512; a batch pads at most that many tokens a row past its longest), the last
+    `max_seq_length` rounded up to a multiple of `SEQUENCE_MULTIPLE`."""
+    last = _round_up(max_seq_length, SEQUENCE_MULTIPLE)
+    step = _round_up(math.ceil(last / SEQUENCE_BUCKETS), SEQUENCE_MULTIPLE)
+    return (*range(step, last, step), last)
+
+
+def sequence_width(longest: int, max_seq_length: int | None) -> int:
+    """The padded length of a batch whose longest row has `longest` tokens: the smallest of
+    `sequence_widths(max_seq_length)` that holds it; a multiple of `SEQUENCE_MULTIPLE` when
+    no maximum is given or the row is longer than the maximum (no bucket holds it)."""
+    if max_seq_length is None or longest > _round_up(max_seq_length, SEQUENCE_MULTIPLE):
+        return _round_up(longest, SEQUENCE_MULTIPLE)
+    return width_for(longest, sequence_widths(max_seq_length))
+
+
+def _round_up(count: int, multiple: int) -> int:
+    return -(-count // multiple) * multiple
 
 
 def width_for(count: int, widths: Sequence[int]) -> int:

@@ -212,12 +212,14 @@ def next_position(mark: list[int]) -> list[int]:
     return [n + 1, chunk, order, document, number + 1]
 
 
-def collate(sequences: list[dict], pad_id: int, multiple_of: int = 8) -> dict:
-    """Pad a list of sequences to the longest (rounded up to `multiple_of`) as numpy arrays:
+def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = None) -> dict:
+    """Pad a list of sequences to the longest, rounded up to its sequence bucket (one of a few
+    lengths up to `max_seq_length`, `prediction_budget.sequence_width`), as numpy arrays:
     input_ids, token_type_ids, attention_mask, word_starts, phrases, sentence_starts (batch,
     seq); next_sentence_label (batch,); keys (list of str)."""
-    length = max(len(s["input_ids"]) for s in sequences)
-    length = math.ceil(length / multiple_of) * multiple_of
+    from pretrain.data.prediction_budget import sequence_width
+
+    length = sequence_width(max(len(s["input_ids"]) for s in sequences), max_seq_length)
     batch = {
         "input_ids": np.full((len(sequences), length), pad_id, np.int64),
         "token_type_ids": np.zeros((len(sequences), length), np.int64),

@@ -81,7 +81,8 @@ class EpochStream(torch.utils.data.IterableDataset):
         batches = _chunks(sequences, spec.batch_size)
         for n, sequences in enumerate(batches):
             if n % workers == worker:
-                yield corrupt_to_tensors(collate(sequences, spec.vocab.pad), spec, epoch)
+                batch = collate(sequences, spec.vocab.pad, spec.max_seq_length)
+                yield corrupt_to_tensors(batch, spec, epoch)
 
     def _memory_batches(self) -> Iterator[dict]:
         """Every worker builds the rank's batches (slots continue across batches) and keeps
@@ -92,7 +93,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         entry = INPUT_FORMATS[spec.format]
         for n, (sequences, extras) in enumerate(entry.batches(documents, spec, epoch)):
             if n >= self.skip_batches and n % workers == worker:
-                batch = collate(sequences, spec.vocab.pad) | extras
+                batch = collate(sequences, spec.vocab.pad, spec.max_seq_length) | extras
                 yield corrupt_to_tensors(batch, spec, epoch)
 
 

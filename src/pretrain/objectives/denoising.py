@@ -5,8 +5,8 @@ Corruption (data-loader workers, numpy): each packed `[CLS] body [SEP]` sequence
 by `pretrain.data.noise.apply_noise` (default: text infilling of 30% of the tokens with
 Poisson(3) spans + sentence permutation), keyed by (seed, epoch, sequence key). The encoder
 reads the noised sequence; the decoder reads the original shifted right after a start token
-([SEP], as BART starts with </s>) and predicts the original. Both sides are padded to a
-multiple of 8.
+([SEP], as BART starts with </s>) and predicts the original. Both sides are padded to the
+run's sequence buckets (`prediction_budget.sequence_widths`).
 Loss: cross-entropy over the non-padding target tokens, label-smoothed by
 `objective.label_smoothing` (0.1 in the Transformer's recipe). The head projects every decoder
 position (BART predicts every real token; padding is ignored by its label), or, when the batch
@@ -28,7 +28,11 @@ from pretrain.data.noise import (
     apply_noise,
     sequence_generator,
 )
-from pretrain.data.prediction_budget import prediction_positions, sequence_widths
+from pretrain.data.prediction_budget import (
+    prediction_positions,
+    sequence_width,
+    sequence_widths,
+)
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import require, require_probabilities, require_unit_interval
 from pretrain.generation import GenerationSetup, beam_search, greedy_search
@@ -41,8 +45,6 @@ from pretrain.objectives.predictions import (
     masked_classification_metrics,
     masked_mean,
 )
-
-PAD_MULTIPLE = 8
 
 
 @dataclass
@@ -87,10 +89,13 @@ class DenoisingConfig(Seq2SeqObjectiveConfig):
         )
 
 
-def pad_rows(rows: list[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad 1-D int arrays to the longest, rounded up to a multiple of 8: returns
-    (ids (batch, L) int64, attention mask (batch, L) int64, 1 = real)."""
-    length = -(-max(len(r) for r in rows) // PAD_MULTIPLE) * PAD_MULTIPLE
+def pad_rows(
+    rows: list[np.ndarray], pad_id: int, max_length: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad 1-D int arrays to the longest, rounded up to its sequence bucket up to
+    `max_length` (`sequence_width`; a multiple of 8 without one): returns (ids (batch, L)
+    int64, attention mask (batch, L) int64, 1 = real)."""
+    length = sequence_width(max(len(r) for r in rows), max_length)
     ids = np.full((len(rows), length), pad_id, np.int64)
     mask = np.zeros((len(rows), length), np.int64)
     for i, row in enumerate(rows):
@@ -105,14 +110,16 @@ def seq2seq_batch(
     label_rows: list[np.ndarray],
     pad_id: int,
     prediction_widths: tuple[int, ...] | None = None,
+    max_length: int | None = None,
 ) -> dict:
     """The model batch of an encoder-decoder objective: input_ids / attention_mask (encoder),
     decoder_input_ids / decoder_attention_mask, labels (IGNORE_INDEX at padding and at
     positions not predicted), plus the collated batch's keys and next_sentence_label; with
-    `prediction_widths`, also prediction_positions (batch, width) of the predicted labels."""
-    input_ids, attention_mask = pad_rows(encoder_rows, pad_id)
-    decoder_input_ids, decoder_attention_mask = pad_rows(decoder_rows, pad_id)
-    labels, _ = pad_rows(label_rows, IGNORE_INDEX)
+    `prediction_widths`, also prediction_positions (batch, width) of the predicted labels.
+    Every length is bucketed up to `max_length` (`pad_rows`)."""
+    input_ids, attention_mask = pad_rows(encoder_rows, pad_id, max_length)
+    decoder_input_ids, decoder_attention_mask = pad_rows(decoder_rows, pad_id, max_length)
+    labels, _ = pad_rows(label_rows, IGNORE_INDEX, max_length)
     extra = {}
     if prediction_widths is not None:
         extra["prediction_positions"] = prediction_positions(
@@ -148,7 +155,7 @@ class DenoisingCorruption:
     noise: NoiseSettings = NoiseSettings()
 
     def shape_axes(self, max_seq_length: int) -> dict[str, tuple[int, ...]]:
-        """Decoder lengths: multiples of 8, like the encoder's (`sequence`)."""
+        """Decoder lengths: the sequence buckets, like the encoder's (`sequence`)."""
         return {"decoder": sequence_widths(max_seq_length)}
 
     def __call__(self, batch: dict, epoch: int) -> dict:
@@ -161,7 +168,9 @@ class DenoisingCorruption:
             encoder_rows.append(noised)
             decoder_rows.append(np.concatenate([[self.start_id], ids[:-1]]))
             label_rows.append(ids)
-        return seq2seq_batch(batch, encoder_rows, decoder_rows, label_rows, self.pad_id)
+        return seq2seq_batch(
+            batch, encoder_rows, decoder_rows, label_rows, self.pad_id, max_length=self.max_length
+        )
 
 
 class DenoisingAutoencoder(PretrainingModule):

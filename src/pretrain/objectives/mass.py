@@ -71,7 +71,7 @@ class MassCorruption:
         return prediction_widths(self.fragment_fraction * max_length, max_length)
 
     def shape_axes(self, max_seq_length: int) -> dict[str, tuple[int, ...]]:
-        """Decoder lengths (multiples of 8) and the fragment's prediction widths."""
+        """Decoder lengths (the sequence buckets) and the fragment's prediction widths."""
         decoder = sequence_widths(max_seq_length)
         return {"decoder": decoder, "predictions": self.prediction_widths(max_seq_length)}
 
@@ -95,7 +95,9 @@ class MassCorruption:
             decoder_rows.append(decoder)
             label_rows.append(np.where(fragment, ids, IGNORE_INDEX))
         widths = self.prediction_widths(self.max_length or batch["input_ids"].shape[1])
-        return seq2seq_batch(batch, encoder_rows, decoder_rows, label_rows, self.pad_id, widths)
+        return seq2seq_batch(
+            batch, encoder_rows, decoder_rows, label_rows, self.pad_id, widths, self.max_length
+        )
 
 
 class MaskedSeq2Seq(DenoisingAutoencoder):
