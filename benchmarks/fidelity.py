@@ -230,13 +230,15 @@ def run_ernie(english: Path, chinese: Path, batches: int) -> list[Row]:
     for level in ("basic", "phrase", "entity"):
         name = f"ERNIE ({level} level)"
         overrides = ("objective=ernie", "data=segment_pair", f"objective.masking_level={level}")
-        counts, _ = masked_lm(stream_spec(english, *overrides), batches, span_check=True)
+        counts, words = masked_lm(stream_spec(english, *overrides), batches, span_check=True)
         rows += mlm_rows(name, counts)[:1] if level != "entity" else mlm_rows(name, counts)
         for kind, unit_from in (("phrases", "phrase"), ("entities", "entity")):
             paper = "0%" if level in ("entity", unit_from) else "(not units)"
             share = percent(counts.share(f"{kind}_partial", f"{kind}_touched"))
             touched = f"{share} of {int(counts[f'{kind}_touched'])}"
             rows.append((name, f"{kind} of 2+ words masked in part", paper, touched))
+    sizes = f"{words.mean():.2f}; {percent(np.mean(words >= 3))}"
+    rows.append((name, "mean unit (words); units of 3+ words", "(not stated)", sizes))
     return rows + unit_rows(name, "units", counts)
 
 

@@ -3,6 +3,7 @@ to each sample's position in the global sample order. Checked on real stream bat
 switch at the documented sample, the same rows whatever the workers or ranks and after a
 resume, and ERNIE's three stages masking words, then phrases, then entities whole."""
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -11,14 +12,17 @@ from conftest import prepare_small_corpus
 from torch.utils.data import DataLoader
 
 from data_pipelines.prepare_config import EntitySettings, PhraseSettings
-from pretrain.config import compose_config, validate
+from pretrain.config import compose_config, stage_configs, validate
 from pretrain.data.masking import ENTITY_START, IGNORE_INDEX, INSIDE_SPAN, PHRASE_START, mask_budget
 from pretrain.data.reading import MARKS_KEY
 from pretrain.data.stages import first_sample_of_stage, sample_progress_tokens
 from pretrain.data.stream import training_stream
 from pretrain.errors import ConfigError
+from pretrain.objectives.ernie import ErnieConfig
+from pretrain.objectives.mlm import MaskedLMConfig
 from pretrain.run import build_stream
 
+ERNIE = "pretrain.objectives.ernie.ErnieMaskedLM"
 LENGTH = 64  # data.max_seq_length of these streams
 SWITCH = 41 * LENGTH - 10  # until_tokens of the first stage: sample 41 is the first of stage 1
 
@@ -62,21 +66,30 @@ def rows(batches: list[dict]) -> dict[str, tuple]:
     ("stages", "message"),
     [
         (
-            "[{until_tokens:100,mlm_probability:0.3},{mlm_probabilty:0.2}]",
+            [{"until_tokens": 100, "mlm_probability": 0.3}, {"mlm_probabilty": 0.2}],
             "stages[1].mlm_probabilty",
         ),
-        ("[{until_tokens:100},{until_tokens:50},{}]", "stages[1].until_tokens"),
-        ("[{until_tokens:100},{until_tokens:200}]", "stages[1].until_tokens"),
-        ("[{mlm_probability:0.3},{}]", "stages[0].until_tokens"),
-        ("[{until_tokens:100,mlm_probability:1.5},{}]", "stages[0].mlm_probability"),
-        ("[{until_tokens:100,pair_task:sop},{}]", "stages[0].pair_task"),
+        ([{"until_tokens": 100}, {"until_tokens": 50}, {}], "stages[1].until_tokens"),
+        ([{"until_tokens": 100}, {"until_tokens": 200}], "stages[1].until_tokens"),
+        ([{"mlm_probability": 0.3}, {}], "stages[0].until_tokens"),
+        ([{"until_tokens": 100, "mlm_probability": 1.5}, {}], "stages[0].mlm_probability"),
+        ([{"until_tokens": 100, "mlm_probability": "many"}, {}], "stages[0].mlm_probability"),
+        ([{"until_tokens": 100, "pair_task": "sop"}, {}], "stages[0].pair_task"),
     ],
 )
 def test_stage_settings_are_checked_and_errors_name_the_key(stages, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        validate(
-            compose_config(["objective=mlm", "data=full_sentences", f"+objective.stages={stages}"])
-        )
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        MaskedLMConfig(name="mlm", pair_task="none", stages=stages)
+
+
+def test_each_stage_is_the_objectives_config_with_its_settings():
+    stages = [{"until_tokens": 640, "masking_level": "basic"}, {"mlm_probability": 0.2}]
+    staged = stage_configs(ErnieConfig(_target_=ERNIE, stages=stages))
+    assert [until for until, _ in staged] == [640, None]
+    assert [(c.masking_level, c.mlm_probability) for _, c in staged] == [
+        ("basic", 0.15),
+        ("entity", 0.2),
+    ]
 
 
 def test_stages_are_refused_where_the_stream_has_no_global_order():
