@@ -216,7 +216,7 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pretrain-data`; returns the exit status."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args or args[0] in ("-h", "--help", "help") or {"-h", "--help"} & set(args[1:]):
         print(f"usage:\n{USAGE}")
         return 0 if args else 2
     command = COMMANDS.get(args[0])

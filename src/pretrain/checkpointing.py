@@ -259,12 +259,17 @@ RELAUNCH_KEYS = (
     "trainer.max_consecutive_skipped_steps",
     "trainer.max_skipped_steps",
     "trainer.peak_tflops",
+    "trainer.tf32",  # speed switches: the same model and data either way
+    "trainer.pin_memory",
+    "trainer.compile",
     "trainer.val_*",
     "logger.*",
     "data.num_workers",
     "data.verify_shards",
     "data.bad_shards",
     "optim.extend",
+    "optim.impl",  # kernels (apex or torch) compute the same update: a machine may lack apex
+    "model.layer_norm_impl",
 )
 RANK_KEYS = ("trainer.devices", "trainer.num_nodes")
 UNSET = "<unset>"

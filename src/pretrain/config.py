@@ -16,13 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain.batching import BatchPlan, batch_plan
-from pretrain.data.input_formats import INPUT_FORMATS
 from pretrain.errors import ConfigError, require, require_unit_interval
 
-FORMATS = tuple(INPUT_FORMATS)
 LR_SCALINGS = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "deepspeed")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
+KERNEL_IMPLS = ("auto", "torch", "apex")  # optim.impl, model.layer_norm_impl (pretrain.kernels)
 T = TypeVar("T")
 
 
@@ -36,6 +35,9 @@ class ModelConfig:
     # Vocabulary size (tokens) of the paper's tokenizer: used by `pretrain-info` and the
     # parameter-count checks; training takes the size of the run's own tokenizer.
     reference_vocab_size: int | None = None
+    # LayerNorm kernels: auto (apex's FusedLayerNorm on CUDA when apex is installed, else
+    # torch's) | torch | apex (an error where apex cannot run); see pretrain/kernels.py.
+    layer_norm_impl: str = "auto"
 
     def __post_init__(self) -> None:
         require(
@@ -43,6 +45,12 @@ class ModelConfig:
             "model.reference_vocab_size",
             self.reference_vocab_size,
             "must be positive or null",
+        )
+        require(
+            self.layer_norm_impl in KERNEL_IMPLS,
+            "model.layer_norm_impl",
+            self.layer_norm_impl,
+            f"must be one of {', '.join(KERNEL_IMPLS)}",
         )
 
     @property
@@ -209,11 +217,13 @@ class DataConfig:
     bad_shards: str = "error"
 
     def __post_init__(self) -> None:
+        from pretrain.data.input_formats import INPUT_FORMATS  # torch: only when validated
+
         require(
-            self.format in FORMATS,
+            self.format in INPUT_FORMATS,
             "data.format",
             self.format,
-            f"must be one of {', '.join(FORMATS)}",
+            f"must be one of {', '.join(INPUT_FORMATS)}",
         )
         require(
             self.max_seq_length >= 8,
@@ -289,8 +299,17 @@ class OptimConfig:
     # scaled by (global batch / reference) for linear, its square root for sqrt.
     lr_scaling: str = "none"
     reference_batch_size: int = 256
+    # Optimizer kernels: auto (apex's FusedAdam/FusedLAMB on CUDA when apex is installed, else
+    # torch's, fused on CUDA) | torch | apex (an error where apex cannot run); pretrain/kernels.py.
+    impl: str = "auto"
 
     def __post_init__(self) -> None:
+        require(
+            self.impl in KERNEL_IMPLS,
+            "optim.impl",
+            self.impl,
+            f"must be one of {', '.join(KERNEL_IMPLS)}",
+        )
         lr = self.optimizer["lr"] if "lr" in self.optimizer else None
         number = isinstance(lr, int | float) and not isinstance(lr, bool)
         require(
@@ -355,6 +374,14 @@ class TrainerConfig:
     checkpoint_every_n_steps: int = 500
     keep_checkpoints: int = 2
     enable_progress_bar: bool = True
+    # GPU speed switches (conf/trainer/gpu.yaml turns them on; no effect on a CPU run):
+    # TF32 tensor-core matmuls and convolutions for fp32 work (torch.backends.cuda/cudnn);
+    tf32: bool = False
+    # page-locked host batches, so the copy to the GPU does not block the step;
+    pin_memory: bool = False
+    # torch.compile the objective module in place (nn.Module.compile: checkpoint and export
+    # names unchanged); the first steps of each batch shape are slower while it compiles.
+    compile: bool = False
     # A non-finite loss or gradient on any rank: skip the optimizer step (counted in
     # train/skipped_steps) or stop the run with an error.
     nonfinite: str = "skip"
@@ -540,6 +567,8 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self) -> None:
+        from pretrain.data.input_formats import INPUT_FORMATS  # torch: only when validated
+
         self.model = component_config("model", self.model)
         self.objective = component_config("objective", self.objective)
         self.objective.check_data(self.data)

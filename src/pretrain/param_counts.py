@@ -13,12 +13,28 @@ in a second. The vocabulary is the paper's (`model.reference_vocab_size`) unless
 import argparse
 import json
 import sys
-
-import torch
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pretrain.config import ConfigError, component_config, compose_config
 from pretrain.errors import report_error
-from pretrain.models import build_encoder, count_parameters
+
+
+@contextmanager
+def skipped_initialisation() -> Iterator[None]:
+    """torch.nn.init's initialisers as no-ops while a model is built on the meta device (its
+    values are never read; torch's meta `normal_` loads torch._dynamo, seconds of start-up)."""
+    import torch
+
+    names = [name for name in vars(torch.nn.init) if name.endswith("_") and name[0] != "_"]
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, initialiser in saved.items():
+            setattr(torch.nn.init, name, initialiser)
 
 
 def parameter_counts(
@@ -29,7 +45,11 @@ def parameter_counts(
     "pooler" BERT's [CLS] pooler (hidden x hidden + hidden) where the family's paper counts
     it (the encoder's `paper_counts_pooler`), else 0; "paper_total" = total + pooler, the
     paper's way; "paper_counts" names the parts paper_total includes."""
-    with torch.device("meta"):
+    import torch  # here, not at the top: `--help` and a bad override answer without it
+
+    from pretrain.models import build_encoder, count_parameters
+
+    with torch.device("meta"), skipped_initialisation():
         encoder = build_encoder(model_cfg, vocab_size, pad_token_id)
     total = count_parameters(encoder)
     embeddings = count_parameters(encoder.embeddings) if hasattr(encoder, "embeddings") else 0

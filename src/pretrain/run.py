@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import lightning as L
+import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
@@ -31,6 +32,7 @@ from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
 from pretrain.errors import ConfigError, RunEnvironmentError, report_error
 from pretrain.export.checkpoint import ExportError
+from pretrain.models import DESCRIPTIVE_KEYS
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
 from pretrain.schedule import check_extension
@@ -78,8 +80,20 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingModule, Pretra
         spec,
         num_workers=run.data.num_workers,
         collective_timeout_s=run.trainer.collective_timeout_s,
+        pin_memory=run.trainer.pin_memory and torch.cuda.is_available(),
     )
+    use_speed_switches(run, module)
     return run, module, datamodule
+
+
+def use_speed_switches(run: TrainConfig, module: PretrainingModule) -> None:
+    """trainer.tf32 (TF32 matmuls on CUDA, process-wide; off: torch's defaults kept) and
+    trainer.compile (the module compiled in place, its parameter names unchanged); see
+    conf/trainer/gpu.yaml."""
+    if run.trainer.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if run.trainer.compile:
+        module.compile()
 
 
 def train(cfg: DictConfig) -> Path:
@@ -144,7 +158,7 @@ def initialise_from(module: PretrainingModule, source: str) -> None:
         model_cfg = saved["model"]
     ours = module.config["model"]
     for key, value in model_cfg.items():
-        if key in ("name", "reference_vocab_size"):
+        if key in DESCRIPTIVE_KEYS:  # the name, the paper's vocabulary, kernel choices
             continue
         if key not in ours or ours[key] != value:
             raise ConfigError(
@@ -166,6 +180,14 @@ def summary(module: PretrainingModule, run_dir: Path) -> str:
             0,
             f"{module.summary_metric.replace('_', ' ')}: {first:.3f} at step {first_step} -> "
             f"{last:.3f} at step {last_step}",
+        )
+    speed = module.speed  # the last log step's
+    if speed:
+        mfu = f", MFU {speed['train/mfu']:.1%}" if "train/mfu" in speed else ""
+        lines.insert(
+            1 if history else 0,
+            f"throughput: {speed['train/tokens_per_s']:,.0f} tokens/s, "
+            f"{speed['train/model_tflops']:.3g} model TFLOP/s{mfu} (one rank, last log step)",
         )
     return "\n".join(lines)
 

@@ -9,22 +9,45 @@ Importing this module first holds SLURM's preemption signals (`pretrain.job_sign
 that comes while torch loads and the config is composed is kept for the first step boundary
 instead of ending the process. A launcher that imports it to run `main` (submitit unpickling
 the job) installs its own handlers afterwards, as before.
+
+Importing it registers the config schema (`pretrain.config`) but loads neither torch nor
+Lightning: `pretrain --help` and `pretrain --cfg job` stay fast; `pretrain.run` (torch,
+Lightning, the objectives) is imported when a run starts.
 """
 
 from pretrain.job_signals import hold_preemption_signals
 
 hold_preemption_signals()
 
+import sys  # noqa: E402
+
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+import pretrain.config  # noqa: E402, F401 - registers the schema train.yaml names
+from pretrain.cli_help import print_app_help, wants_help  # noqa: E402
 from pretrain.paths import CONF_DIR  # noqa: E402
-from pretrain.run import run_or_exit  # noqa: E402
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run_training(cfg: DictConfig) -> None:
+    """The task Hydra runs (and a submitit job unpickles, by reference to this module)."""
+    from pretrain.run import run_or_exit  # torch and Lightning load here, signals held
+
     run_or_exit(cfg)
+
+
+hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")(
+    run_training
+)
+
+
+def main() -> None:
+    """The console script: `--help` prints the groups and the composed config
+    (`pretrain.cli_help`), anything else goes to Hydra."""
+    if wants_help(sys.argv[1:]):
+        summary = "\n\n".join(__doc__.split("\n\n")[:2])  # usage and exit statuses
+        sys.exit(print_app_help("pretrain", summary, "train", sys.argv[1:]))
+    hydra_main()
 
 
 if __name__ == "__main__":

@@ -65,9 +65,10 @@ def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp
         assert any(row.get(column) for row in rows), column
     module = prepare_run(cfg)[1]
     parameters = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    for row in (r for r in rows if r.get("train/mfu")):  # 6N FLOPs a token, over the peak
-        flops = 6 * parameters * float(row["train/tokens_per_s"]) / 1e12
-        assert float(row["train/model_tflops"]) == pytest.approx(flops, rel=1e-5)
+    for row in (r for r in rows if r.get("train/mfu")):  # the FLOP model's, over the peak
+        flops = float(row["train/model_tflops"])
+        per_token = flops * 1e12 / float(row["train/tokens_per_s"])
+        assert 0 < per_token < 6 * parameters  # no look-up FLOPs, the MLM head on 15%
         assert float(row["train/mfu"]) == pytest.approx(flops / 0.5, rel=1e-5)
     memory = [float(r["sys/host_memory_gb"]) for r in rows if r.get("sys/host_memory_gb")]
     assert 0.05 < min(memory) and max(memory) < 64, memory

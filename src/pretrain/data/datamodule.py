@@ -104,10 +104,17 @@ class PretrainingDataModule(L.LightningDataModule):
     order, shuffle and masks. After the launch's first epoch, its workers are forked by a
     forkserver that does not grow with the run, not by the main process (`worker_processes`)."""
 
-    def __init__(self, spec: StreamSpec, num_workers: int = 0, collective_timeout_s: float = 600):
+    def __init__(
+        self,
+        spec: StreamSpec,
+        num_workers: int = 0,
+        collective_timeout_s: float = 600,
+        pin_memory: bool = False,  # page-locked batches (trainer.pin_memory, on CUDA)
+    ):
         super().__init__()
         self.spec = spec
         self.num_workers = num_workers
+        self.pin_memory = pin_memory
         self.collective_timeout_s = collective_timeout_s
         self._resume: dict | None = None
         self._loader: StepAlignedLoader | None = None
@@ -156,6 +163,7 @@ class PretrainingDataModule(L.LightningDataModule):
             full_batch=spec.batch_size,
             start_positions=positions,
             num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
             persistent_workers=False,
             multiprocessing_context=worker_context(  # not forked from a grown process
                 self.num_workers, spec.corruption, first_loader=self._loader is None

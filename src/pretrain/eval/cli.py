@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import pretrain.config  # noqa: F401  (the ${sweep_suffix:} resolver)
+from pretrain.cli_help import print_app_help, wants_help
 from pretrain.errors import ConfigError
 from pretrain.eval.config import register_eval_schema
 from pretrain.paths import CONF_DIR
@@ -27,8 +28,8 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def evaluate_encoder(cfg: DictConfig) -> None:
+    """The task Hydra runs: evaluate, print the metrics and where they were written."""
     from pretrain.eval.formats import TaskFileError
     from pretrain.eval.run import evaluate
     from pretrain.export import ExportError
@@ -46,6 +47,19 @@ def main(cfg: DictConfig) -> None:
         f"{result['task']} ({result['init']} {result['encoder']}): {format_metrics(result['metrics'])}"
     )
     print(f"Result: {path}")
+
+
+hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")(
+    evaluate_encoder
+)
+
+
+def main() -> None:
+    """The console script: `--help` prints the groups and the composed config
+    (`pretrain.cli_help`), anything else goes to Hydra."""
+    if wants_help(sys.argv[1:]):
+        sys.exit(print_app_help("pretrain-eval", __doc__, "evaluate", sys.argv[1:]))
+    hydra_main()
 
 
 if __name__ == "__main__":

@@ -6,8 +6,12 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from pretrain.errors import require, require_positive, require_unit_interval
-from pretrain.eval.heads import LAYER_CHOICES, MODES, POOLINGS
 from pretrain.eval.tasks import TASK_KINDS
+
+# What a task head reads (pretrain.eval.heads; named here so the schema loads without torch)
+LAYER_CHOICES = ("last", "second_to_last", "concat_last4", "scalar_mix")
+POOLINGS = ("cls", "mean")
+MODES = ("finetune", "features")  # every weight trained | the encoder frozen
 
 TASK_FORMATS = ("builtin", "glue", "squad", "jsonl", "csv")
 

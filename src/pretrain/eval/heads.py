@@ -6,10 +6,16 @@ import torch
 from torch import nn
 
 from pretrain.errors import ConfigError
+from pretrain.eval.config import LAYER_CHOICES, MODES, POOLINGS
 
-LAYER_CHOICES = ("last", "second_to_last", "concat_last4", "scalar_mix")
-POOLINGS = ("cls", "mean")
-MODES = ("finetune", "features")  # every weight trained | the encoder frozen
+__all__ = [
+    "LAYER_CHOICES",
+    "MODES",
+    "POOLINGS",
+    "LayerSelection",
+    "pool",
+    "summary_positions",
+]
 
 
 class LayerSelection(nn.Module):

@@ -24,6 +24,7 @@ from pretrain.export.naming import (
     to_hf_names,
     without_compile_prefix,
 )
+from pretrain.models import DESCRIPTIVE_KEYS
 from pretrain.models.bert import BertEncoderConfig
 
 PREFIXES = ("encoder.", "mlm_head.", "sentence_head.")
@@ -105,9 +106,7 @@ def architecture(hf_state_dict: Mapping[str, torch.Tensor]) -> str:
 
 # BertEncoder's settings carry BertConfig's names: all of BertEncoderConfig but those of ModelConfig.
 SIZE_KEYS = tuple(
-    f.name
-    for f in fields(BertEncoderConfig)
-    if f.name not in ("name", "_target_", "reference_vocab_size")
+    f.name for f in fields(BertEncoderConfig) if f.name not in (*DESCRIPTIVE_KEYS, "_target_")
 )
 
 

@@ -84,9 +84,7 @@ HF_DECODER = "generator_lm_head.weight"
 
 # ElectraEncoder's settings carry ElectraConfig's names: all of its config but ModelConfig's.
 SIZE_KEYS = tuple(
-    f.name
-    for f in fields(ElectraEncoderConfig)
-    if f.name not in ("name", "_target_", "reference_vocab_size")
+    f.name for f in fields(ElectraEncoderConfig) if f.name not in (*DESCRIPTIVE_KEYS, "_target_")
 )
 
 

@@ -26,6 +26,7 @@ from pretrain.export.naming import (
     to_hf_names,
     without_compile_prefix,
 )
+from pretrain.models import DESCRIPTIVE_KEYS
 from pretrain.models.gpt import GPTConfig
 
 # Our names (`encoder.` is the checkpoint's module prefix) -> HF GPT2LMHeadModel names.
@@ -51,7 +52,7 @@ CONV1D = re.compile(
 WORD_EMBEDDINGS = "encoder.embeddings.word_embeddings.weight"
 # GPTModel's settings carry GPT2Config's names: all of GPTConfig but those of ModelConfig.
 SIZE_KEYS = tuple(
-    f.name for f in fields(GPTConfig) if f.name not in ("name", "_target_", "reference_vocab_size")
+    f.name for f in fields(GPTConfig) if f.name not in (*DESCRIPTIVE_KEYS, "_target_")
 )
 
 

@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 RUNTIME_KEYS = ("vocab_size", "pad_token_id")
-DESCRIPTIVE_KEYS = ("name", "reference_vocab_size")  # of ModelConfig, not constructor arguments
+# of ModelConfig, not constructor arguments (layer_norm_impl: pretrain.kernels swaps LayerNorms)
+DESCRIPTIVE_KEYS = ("name", "reference_vocab_size", "layer_norm_impl")
 
 
 def _plain(model_cfg: Any) -> dict:
@@ -30,7 +31,7 @@ def _plain(model_cfg: Any) -> dict:
 def build_encoder(model_cfg: Mapping, vocab_size: int, pad_token_id: int) -> nn.Module:
     """Instantiate the encoder named by `model_cfg["_target_"]` (a `conf/model/*.yaml` group).
 
-    The keys `name` and `reference_vocab_size` are dropped; `vocab_size` and `pad_token_id` come from the tokenizer at run
+    The keys `name`, `reference_vocab_size` and `layer_norm_impl` are dropped; `vocab_size` and `pad_token_id` come from the tokenizer at run
     time and must not be in the config. Accepts a DictConfig, a dict or the ModelConfig dataclass.
     """
     kwargs = _plain(model_cfg)

@@ -17,6 +17,8 @@ from pretrain.config import TrainConfig, plain_config, run_config, settings_from
 from pretrain.data.stages import StagedCorruption
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
+from pretrain.flops import device_peak_tflops, training_flops
+from pretrain.kernels import optimizer_settings, use_layer_norm_impl
 from pretrain.memory import memory_metrics
 from pretrain.objectives.nonfinite import (
     DeviceSkips,
@@ -52,21 +54,13 @@ def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Cal
 SKIP_WARNING_INTERVAL_S = 30.0  # at most one "step skipped" warning line per interval
 
 
-def model_flops_metrics(
-    module: torch.nn.Module, tokens_per_s: float, peak_tflops: float | None
-) -> dict:
-    """This rank's model FLOP/s by the 6N rule (a training token costs 6 FLOPs per trainable
-    parameter: forward 2, backward 4; attention's sequence-length term left out, as in
-    Kaplan et al. and PaLM's MFU), in TFLOP/s as `train/model_tflops`, and over
-    `trainer.peak_tflops` (the device's peak, TFLOP/s) as `train/mfu` when that is set."""
-    if not hasattr(module, "_trainable_parameters"):
-        module._trainable_parameters = sum(
-            getattr(p, "ds_numel", p.numel()) for p in module.parameters() if p.requires_grad
-        )
-    tflops = 6 * module._trainable_parameters * tokens_per_s / 1e12
-    metrics = {"train/model_tflops": tflops}
+def model_flops_metrics(flops_per_s: float, peak_tflops: float | None) -> dict:
+    """This rank's model FLOP/s (`pretrain.flops`: the family's FLOP model, else the 6N rule)
+    in TFLOP/s as `train/model_tflops`, and over the device's peak (TFLOP/s:
+    `trainer.peak_tflops`, else the table or a measured CPU GEMM) as `train/mfu`."""
+    metrics = {"train/model_tflops": flops_per_s / 1e12}
     if peak_tflops:
-        metrics["train/mfu"] = tflops / peak_tflops
+        metrics["train/mfu"] = metrics["train/model_tflops"] / peak_tflops
     return metrics
 
 
@@ -127,7 +121,10 @@ class PretrainingModule(L.LightningModule):
         self.vocab = vocab
         self._restored_rng: dict | None = None
         self._tokens_since_log = 0
+        self._flops_since_log = 0  # model FLOPs of the micro-batches since the last log step
         self._last_log_time = time.perf_counter()
+        self.peak_tflops: float | None = None  # set when training starts (`set_peak_tflops`)
+        self.speed: dict[str, float] = {}  # the last log step's throughput, for the summary
         self._last_summary_loss: torch.Tensor | None = None
         self.loss_history: list[tuple[int, float]] = []
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
@@ -203,7 +200,9 @@ class PretrainingModule(L.LightningModule):
                 f"{trainer.world_size} ranks, not the {plan.world_size} the batch plan assumed; "
                 "give trainer.devices as a number"
             )
-        optimizer = instantiate(optim.optimizer, lr=learning_rate(optim, plan), _convert_="all")(
+        settings, choice = optimizer_settings(optim.optimizer, optim.impl, self.run_device())
+        self.report_kernel("optimizer", choice)
+        optimizer = instantiate(settings, lr=learning_rate(optim, plan), _convert_="all")(
             [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         )
         segment = first_segment(
@@ -282,6 +281,7 @@ class PretrainingModule(L.LightningModule):
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
         self._continue_schedule()
+        self.set_peak_tflops()
 
         if isinstance(self.trainer.strategy, DeepSpeedStrategy):
             # DeepSpeed skips a step whose gradients hold inf/NaN (its overflow check, on by
@@ -290,6 +290,38 @@ class PretrainingModule(L.LightningModule):
             engine_optimizer = self.trainer.strategy.deepspeed_engine.optimizer
             if hasattr(engine_optimizer, "check_grad_overflow"):
                 engine_optimizer.check_grad_overflow = True
+
+    def setup(self, stage: str) -> None:
+        """Before the optimizer is built: the LayerNorm kernels (model.layer_norm_impl)."""
+        choice = use_layer_norm_impl(self, self.run.model.layer_norm_impl, self.run_device())
+        self.report_kernel("layer_norm", choice)
+
+    def run_device(self) -> torch.device:
+        """The device this rank trains on (the module may not be there yet)."""
+        return self._trainer.strategy.root_device if self._trainer is not None else self.device
+
+    def report_kernel(self, part: str, choice: str) -> None:
+        """Print which kernels `part` uses (once, rank 0) and log it with the hyperparameters."""
+        if self._trainer is None or not self.trainer.is_global_zero:
+            return
+        print(choice, flush=True)
+        for logger in self.loggers:
+            logger.log_hyperparams({f"kernels/{part}": choice.split(": ", 1)[1]})
+
+    def forward_flops(self, batch: dict) -> torch.Tensor | None:
+        """Forward FLOPs of one micro-batch by the family's FLOP model (`pretrain.flops`), or
+        None: the 6N rule. Objectives with a formula override it."""
+        return None
+
+    def set_peak_tflops(self) -> None:
+        """The device peak MFU is taken against: trainer.peak_tflops, else `pretrain.flops`'s
+        table (GPU) or a measured GEMM (CPU); printed once."""
+        self.peak_tflops, source = self.run.trainer.peak_tflops, "trainer.peak_tflops"
+        if self.peak_tflops is None:
+            self.peak_tflops, source = device_peak_tflops(str(self.trainer.precision), self.device)
+        if self.trainer.is_global_zero:
+            peak = f"{self.peak_tflops:.3g} TFLOP/s" if self.peak_tflops else "unknown"
+            print(f"MFU against a device peak of {peak} ({source})", flush=True)
 
     def _continue_schedule(self) -> None:
         """A resumed launch follows the checkpoint's schedule (`pretrain.schedule`), extended
@@ -475,6 +507,7 @@ class PretrainingModule(L.LightningModule):
         self.log("loss", metrics["loss"], prog_bar=True, logger=False, batch_size=batch_size)
         # device tensors, read back only on log steps: never a host sync per step
         self._tokens_since_log = self._tokens_since_log + batch["attention_mask"].sum()
+        self._flops_since_log = self._flops_since_log + training_flops(self, batch)
         self._last_summary_loss = metrics.get(self.summary_metric)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -487,9 +520,12 @@ class PretrainingModule(L.LightningModule):
             self.loss_history.append((self.global_step, float(self._last_summary_loss.detach())))
         if (self.global_step + 1) % every == 0:
             now = time.perf_counter()
-            rate = float(self._tokens_since_log) / max(now - self._last_log_time, 1e-9)
+            elapsed = max(now - self._last_log_time, 1e-9)
+            rate = float(self._tokens_since_log) / elapsed
             self.log("train/tokens_per_s", rate)
-            self.log_dict(model_flops_metrics(self, rate, self.run.trainer.peak_tflops))
-            self._tokens_since_log, self._last_log_time = 0, now
+            flops = model_flops_metrics(float(self._flops_since_log) / elapsed, self.peak_tflops)
+            self.log_dict(flops)
+            self.speed = {"train/tokens_per_s": rate, **flops}
+            self._tokens_since_log, self._flops_since_log, self._last_log_time = 0, 0, now
             self.settle_skips()
             self.log_dict(memory_metrics(self.device))

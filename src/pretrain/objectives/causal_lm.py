@@ -25,6 +25,7 @@ from pretrain.config import DataConfig, ObjectiveConfig, TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
+from pretrain.flops import gpt_flops, sequence_sizes
 from pretrain.generation import GenerationSetup
 from pretrain.models import build_encoder
 from pretrain.models.gpt import CachedDecoderStep
@@ -79,6 +80,16 @@ class CausalLanguageModel(PretrainingModule):
                 f"model._target_ = {self.run.model._target_!r}: objective=causal_lm needs a "
                 "decoder-only model that sees only the past (model=gpt_tiny, gpt_small)"
             )
+
+    def forward_flops(self, batch: dict) -> torch.Tensor | None:
+        """Forward FLOPs of a batch (`pretrain.flops.gpt_flops`): the blocks on the real
+        tokens, the LM head on every position but the last; None (6N) for another family."""
+        if not hasattr(self.run.model, "n_embd"):
+            return None
+        tokens, pairs = sequence_sizes(batch["attention_mask"])
+        batch_size, seq_len = batch["input_ids"].shape
+        rows = batch_size * (seq_len - 1)
+        return gpt_flops(self.run.model, tokens, pairs, rows, self.vocab.size)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Next-token loss, accuracy and perplexity of one batch (targets: non-padding tokens

@@ -25,6 +25,7 @@ from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require, require_positive, require_unit_interval
+from pretrain.flops import embedding_size, encoder_flops, mlm_head_flops, sequence_sizes
 from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
 from pretrain.models.heads import MaskedLMHead
@@ -149,6 +150,21 @@ class ElectraModule(PretrainingModule):
         spare = torch.cat([original, original[:, :1]], dim=1)  # (batch, seq + 1)
         replaced = spare.scatter(1, positions.masked_fill(positions < 0, seq), sampled)[:, :seq]
         return replaced, replaced != original
+
+    def forward_flops(self, batch: dict) -> torch.Tensor:
+        """Forward FLOPs of a batch (`pretrain.flops`): the generator (its encoder on the real
+        tokens, its MLM head on the prediction slots), then the discriminator (the encoder on
+        the real tokens, the replaced-token head h -> h -> 1 on every position)."""
+        model, generator = self.run.model, self.generator_model_config
+        tokens, pairs = sequence_sizes(batch["attention_mask"])
+        rows = predicted_positions(batch).numel()
+        head = mlm_head_flops(
+            generator["hidden_size"], embedding_size(model), self.vocab.size, rows
+        )
+        hidden = model.hidden_size
+        detection = 2 * batch["input_ids"].numel() * (hidden * hidden + hidden)
+        discriminator = encoder_flops(model, tokens, pairs) + detection
+        return encoder_flops(generator, tokens, pairs) + head + discriminator
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses and metrics of one batch (see the module docstring)."""

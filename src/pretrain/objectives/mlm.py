@@ -26,6 +26,14 @@ from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_f
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require_unit_interval
+from pretrain.flops import (
+    bert_family,
+    embedding_size,
+    encoder_flops,
+    mlm_head_flops,
+    sentence_head_flops,
+    sequence_sizes,
+)
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.objectives.base import PretrainingModule
@@ -217,6 +225,28 @@ class MaskedLanguageModel(PretrainingModule):
     def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
         """Losses a subclass adds to MLM (e.g. SpanBERT's SBO); each `*_loss` is summed."""
         return {}
+
+    def forward_flops(self, batch: dict) -> torch.Tensor | None:
+        """Forward FLOPs of a batch (`pretrain.flops`): the encoder on its real tokens, the
+        MLM head on the prediction budget's slots (the sparse head), the sentence head on one
+        row a sequence, and the subclass's `extra_head_flops`; None (the 6N rule) for an
+        encoder outside the BERT family."""
+        model = self.run.model
+        if not bert_family(model):
+            return None
+        tokens, pairs = sequence_sizes(batch["attention_mask"])
+        hidden, embedding = model.hidden_size, embedding_size(model)
+        rows = predicted_positions(batch).numel()
+        flops = encoder_flops(model, tokens, pairs)
+        flops = flops + mlm_head_flops(hidden, embedding, self.vocab.size, rows)
+        if self.sentence_head is not None:
+            labels = self.sentence_head.classifier.out_features
+            flops = flops + sentence_head_flops(hidden, labels, batch["input_ids"].shape[0])
+        return flops + self.extra_head_flops(batch)
+
+    def extra_head_flops(self, batch: dict) -> int:
+        """Forward FLOPs of the heads `extra_losses` runs (0: none)."""
+        return 0
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses and accuracies of one batch."""

@@ -122,6 +122,12 @@ class SpanBert(MaskedLanguageModel):
             initializer_range=model.initializer_range,
         )
 
+    def extra_head_flops(self, batch: dict) -> int:
+        """The SBO head on the prediction slots: 3h -> h, h -> h, h -> vocabulary."""
+        hidden = self.run.model.hidden_size
+        rows = predicted_positions(batch).numel()
+        return 2 * rows * (3 * hidden * hidden + hidden * hidden + hidden * self.vocab.size)
+
     def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
         """SBO loss and accuracy over the predicted tokens (the MLM's prediction positions);
         hidden (batch, seq, hidden)."""

@@ -19,6 +19,7 @@ from pretrain.data.keyed_rng import keyed_generator
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.errors import require_unit_interval
+from pretrain.flops import embedding_size, mlm_head_flops
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
     MaskedLMConfig,
@@ -109,6 +110,12 @@ class StructBert(MaskedLanguageModel):
 
     config_class = StructBertConfig
     corruption_class = StructBertCorruption
+
+    def extra_head_flops(self, batch: dict) -> int:
+        """The MLM head again, on the shuffled positions' slots."""
+        model = self.run.model
+        rows = predicted_positions(batch, "shuffle_labels", "shuffle_positions").numel()
+        return mlm_head_flops(model.hidden_size, embedding_size(model), self.vocab.size, rows)
 
     def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
         """Word-order loss and accuracy over the shuffled positions (0 in a batch without)."""

@@ -1,0 +1,101 @@
+"""Which optimizer and LayerNorm kernels a run uses: NVIDIA apex's fused ones when apex is
+importable with its CUDA extensions (the CUDA image builds it), torch's otherwise (issue 14
+item 3). Chosen by `optim.impl` and `model.layer_norm_impl`, each auto | torch | apex:
+
+- auto: apex on a CUDA device when apex is there, else torch;
+- torch: torch's own (an AdamW/Adam on CUDA gets `fused=True`; LayerNorm is nn.LayerNorm);
+- apex: apex's, or an error naming the key when apex or a CUDA device is missing.
+
+apex's optimizers: FusedAdam (for torch.optim.AdamW in AdamW mode, torch.optim.Adam in L2
+mode) and FusedLAMB (for pytorch_optimizer.Lamb; its own gradient clipping is off, Lightning
+clips per trainer.gradient_clip_val as on the torch path). apex's FusedLayerNorm takes over
+each nn.LayerNorm's parameters, so checkpoints and exports keep their names.
+"""
+
+import importlib.util
+from typing import Any
+
+import torch
+
+from pretrain.config import KERNEL_IMPLS as IMPLS
+from pretrain.errors import ConfigError
+
+# the optimizer a config names -> (apex's, the settings that make it compute the same update)
+APEX_OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "torch.optim.AdamW": ("apex.optimizers.FusedAdam", {"adam_w_mode": True}),
+    "torch.optim.Adam": ("apex.optimizers.FusedAdam", {"adam_w_mode": False}),
+    "pytorch_optimizer.Lamb": ("apex.optimizers.FusedLAMB", {"max_grad_norm": float("inf")}),
+}
+TORCH_FUSED = ("torch.optim.AdamW", "torch.optim.Adam")  # take fused=True on CUDA
+
+
+def apex_extension_available(extension: str) -> bool:
+    """True when apex and its compiled CUDA extension `extension` (e.g. amp_C,
+    fused_layer_norm_cuda) can be imported (a Python-only apex build has neither)."""
+    try:
+        return (
+            importlib.util.find_spec("apex") is not None
+            and importlib.util.find_spec(extension) is not None
+        )
+    except (ImportError, ValueError):
+        return False
+
+
+def use_apex(key: str, impl: str, device: torch.device, extension: str) -> bool:
+    """Whether `key` (= `impl`) selects apex on `device`; ConfigError when apex is asked for
+    and cannot run (not installed with `extension`, or not a CUDA device)."""
+    if impl not in IMPLS:
+        raise ConfigError(f"{key} = {impl!r}: must be one of {', '.join(IMPLS)}")
+    available = apex_extension_available(extension)
+    if impl == "apex":
+        if not available:
+            raise ConfigError(
+                f"{key}=apex: apex with its CUDA extension {extension} is not installed here; "
+                f"build it (docker/Dockerfile.cuda) or set {key}=auto or {key}=torch"
+            )
+        if device.type != "cuda":
+            raise ConfigError(
+                f"{key}=apex: apex's fused kernels run on CUDA only, this run is on "
+                f"{device.type}; set {key}=auto or {key}=torch"
+            )
+    return impl == "apex" or (impl == "auto" and available and device.type == "cuda")
+
+
+def optimizer_settings(optimizer: dict, impl: str, device: torch.device) -> tuple[dict, str]:
+    """The `optim.optimizer` partial to instantiate under `optim.impl` = `impl` on `device`,
+    and a line saying which implementation that is."""
+    target = optimizer["_target_"]
+    settings = dict(optimizer)
+    if target in APEX_OPTIMIZERS and use_apex("optim.impl", impl, device, "amp_C"):
+        apex_target, fixed = APEX_OPTIMIZERS[target]
+        settings.update(fixed, _target_=apex_target)
+        return settings, f"optimizer: {apex_target} (apex, for {target})"
+    if impl == "apex":
+        raise ConfigError(
+            f"optim.impl=apex: apex has no optimizer for {target} (it has one for "
+            f"{', '.join(APEX_OPTIMIZERS)}); set optim.impl=auto or optim.impl=torch"
+        )
+    use_apex("optim.impl", impl, device, "amp_C")  # checks the value
+    if target in TORCH_FUSED and device.type == "cuda":
+        settings.setdefault("fused", True)
+    fused = " (fused)" if settings.get("fused") else ""
+    return settings, f"optimizer: {target}{fused} (torch)"
+
+
+def use_layer_norm_impl(module: torch.nn.Module, impl: str, device: torch.device) -> str:
+    """Swap every nn.LayerNorm in `module` for apex's FusedLayerNorm when `model.layer_norm_impl`
+    = `impl` selects apex on `device` (the same parameters, so the same names and values);
+    returns a line saying which LayerNorm the run uses."""
+    if not use_apex("model.layer_norm_impl", impl, device, "fused_layer_norm_cuda"):
+        return "layer norm: torch.nn.LayerNorm (torch)"
+    from apex.normalization import FusedLayerNorm
+
+    swapped = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.LayerNorm and child.bias is not None:
+                fused = FusedLayerNorm(child.normalized_shape, eps=child.eps)
+                fused.weight, fused.bias = child.weight, child.bias
+                setattr(parent, name, fused)
+                swapped += 1
+    return f"layer norm: apex.normalization.FusedLayerNorm (apex, {swapped} modules)"

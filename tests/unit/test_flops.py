@@ -1,0 +1,104 @@
+"""The FLOP model (`pretrain.flops`, issue 14 item 1) against a count of the matrix products
+of one forward and backward pass of each family's tiny model (torch's FlopCounterMode, with
+the math attention kernel, whose matmuls it sees), and the device peaks MFU uses."""
+
+import pytest
+import torch
+from hydra.utils import get_class
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from pretrain.config import compose_config, validate
+from pretrain.data.vocab import Vocabulary
+from pretrain.flops import device_peak_tflops, precision_kind, training_flops
+
+VOCAB = Vocabulary(size=500, pad=0, unk=1, cls=2, sep=3, mask=4)
+SMALL_DISTILBERT = (
+    "model=distilbert",
+    "model.hidden_size=32",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=64",
+)
+FAMILIES = {
+    "bert mlm+nsp": ("model=bert_tiny", "objective=mlm_nsp", "data=segment_pair"),
+    "albert sop": ("model=albert_tiny", "objective=sop", "data=segment_pair"),
+    "roberta mlm": ("model=roberta_tiny", "objective=mlm", "data=full_sentences"),
+    "spanbert sbo": ("model=bert_tiny", "objective=span", "data=full_sentences"),
+    "structbert": ("model=bert_tiny", "objective=structbert", "data=segment_pair"),
+    "electra": ("model=electra_tiny", "objective=electra", "data=full_sentences"),
+    "gpt causal lm": ("model=gpt_tiny", "objective=causal_lm", "data=full_sentences"),
+    "distilbert mlm": (*SMALL_DISTILBERT, "objective=mlm", "data=full_sentences"),
+}
+
+
+def tiny_module(*overrides: str) -> torch.nn.Module:
+    run = validate(compose_config(["data.max_seq_length=32", *overrides]))
+    return get_class(run.objective._target_)(run, VOCAB)
+
+
+def masked_batch(batch_size: int = 4, seq_len: int = 32, predicted: int = 5) -> dict:
+    """A batch of real tokens (no padding), `predicted` positions a row to predict, and what
+    the sentence, span-boundary and word-order heads read."""
+    ids = torch.randint(5, VOCAB.size, (batch_size, seq_len), generator=torch.Generator())
+    labels = torch.full_like(ids, -100)
+    labels[:, 1 : 1 + predicted] = ids[:, 1 : 1 + predicted]
+    return {
+        "input_ids": ids,
+        "token_type_ids": torch.zeros_like(ids),
+        "attention_mask": torch.ones_like(ids),
+        "labels": labels,
+        "next_sentence_label": torch.zeros(batch_size, dtype=torch.long),
+        "span_left": torch.zeros_like(ids),
+        "span_right": torch.full_like(ids, predicted + 1),
+        "span_position": torch.zeros_like(ids),
+        "shuffle_labels": labels.clone(),
+    }
+
+
+def counted_flops(module: torch.nn.Module, batch: dict) -> int:
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        module(batch)["loss"].backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_flop_model_matches_the_counted_matmuls(family: str) -> None:
+    torch.manual_seed(0)
+    module = tiny_module(*FAMILIES[family])
+    batch = masked_batch()
+    modelled = float(training_flops(module, batch))
+    assert module.forward_flops(batch) is not None  # a formula, not the 6N fallback
+    assert modelled == pytest.approx(counted_flops(module, batch), rel=0.02)
+
+
+def test_padding_and_unused_positions_are_not_model_flops() -> None:
+    module = tiny_module(*FAMILIES["bert mlm+nsp"])
+    full = masked_batch(seq_len=16)
+    padded = {key: value.clone() for key, value in full.items()}
+    for key in ("input_ids", "token_type_ids", "attention_mask", "labels"):
+        padded[key] = torch.cat([full[key], torch.zeros_like(full[key])], dim=1)  # 16 pads
+    padded["labels"][:, 16:] = -100
+    assert float(training_flops(module, padded)) == float(training_flops(module, full))
+    # the sparse MLM head runs on the prediction slots only: 5 slots cost less than 10
+    fewer, more = masked_batch(predicted=5), masked_batch(predicted=10)
+    vocab_flops = 3 * 2 * 4 * 5 * 128 * VOCAB.size  # 5 more slots a row x (h -> vocab)
+    transform = 3 * 2 * 4 * 5 * 128 * 128
+    difference = float(training_flops(module, more)) - float(training_flops(module, fewer))
+    assert difference == vocab_flops + transform
+
+
+def test_families_without_a_formula_fall_back_to_6n() -> None:
+    module = tiny_module("model=bart_tiny", "objective=bart", "data=full_sentences")
+    batch = {"attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    if module.forward_flops(batch) is None:
+        trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        assert float(training_flops(module, batch)) == 6 * trainable * 16
+
+
+def test_device_peaks() -> None:
+    assert precision_kind("bf16-mixed") == "bf16"
+    assert precision_kind("16-mixed") == "fp16"
+    assert precision_kind("32-true") == "fp32"
+    peak, source = device_peak_tflops("32-true", torch.device("cpu"))
+    assert peak > 0 and "measured" in source  # one core does at least a GFLOP/s
