@@ -61,8 +61,13 @@ class Preempted(Exception):
     """A signal stopped the run at a step boundary before `trainer.max_steps`, after every
     rank saved one complete checkpoint: resumable, not finished."""
 
-    def __init__(self, step: int, max_steps: int, checkpoint: str, requeued: bool):
+    def __init__(
+        self, step: int, max_steps: int, checkpoint: str, requeued: bool, report: bool = True
+    ):
         self.step, self.max_steps, self.checkpoint = step, max_steps, checkpoint
+        # Whether this process reports the stop: global rank 0 only, so a job of many ranks
+        # says in one line what happened (only rank 0 knows whether the job was requeued).
+        self.report = report
         then = (
             "the SLURM job was requeued and will resume"
             if requeued
@@ -237,7 +242,13 @@ class PreemptionCheckpoint(Callback):
         """Raise `Preempted` when this callback stopped the run before `trainer.max_steps`
         (a stop at the last step is a finished run)."""
         if self.saved_step is not None and self.saved_step < trainer.max_steps:
-            raise Preempted(self.saved_step, trainer.max_steps, str(self.saved_path), self.requeued)
+            raise Preempted(
+                self.saved_step,
+                trainer.max_steps,
+                str(self.saved_path),
+                self.requeued,
+                report=trainer.is_global_zero,
+            )
 
     @staticmethod
     def _checkpoint_callback(trainer: L.Trainer) -> ModelCheckpoint:

@@ -159,11 +159,17 @@ def test_a_stop_at_the_last_step_is_a_finished_run():
 
     class Trainer:
         max_steps = 8
+        is_global_zero = True
 
     callback.raise_if_preempted(Trainer())  # finished: no Preempted
     Trainer.max_steps = 9
-    with pytest.raises(Preempted, match="step 8 of 9.*run the same command again"):
+    with pytest.raises(Preempted, match="step 8 of 9.*run the same command again") as stop:
         callback.raise_if_preempted(Trainer())
+    assert stop.value.report  # rank 0 says what happened, in one line for the whole job
+    Trainer.is_global_zero = False
+    with pytest.raises(Preempted) as stop:
+        callback.raise_if_preempted(Trainer())
+    assert not stop.value.report
 
 
 def _worker(ready) -> None:
