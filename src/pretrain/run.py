@@ -210,5 +210,6 @@ def run_or_exit(cfg: DictConfig) -> Path:
         report_error(error)
         sys.exit(4)
     except Preempted as stop:
-        print(stop, file=sys.stderr, flush=True)
+        if stop.report:  # rank 0's one line; every rank exits 75
+            print(stop, file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT_STATUS)
