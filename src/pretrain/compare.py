@@ -5,7 +5,9 @@ and config (the newest `hparams.yaml` beside them) and writes to `--out` (defaul
 `<first dir>/report`) PNG figures (matplotlib, one line per run) and `report.html`, a single
 self-contained page (figures embedded) with a table of final metrics per run whose first
 columns are the config keys that differ between the runs (a batch-size sweep reads like
-RoBERTa's Table 3). Figures: training and held-out loss against tokens seen and against
+RoBERTa's Table 3), then the final training and held-out metrics, then the downstream results
+`pretrain-eval` wrote in the run (`<run>/eval/<name>.json`: a column `eval/<name>/<metric>`
+each). Figures: training and held-out loss against tokens seen and against
 wall-clock seconds, throughput (tokens/s, model TFLOP/s by the 6N rule, and MFU when the run
 set `trainer.peak_tflops`), learning rate and skipped steps against tokens seen. Never needs
 wandb.
@@ -154,6 +156,23 @@ def final_metrics(metrics: dict[str, dict[int, float]]) -> dict[str, float]:
     return final
 
 
+def eval_results(run_dir: Path) -> dict[str, float]:
+    """`eval/<name>/<metric>` -> value of every downstream result `pretrain-eval` wrote in
+    the run (`<run_dir>/eval/<name>.json`, `<name>` the result's name); empty when none."""
+    import json
+
+    found: dict[str, float] = {}
+    for path in sorted((run_dir / "eval").glob("*.json")):
+        try:
+            metrics = json.loads(path.read_text())["metrics"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise SystemExit(
+                f"error: {path}: not a pretrain-eval result ({error!r}); move it out of eval/"
+            ) from error
+        found.update({f"eval/{path.stem}/{name}": float(v) for name, v in metrics.items()})
+    return found
+
+
 def plot_figures(runs: dict[str, dict], out: Path) -> dict[str, dict[str, list[str]]]:
     """Write the `FIGURES` PNGs for `runs` ({label: metrics}) to `out`; returns {file: {axis
     title: labels of its lines}} (one line per run that logged the column)."""
@@ -199,10 +218,12 @@ def format_value(value: object) -> str:
 def summary_table(
     labels: list[str], configs: list[dict], finals: list[dict]
 ) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): run, the differing config keys, then the final metrics."""
+    """(header, rows): run, the differing config keys, then the final metrics (training,
+    held-out `val/*`, downstream `eval/*`; blank where a run lacks one)."""
     keys = differing_keys(configs)
     metrics = [c for c in FINAL_COLUMNS if any(c in f for f in finals)]
-    metrics += sorted({k for f in finals for k in f if k.startswith("val/")})
+    for prefix in ("val/", "eval/"):
+        metrics += sorted({k for f in finals for k in f if k.startswith(prefix)})
     header = ["run", *keys, *metrics]
     rows = [
         [
@@ -223,7 +244,10 @@ def write_report(run_dirs: list[Path], out: Path) -> tuple[Path, dict[str, dict[
     metrics = [read_metrics(run) for run in run_dirs]
     configs = [read_config(run) for run in run_dirs]
     drawn = plot_figures(dict(zip(labels, metrics, strict=True)), out)
-    header, rows = summary_table(labels, configs, [final_metrics(m) for m in metrics])
+    finals = [
+        final_metrics(m) | eval_results(run) for m, run in zip(metrics, run_dirs, strict=True)
+    ]
+    header, rows = summary_table(labels, configs, finals)
     with open(out / "summary.csv", "w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
     cells = lambda tag, row: "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in row)  # noqa: E731

@@ -9,6 +9,7 @@ Exit status 2 on a config or data error (one line, naming the key or file and li
 """
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -28,8 +29,9 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())
 
 
-def evaluate_encoder(cfg: DictConfig) -> None:
-    """The task Hydra runs: evaluate, print the metrics and where they were written."""
+def evaluate_encoder(cfg: DictConfig) -> Path:
+    """The task Hydra runs: evaluate, print the metrics and where they were written; returns
+    the result file's path (`pretrain-eval -m` prints one table of them: SweepTable)."""
     from pretrain.eval.formats import TaskFileError
     from pretrain.eval.run import evaluate
     from pretrain.export import ExportError
@@ -47,6 +49,7 @@ def evaluate_encoder(cfg: DictConfig) -> None:
         f"{result['task']} ({result['init']} {result['encoder']}): {format_metrics(result['metrics'])}"
     )
     print(f"Result: {path}")
+    return path
 
 
 hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")(

@@ -143,13 +143,26 @@ class EncoderConfig:
 class EvalRunConfig:
     """One evaluation: the encoder, the task and its recipe, where the result goes
     (`out_dir`, default: the pretraining run's directory; the result is
-    `<out_dir>/eval/<result_name>.json`) and the accelerator (Lightning's: cpu, gpu, auto)."""
+    `<out_dir>/eval/<result_name>.json`), the accelerator (Lightning's: cpu, gpu, auto) and
+    `wandb`: log the result to the pretraining run's wandb group (pretrain.eval.tracking):
+    auto (when that run logged to wandb), always or never."""
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     out_dir: str | None = None
     result_name: str = "${eval.task.name}"
     accelerator: str = "cpu"
+    wandb: str = "auto"
+
+    def __post_init__(self) -> None:
+        from pretrain.eval.tracking import WANDB_CHOICES
+
+        require(
+            self.wandb in WANDB_CHOICES,
+            "wandb",
+            self.wandb,
+            f"must be one of {', '.join(WANDB_CHOICES)}",
+        )
 
 
 def register_eval_schema() -> None:

@@ -1,10 +1,14 @@
 """One table of evaluation results: `python -m pretrain.eval.results DIR...` reads every
 `eval/*.json` under the given run directories (or the files themselves; a sweep writes one
-per point) and prints a Markdown table, one row per result, one column per metric."""
+per point) and prints a Markdown table, one row per result, one column per metric.
+`pretrain-eval -m` prints that table of its points when the sweep ends (`SweepTable`)."""
 
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
 
 
 def result_files(paths: list[str | Path]) -> list[Path]:
@@ -37,6 +41,25 @@ def results_table(files: list[Path]) -> str:
         ]
         lines.append("| " + " | ".join(cells + values) + " |")
     return "\n".join(lines)
+
+
+class SweepTable(Callback):
+    """Hydra callback of `pretrain-eval` (conf/evaluate.yaml): collects the result file each
+    point of a sweep returns and prints `results_table` of them all when the sweep ends. (A
+    sweep launched elsewhere, e.g. on SLURM: `python -m pretrain.eval.results DIR...`.)"""
+
+    def __init__(self) -> None:
+        self.files: list[Path] = []
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        value = getattr(job_return, "_return_value", None)  # unset when the job failed
+        if isinstance(value, Path):
+            self.files.append(value)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if self.files:
+            print(f"{len(self.files)} results:")
+            print(results_table(self.files), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -124,7 +124,9 @@ def fit_and_score(
 
 def evaluate(run: EvalRunConfig) -> tuple[dict[str, Any], Path]:
     """Run the evaluation `run` describes; returns (the result, the path of its JSON file:
-    `<out_dir or the pretraining run directory>/eval/<result_name>.json`)."""
+    `<out_dir or the pretraining run directory>/eval/<result_name>.json`). With `run.wandb`
+    (auto: when the pretraining run logged to wandb) the result is logged to that run's wandb
+    group too (pretrain.eval.tracking), its files under `<out_dir>/wandb`."""
     loaded = load_encoder(run.encoder.path, run.encoder.init, run.eval.seed)
     task = load_task(run.eval.task)
     scored = fit_and_score(loaded, task, run.eval, run.accelerator)
@@ -144,4 +146,8 @@ def evaluate(run: EvalRunConfig) -> tuple[dict[str, Any], Path]:
     path = out_dir / "eval" / f"{run.result_name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
+    from pretrain.eval.tracking import log_to_wandb, should_log
+
+    if should_log(run.wandb, loaded.run_dir):
+        log_to_wandb(result, run.result_name, loaded.run_dir, out_dir)
     return result, path
