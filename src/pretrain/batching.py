@@ -29,6 +29,7 @@ class BatchPlan:
     micro_batch_size: int  # samples per rank per forward/backward pass
     accumulate_grad_batches: int  # micro-batches per rank per optimizer step
     world_size: int  # ranks (processes)
+    tokens_per_batch: int | None = None  # a token budget per step (then the sizes are nominal)
 
 
 def _get(section: Any, key: str) -> Any:
@@ -75,6 +76,11 @@ def batch_plan(config: Any, ranks: int | None = None) -> BatchPlan:
     micro = _get(data, "batch_size")
     accumulation = _get(trainer, "accumulate_grad_batches")
     wanted = _get(data, "global_batch_size")
+    tokens = data.get("tokens_per_batch") if isinstance(data, Mapping) else data.tokens_per_batch
+    if tokens:  # nominal sizes: the budget in sequences of data.max_seq_length tokens
+        full = max(1, tokens // _get(data, "max_seq_length"))
+        micro = max(1, -(-full // (accumulation * ranks)))
+        return BatchPlan(full, micro, accumulation, ranks, tokens)
     if wanted is None:
         return BatchPlan(micro * accumulation * ranks, micro, accumulation, ranks)
     per_pass = micro * ranks
@@ -129,6 +135,13 @@ def describe(optim: Any, plan: BatchPlan) -> str:
     base = optim.optimizer["lr"]
     scaling = optim.lr_scaling
     rate = f"lr {lr:.3g}" if scaling == "none" else f"lr {base:.3g} -> {lr:.3g} ({scaling})"
+    if plan.tokens_per_batch:
+        return (
+            f"Global batch: ~{plan.tokens_per_batch} tokens per step (data.tokens_per_batch; "
+            f"~{plan.global_batch_size} full sequences) in {plan.accumulate_grad_batches} "
+            f"accumulated x {plan.world_size} ranks micro-batches of varying size; {rate}; "
+            f"warm-up {warmup_steps(optim, plan)} steps"
+        )
     return (
         f"Global batch: {plan.global_batch_size} samples per step = {plan.micro_batch_size} "
         f"x {plan.accumulate_grad_batches} accumulated x {plan.world_size} ranks; {rate}; "

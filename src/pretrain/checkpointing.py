@@ -243,7 +243,9 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
 # Keys that may differ between the launches of one run: they say how long, where, how
 # visibly and how fast it trains, not what it trains (fnmatch patterns over dotted keys).
 # `trainer.devices` and `trainer.num_nodes` may change too while the global batch stays the
-# same (`data.global_batch_size` set). Anything else makes `resume=auto` refuse.
+# same (`data.global_batch_size` set), and with a token budget (`data.tokens_per_batch`,
+# whose steps hold the same samples for any shape) `trainer.accumulate_grad_batches` too.
+# Anything else makes `resume=auto` refuse.
 RELAUNCH_KEYS = (
     "resume",
     "run_name",
@@ -300,7 +302,11 @@ def refused_changes(saved: dict, current: dict) -> list[str]:
     """The differences (`config_changes` lines) that stop `resume=auto` from continuing a
     checkpoint with `current`: every key but `RELAUNCH_KEYS` and `init_from` (checked on its
     own, `check_init_from`), and `RANK_KEYS` only when the global batch changes with them."""
-    changes = config_changes(saved, current, (*RELAUNCH_KEYS, *RANK_KEYS, "init_from"))
+    allowed = (*RELAUNCH_KEYS, *RANK_KEYS, "init_from")
+    tokens = saved.get("data", {}).get("tokens_per_batch")
+    if tokens and tokens == current.get("data", {}).get("tokens_per_batch"):
+        allowed += ("trainer.accumulate_grad_batches",)  # token-budget steps do not depend on it
+    changes = config_changes(saved, current, allowed)
     ranks = config_changes(saved, current, ())
     ranks = [line for line in ranks if line.split(":")[0] in RANK_KEYS]
     before, after = _global_batch(saved), _global_batch(current)

@@ -210,6 +210,10 @@ class DataConfig:
     # Samples per optimizer step over all ranks; null = batch_size x accumulation x ranks.
     # When set, trainer.accumulate_grad_batches is derived from it (pretrain.batching).
     global_batch_size: int | None = None
+    # Batches by token budget instead (RoBERTa): about this many tokens per optimizer step
+    # over all ranks, in micro-batches of a varying number of sequences (data/stream.py);
+    # null = batches of data.batch_size sequences. Excludes global_batch_size.
+    tokens_per_batch: int | None = None
     # Read every shard whole and check it (sha256, blocks, counts) before training starts.
     verify_shards: bool = False
     # A shard that fails its checks: `error` stops the run naming it; `skip` leaves it out of
@@ -266,6 +270,18 @@ class DataConfig:
             "data.global_batch_size",
             self.global_batch_size,
             "must be at least 1, or null (batch_size x accumulation x ranks)",
+        )
+        require(
+            self.tokens_per_batch is None or self.tokens_per_batch >= self.max_seq_length,
+            "data.tokens_per_batch",
+            self.tokens_per_batch,
+            "must be at least data.max_seq_length, or null (batches of data.batch_size)",
+        )
+        require(
+            self.tokens_per_batch is None or self.global_batch_size is None,
+            "data.tokens_per_batch",
+            self.tokens_per_batch,
+            "sets the batch in tokens: leave data.global_batch_size null with it",
         )
 
 

@@ -116,7 +116,8 @@ def train(cfg: DictConfig) -> Path:
         save_hydra_config(cfg)
         spec = datamodule.spec
         shapes = describe_shape_set(
-            shape_set(spec.corruption, spec.max_seq_length), run.batch_plan.micro_batch_size
+            shape_set(spec.corruption, spec.max_seq_length),
+            None if spec.tokens_per_batch else run.batch_plan.micro_batch_size,
         )
         print(f"{describe_batching(run.optim, run.batch_plan)}; {shapes}", flush=True)
     for logger in trainer.loggers:

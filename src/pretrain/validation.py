@@ -56,6 +56,7 @@ def heldout_spec(run, spec: StreamSpec) -> StreamSpec:
         stream_partitions=effective_partitions(spec.stream_partitions, documents),
         rank=0,
         world_size=1,
+        tokens_per_batch=None,  # held-out batches of data.batch_size sequences
     )
 
 

@@ -186,3 +186,49 @@ def test_a_run_resumed_on_two_ranks_continues_the_one_rank_sample_order(prepared
         0,
         1,
     }
+
+
+@pytest.mark.slow
+def test_a_token_budget_run_reshaped_mid_epoch_trains_each_steps_samples_once(
+    prepared_corpus, tmp_path
+):
+    """Token-budget batches (data.tokens_per_batch, DOC-SENTENCES): 8 steps on 1 rank with 2
+    accumulated micro-batches, then the same run on 2 ranks without accumulation, across the
+    epoch end: every step trains the samples of the one global order's step (computed here,
+    `test_token_budget.global_steps`), none lost or repeated."""
+    from test_token_budget import global_steps
+
+    from pretrain.run import build_stream
+
+    budget = ("data=doc_sentences", "data.stream_partitions=4", "data.tokens_per_batch=2048")
+    extra = (
+        "strategy=ddp",
+        *budget,
+        "trainer.checkpoint_every_n_steps=8",
+        "optim.schedule_steps=32",
+    )
+    first = launch(
+        prepared_corpus,
+        tmp_path / "run",
+        1,
+        *extra,
+        "trainer.max_steps=8",
+        "trainer.accumulate_grad_batches=2",
+    )
+    assert first.returncode == 0, first.stderr[-5000:]
+    second = launch(prepared_corpus, tmp_path / "run", 2, *extra, "trainer.max_steps=32")
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-5000:]
+    assert "Resuming from" in second.stdout and "epoch 0 ends at step" in second.stdout
+    trained: dict[tuple[int, int], list[str]] = {}
+    records = read_records(tmp_path / "run-records")
+    for entries in records.values():
+        for e in entries:
+            if "step" in e:
+                trained.setdefault((e["epoch"], e["step"]), []).extend(e["keys"])
+    assert sorted(step for _, step in trained) == list(range(32))
+    _, spec, _ = build_stream(compose_config(overrides(prepared_corpus, tmp_path, *budget)))
+    end = next(step for epoch, step, _ in records[0][-1]["epoch_tails"] if epoch == 0)
+    want = {0: global_steps(spec), 1: global_steps(spec, epoch=1)}
+    assert len(want[0]) - 1 <= end <= len(want[0])  # the last step may lack a partition
+    for (epoch, step), keys in trained.items():
+        assert sorted(keys) == want[epoch][step - epoch * end], (epoch, step)

@@ -126,7 +126,13 @@ class PretrainingDataModule(L.LightningDataModule):
         epoch = trainer.current_epoch if trainer else 0
         spec = self.spec
         if trainer is not None:
-            spec = replace(spec, rank=trainer.global_rank, world_size=trainer.world_size)
+            spec = replace(
+                spec,
+                rank=trainer.global_rank,
+                world_size=trainer.world_size,
+                accumulation=trainer.accumulate_grad_batches,
+            )
+        check_token_budget(spec)
         if spec.stream_partitions % spec.world_size:
             raise ConfigError(
                 f"data.stream_partitions: this corpus is cut into {spec.stream_partitions} "
@@ -160,8 +166,9 @@ class PretrainingDataModule(L.LightningDataModule):
                 positions=positions,
             ),
             accumulation=trainer.accumulate_grad_batches if trainer else 1,
-            full_batch=spec.batch_size,
+            full_batch=None if spec.tokens_per_batch else spec.batch_size,
             start_positions=positions,
+            token_budget=bool(spec.tokens_per_batch),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=False,
@@ -193,6 +200,11 @@ class PretrainingDataModule(L.LightningDataModule):
         positions = {}
         if aligned and self._loader_epoch == trainer.current_epoch:
             positions = loader.partition_positions(trained)
+        positions = gather_positions(positions, self.collective_timeout_s)
+        if self.spec.tokens_per_batch:  # batches of varying size: count the partitions'
+            samples = sum(position[0] for position in positions.values())
+        else:
+            samples += self._start_samples
         return {
             "epoch": trainer.current_epoch,
             "samples": self._start_samples + samples,
@@ -202,6 +214,30 @@ class PretrainingDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._resume = dict(state_dict)
+
+
+def check_token_budget(spec: StreamSpec) -> None:
+    """With data.tokens_per_batch, every partition must fill every micro-step's window
+    (tokens_per_batch / (partitions x accumulation) tokens) with at least one sequence, and
+    the format must be one of separate sequences: ConfigError naming the key otherwise."""
+    if not spec.tokens_per_batch:
+        return
+    from pretrain.data.input_formats import INPUT_FORMATS
+
+    if INPUT_FORMATS[spec.format].workers_share_documents:
+        raise ConfigError(
+            f"data.tokens_per_batch = {spec.tokens_per_batch}: the {spec.format} format keeps "
+            "a memory per batch slot and needs fixed batches; set data.tokens_per_batch=null"
+        )
+    least = spec.stream_partitions * spec.accumulation * spec.max_seq_length
+    if spec.tokens_per_batch < least:
+        raise ConfigError(
+            f"data.tokens_per_batch = {spec.tokens_per_batch}: must be at least {least} = "
+            f"{spec.stream_partitions} stream partitions x {spec.accumulation} accumulated "
+            f"micro-batches x data.max_seq_length {spec.max_seq_length}, so that every "
+            "partition adds a sequence to every micro-batch; raise it, or lower "
+            "data.stream_partitions or the accumulation"
+        )
 
 
 def gather_positions(positions: dict[int, list[int]], timeout_s: float) -> dict[int, list[int]]:

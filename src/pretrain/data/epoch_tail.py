@@ -31,6 +31,8 @@ from pretrain.data.reading import MARKS_KEY, next_position
 
 END_OF_EPOCH_KEY = "end_of_epoch"
 DATA_ERROR_KEY = "data_error"
+LOSS_TOKENS_KEY = "loss_tokens"  # a micro-batch's predicted tokens (token-budget batches)
+STEP_LOSS_TOKENS_KEY = "step_loss_tokens"  # the rank's, over the step (its first micro-batch)
 
 
 def is_end_of_epoch(batch: object) -> bool:
@@ -58,13 +60,36 @@ def batch_samples(batch: dict) -> int:
     return len(batch["keys"])
 
 
+def predicted_tokens(batch: dict) -> int:
+    """The tokens a batch's loss is averaged over: its predicted positions where the
+    objective lists them (`prediction_positions`, -1 = an empty slot), else its real input
+    tokens (ELECTRA, causal and XLNet-style objectives predict about a fixed share of them)."""
+    if "prediction_positions" in batch:
+        return int((batch["prediction_positions"] >= 0).sum())
+    return int(batch["attention_mask"].sum())
+
+
+def weigh_step(batches: list[dict]) -> None:
+    """Token-budget batches vary in size, so each micro-batch's mean loss is weighed by its
+    share of the step's predicted tokens (`objectives.base`): each gets LOSS_TOKENS_KEY (a
+    float tensor), the first STEP_LOSS_TOKENS_KEY (the rank's total, summed over ranks by the
+    module at the step's start)."""
+    counts = [predicted_tokens(batch) for batch in batches]
+    for batch, count in zip(batches, counts, strict=True):
+        batch[LOSS_TOKENS_KEY] = torch.tensor(float(count))
+    if batches:
+        batches[0][STEP_LOSS_TOKENS_KEY] = sum(counts)
+
+
 class StepAlignedLoader(DataLoader):
     """A DataLoader (batch_size=None over a stream of whole batches) that yields batches only
     in whole optimizer steps of `accumulation` micro-batches, then one `END_OF_EPOCH` marker.
     `start_batch` is the epoch's first micro-batch index (non-zero on a mid-epoch resume), so
     steps line up with Lightning's `batch_idx`. With `full_batch`, a shorter batch (the last
     of a reader) is held back too, so every micro-batch has the same number of sequences and
-    weighs the same in the accumulated loss; it counts in the tail."""
+    weighs the same in the accumulated loss; it counts in the tail. With `token_budget`
+    (batches of varying size, `stream.token_budget_batches`) each step's micro-batches are
+    weighed by their predicted tokens instead (`weigh_step`)."""
 
     def __init__(
         self,
@@ -75,10 +100,12 @@ class StepAlignedLoader(DataLoader):
         start_source: int | None = None,
         full_batch: int | None = None,
         start_positions: dict[int, list[int]] | None = None,
+        token_budget: bool = False,
         **kwargs,
     ):
         super().__init__(dataset, batch_size=None, **kwargs)
         self.accumulation = accumulation
+        self.token_budget = token_budget
         self.start_batch = start_batch
         self.start_source = start_batch if start_source is None else start_source
         self.full_batch = full_batch
@@ -125,6 +152,8 @@ class StepAlignedLoader(DataLoader):
                     self._buffer.clear()
                     yield {END_OF_EPOCH_KEY: torch.ones(1)}
                     return
+                if self.token_budget:
+                    weigh_step([b for b, _ in self._buffer])
             batch, taken = self._buffer.popleft()
             marks = batch.pop(MARKS_KEY, None)
             self._yielded.append((index, batch_samples(batch), taken, marks))

@@ -109,7 +109,10 @@ def _sizes(values: tuple[int, ...]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def describe_shape_set(axes: dict[str, tuple[int, ...]], micro_batch_size: int) -> str:
-    """One line: each axis's sizes and the most distinct input shapes they allow."""
-    parts = [f"batch {micro_batch_size}"] + [f"{name} {_sizes(v)}" for name, v in axes.items()]
-    return f"input shapes: {' x '.join(parts)} (at most {math.prod(map(len, axes.values()))})"
+def describe_shape_set(axes: dict[str, tuple[int, ...]], micro_batch_size: int | None) -> str:
+    """One line: each axis's sizes and the most distinct input shapes they allow;
+    `micro_batch_size` None: token-budget batches, whose row count varies."""
+    rows = micro_batch_size or "varying (data.tokens_per_batch)"
+    parts = [f"batch {rows}"] + [f"{name} {_sizes(v)}" for name, v in axes.items()]
+    most = math.prod(map(len, axes.values()))
+    return f"input shapes: {' x '.join(parts)} (at most {most}{'' if micro_batch_size else ' a row count'})"

@@ -58,6 +58,8 @@ class StreamSpec:
     masking: str = "dynamic"  # the objective's: static = dupe_factor copies of the masks
     dupe_factor: int = 10
     bad_shards: str = "error"  # error | skip (data.bad_shards)
+    tokens_per_batch: int | None = None  # a token budget per optimizer step (stream.py)
+    accumulation: int = 1  # micro-batches per optimizer step (with tokens_per_batch)
 
     def mask_epoch(self, epoch: int) -> int:
         """The epoch that seeds the corruption's draws: the epoch itself (dynamic masking) or
@@ -207,9 +209,10 @@ def partition_chunks(
 def next_position(mark: list[int]) -> list[int]:
     """The resume of `stream.partition_sequences` that continues after the sequence whose
     mark is `mark`: [samples of the partition before it, chunk, chunk's first document's
-    position (2 ints), sequences of the chunk before it]."""
-    _, n, chunk, order, document, number = mark
-    return [n + 1, chunk, order, document, number + 1]
+    position (2 ints), sequences of the chunk before it, tokens of the partition up to and
+    including it]."""
+    _, n, chunk, order, document, number, tokens = mark
+    return [n + 1, chunk, order, document, number + 1, tokens]
 
 
 def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = None) -> dict:

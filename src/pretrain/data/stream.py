@@ -77,8 +77,11 @@ class EpochStream(torch.utils.data.IterableDataset):
     def _batches(self) -> Iterator[dict]:
         spec, epoch = self.spec, self.epoch
         worker, workers = worker_role()
-        sequences = rank_sequences(spec, epoch, self.start_sample, self.positions)
-        batches = _chunks(sequences, spec.batch_size)
+        if spec.tokens_per_batch:
+            batches = token_budget_batches(spec, epoch, self.positions)
+        else:
+            sequences = rank_sequences(spec, epoch, self.start_sample, self.positions)
+            batches = _chunks(sequences, spec.batch_size)
         for n, sequences in enumerate(batches):
             if n % workers == worker:
                 batch = collate(sequences, spec.vocab.pad, spec.max_seq_length)
@@ -102,17 +105,19 @@ def partition_sequences(
 ) -> Iterator[dict]:
     """The sequences of canonical `partition` in this epoch, each with its "mark": (partition,
     its number n in the partition, chunk, position of the chunk's first document (2 ints),
-    its number in the chunk). The format starts afresh at every chunk (`partition_chunks`),
-    so `resume` = `next_position(mark)` of the last sequence trained continues after it by
-    reading from that chunk's first document only: a seek that costs at most a chunk."""
-    n, first_chunk, order, document, offset = resume or (0, 0, 0, 0, 0)
+    its number in the chunk, the partition's tokens up to and including it). The format
+    starts afresh at every chunk (`partition_chunks`), so `resume` = `next_position(mark)` of
+    the last sequence trained continues after it by reading from that chunk's first document
+    only: a seek that costs at most a chunk."""
+    n, first_chunk, order, document, offset, tokens = (*(resume or (0, 0, 0, 0, 0)), 0)[:6]
     entry = INPUT_FORMATS[spec.format]
     for chunk, start, documents in partition_chunks(
         spec, epoch, partition, first_chunk, (order, document)
     ):
         for number, sequence in enumerate(entry.sequences(documents, spec, epoch)):
             if number >= offset:
-                yield sequence | {"mark": (partition, n, chunk, *start, number)}
+                tokens += len(sequence["input_ids"])
+                yield sequence | {"mark": (partition, n, chunk, *start, number, tokens)}
                 n += 1
         offset = 0
 
@@ -149,6 +154,46 @@ def rank_sequences(
         if sequence is None:
             return
         yield sequence
+
+
+def token_budget_batches(
+    spec: StreamSpec, epoch: int, resume: dict[int, list[int]] | None = None
+) -> Iterator[list[dict]]:
+    """This rank's micro-batches under a token budget (`data.tokens_per_batch` tokens per
+    optimizer step, all ranks together, RoBERTa's batches of ~constant tokens). Each canonical
+    partition p contributes to micro-step m its sequences whose cumulative token count C (the
+    partition's tokens up to and including the sequence, `partition_sequences`) satisfies
+    (C - 1) x P x A // tokens_per_batch = m (P partitions, A accumulated micro-batches): a
+    window of tokens_per_batch / (P x A) tokens of each partition. Optimizer step t thus holds
+    the sequences with (C - 1) x P // tokens_per_batch = t, whatever the ranks, workers or
+    accumulation; rank r serves partitions r, r + R, ... and its micro-batch is the union of
+    theirs (a varying number of rows). Since the window is at least one max_seq_length
+    (checked), every partition has a sequence in every micro-step, so a resume (`resume`, the
+    checkpoint's positions, taken at a step's end) starts at the step its partitions agree on.
+    Ends before the first micro-step some partition cannot fill (the epoch's end)."""
+    partitions, ranks, accumulation = spec.stream_partitions, spec.world_size, spec.accumulation
+    streams = [
+        partition_sequences(spec, epoch, p, (resume or {}).get(p))
+        for p in range(spec.rank, partitions, ranks)
+    ]
+
+    def micro_step(sequence: dict) -> int:
+        return (sequence["mark"][-1] - 1) * partitions * accumulation // spec.tokens_per_batch
+
+    heads = [next(stream, None) for stream in streams]
+    if None in heads:
+        return
+    step = min(micro_step(head) for head in heads)
+    while True:
+        batch = []
+        for i, stream in enumerate(streams):
+            while heads[i] is not None and micro_step(heads[i]) == step:
+                batch.append(heads[i])
+                heads[i] = next(stream, None)
+            if heads[i] is None:  # partition used up: this micro-step is not whole
+                return
+        yield batch
+        step += 1
 
 
 def _chunks(items: Iterator[dict], size: int) -> Iterator[list[dict]]:

@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.batching import BatchPlan, learning_rate, warmup_steps
 from pretrain.config import TrainConfig, plain_config, run_config, settings_from, stage_configs
+from pretrain.data.epoch_tail import LOSS_TOKENS_KEY
 from pretrain.data.stages import StagedCorruption
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
@@ -136,6 +137,7 @@ class PretrainingModule(L.LightningModule):
         self.epoch_tails: list[tuple[int, int, int]] = []  # (epoch, step, sequences dropped)
         self._lr_schedule: LearningRateSchedule | None = None  # the scheduler's (schedule.py)
         self._saved_schedule: list[dict] | None = None  # a resumed checkpoint's segments
+        self._loss_scale = 1.0  # token-budget batches: ranks x accumulation / step's tokens
 
     @classmethod
     def build_corruption(cls, config: TrainConfig | Mapping, vocab: Vocabulary) -> Corruption:
@@ -471,12 +473,21 @@ class PretrainingModule(L.LightningModule):
         import torch.distributed as dist
 
         from pretrain.collectives import reduce_on_host
-        from pretrain.data.epoch_tail import DATA_ERROR_KEY, StepAlignedLoader, step_flag
+        from pretrain.data.epoch_tail import (
+            DATA_ERROR_KEY,
+            STEP_LOSS_TOKENS_KEY,
+            StepAlignedLoader,
+            step_flag,
+        )
         from pretrain.data.shard_format import ShardError
 
         timeout = self.run.trainer.collective_timeout_s
         agreed = reduce_on_host(step_flag(batch), dist.ReduceOp.MIN, timeout)
         if agreed == 1:
+            if STEP_LOSS_TOKENS_KEY in batch:  # token-budget batches: the step's tokens
+                total = reduce_on_host(batch.pop(STEP_LOSS_TOKENS_KEY), dist.ReduceOp.SUM, timeout)
+                ranks_steps = self.trainer.world_size * self.trainer.accumulate_grad_batches
+                self._loss_scale = ranks_steps / max(total, 1)
             return True
         if agreed < 0:  # a rank met a bad shard: every rank stops here, with the same step
             raise ShardError(
@@ -499,6 +510,17 @@ class PretrainingModule(L.LightningModule):
                 flush=True,
             )
         return False
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """The micro-batch's loss (the objective's `forward`), logged; with token-budget
+        batches (`epoch_tail.weigh_step`) weighed by its predicted tokens over the step's (all
+        ranks), times ranks x accumulation, which Lightning and DDP divide back out: the
+        step's gradient is that of the mean loss over every predicted token of the step."""
+        out = self(batch)
+        self.log_step(out, batch)
+        if LOSS_TOKENS_KEY in batch:
+            return out["loss"] * batch[LOSS_TOKENS_KEY] * self._loss_scale
+        return out["loss"]
 
     def log_step(self, metrics: dict[str, torch.Tensor], batch: dict) -> None:
         """Log a micro-batch's metrics under train/ and count its non-padding input tokens."""

@@ -102,11 +102,6 @@ class CausalLanguageModel(PretrainingModule):
         out["loss"] = out["lm_loss"]
         return out
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        out = self(batch)
-        self.log_step(out, batch)
-        return out["loss"]
-
     def prepare_generation(self, token_ids: torch.Tensor) -> GenerationSetup:
         """Continue a text: the prefix is [CLS] + its (1, n) token ids (no special tokens);
         generation stops at [SEP], the end of a document."""

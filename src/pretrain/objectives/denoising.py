@@ -221,11 +221,6 @@ class DenoisingAutoencoder(PretrainingModule):
             accuracy = masked_mean(logits.argmax(-1) == targets, real)
         return {"loss": loss, "lm_loss": loss, "nll": nll, "accuracy": accuracy}
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        out = self(batch)
-        self.log_step(out, batch)
-        return out["loss"]
-
     def prepare_generation(
         self, token_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> GenerationSetup:

@@ -192,11 +192,6 @@ class ElectraModule(PretrainingModule):
             "discriminator_accuracy_original": masked_mean(correct, ~is_replaced & real),
         }
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        out = self(batch)
-        self.log_step(out, batch)
-        return out["loss"]
-
     @classmethod
     def hf_exports(cls, state_dict: dict, config: dict) -> dict:
         """The discriminator as `ElectraForPreTraining` (the export directory itself) and the

@@ -265,8 +265,3 @@ class MaskedLanguageModel(PretrainingModule):
         out.update(self.extra_losses(hidden, batch))
         out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))
         return out
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        out = self(batch)
-        self.log_step(out, batch)
-        return out["loss"]

@@ -256,8 +256,3 @@ class PermutationLanguageModel(PretrainingModule):
         metrics = masked_classification_metrics("plm", logits, targets)
         metrics["loss"] = metrics["plm_loss"]
         return metrics
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        out = self(batch)
-        self.log_step(out, batch)
-        return out["loss"]
