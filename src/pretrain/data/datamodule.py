@@ -207,9 +207,9 @@ class PretrainingDataModule(L.LightningDataModule):
             samples += self._start_samples
         return {
             "epoch": trainer.current_epoch,
-            "samples": self._start_samples + samples,
+            "samples": samples,
             "stream_batches": self._start_batches + taken,
-            "partitions": gather_positions(positions, self.collective_timeout_s),
+            "partitions": positions,
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
