@@ -176,18 +176,16 @@ def test_sweep_points_are_separate_wandb_runs_and_resume_keeps_the_id(
     assert resumed["id"] == first["id"] == wandb_run_id(point)
     assert resumed["summary"]["trainer/global_step"] == "4"
 
-    # `wandb sync <run dir>/wandb` (README) would upload both launches of the point
-    result = subprocess.run(
-        [sys.executable, "-m", "wandb", "sync", "--dry-run", "wandb"],
-        cwd=point,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert "Would sync 2 run(s):" in result.stderr, result.stderr
+    # `wandb sync <run dir>/wandb` (README) would upload both launches of the point (wandb's
+    # own command, run in this process: no server here to upload to)
+    from click.testing import CliRunner
+    from wandb.cli.cli import cli as wandb_cli
+
+    result = CliRunner().invoke(wandb_cli, ["sync", "--dry-run", str(point / "wandb")])
+    assert result.exit_code == 0 and "Would sync 2 run(s):" in result.output, result.output
     listed = {
-        (point / line.split(maxsplit=1)[1]).resolve()
-        for line in result.stderr.splitlines()
+        Path(line.split(maxsplit=1)[1]).resolve()  # relative to the working directory
+        for line in result.output.splitlines()
         if line.endswith(".wandb")
     }
     assert listed == {path.resolve() for path in point.glob("wandb/offline-run-*/*.wandb")}
