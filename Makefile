@@ -95,7 +95,7 @@ demo-eval: $(STAMP)
 # One torch thread per process: the tests run tiny models, often several processes at once
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=25
 
 # Rewrite the golden loss curves (tests/golden/*.json) from the current code, for a change that
 # is meant to alter numerics; commit them with it (tests/integration/test_golden.py).
