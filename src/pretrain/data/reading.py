@@ -31,7 +31,7 @@ from pretrain.data.vocab import Vocabulary
 
 Corruption = Callable[[dict, int], dict]
 UNITS_PER_READER = 32
-MARKS_KEY = "stream_marks"  # (batch, 6) int64: see `stream.partition_sequences`
+MARKS_KEY = "stream_marks"  # (batch, 7) int64: see `stream.partition_sequences`
 
 
 @dataclass(frozen=True)

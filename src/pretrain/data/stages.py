@@ -38,7 +38,7 @@ def sample_progress_tokens(
     marks: np.ndarray, epoch: int, partitions: int, max_seq_length: int, epoch_tokens: int
 ) -> np.ndarray:
     """Each sample's training progress in tokens (the module docstring), (batch,) int64.
-    marks (batch, 6) int64: the stream's marks (partition, number in the partition, ...);
+    marks (batch, 7) int64: the stream's marks (partition, number in the partition, ...);
     `epoch_tokens`: T, the training shards' tokens per the manifest."""
     index = marks[:, 1] * partitions + marks[:, 0]  # global sample index in the epoch
     within = index * max_seq_length
