@@ -1,0 +1,48 @@
+"""benchmarks/gpu_check.sh --smoke runs the GPU check's whole path on a CPU (issue 14 item 7):
+tiny BERT and RoBERTa against transformers' models with the same weights, the exported logits,
+and DDP vs ZeRO-2 runs of `pretrain`, into one table."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_runs_end_to_end(prepared_corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gpu_check.md"
+    environment = {
+        **os.environ,
+        "VENV": str(Path(sys.executable).parent.parent),
+        "SHARDS": str(prepared_corpus),
+        "WORK": str(tmp_path / "work"),
+        "OUT": str(out),
+        "OMP_NUM_THREADS": "1",
+    }
+    (tmp_path / "work").mkdir()
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--smoke"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = out.read_text()
+    for family, reference in (
+        ("bert_tiny", "BertForMaskedLM"),
+        ("roberta_tiny", "RobertaForMaskedLM"),
+    ):
+        assert f"| {family} | 32 | ours, torch AdamW |" in table
+        assert f"| {family} | 32 | transformers {reference} |" in table
+        gap = next(
+            line for line in table.splitlines() if line.startswith(f"| {family} | 32 | exported")
+        )
+        assert float(gap.split("|")[4]) < 1e-4  # same weights, fp32: the same logits
+    for strategy in ("ddp", "deepspeed_zero2"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {strategy} |"))
+        assert float(row.split("|")[2].replace(",", "")) > 0  # tokens/s the run logged
