@@ -408,7 +408,8 @@ class TrainerConfig:
     # status 3): a run that keeps skipping is sick even if it recovers in between; null: no bound.
     max_skipped_steps: int | None = 100
     # The peak of one device in TFLOP/s at the run's precision (e.g. 989 for an H100's dense
-    # bf16), for train/mfu = train/model_tflops / peak_tflops; null: no MFU logged.
+    # bf16), for train/mfu = train/model_tflops / peak_tflops; null: the table of
+    # pretrain/flops.py for a known GPU, a measured GEMM on a CPU (no MFU for another device).
     peak_tflops: float | None = None
     # Signal that means "save last.ckpt at the next step boundary, requeue, stop" (sbatch
     # --signal / the launcher's); SIGTERM always saves and stops. null: SIGTERM only.
