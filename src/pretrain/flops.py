@@ -14,14 +14,17 @@ and heads cost 2 x rows x in x out per Linear, on the rows where they run: BERT'
 (h -> E, E -> vocabulary) on the predicted positions of the batch's static prediction budget
 (the sparse head), the NSP/SOP head (pooler h -> h, h -> labels) on one row a sequence,
 ELECTRA's generator (its own encoder and MLM head) plus the discriminator (the encoder and
-an h -> h -> 1 head on every token). A factorised embedding (ALBERT, ELECTRA-small: E != h)
-adds 2 L E h. The backward pass of a trained part costs twice its forward pass (gradients
+an h -> h -> 1 head on every token), GPT's tied LM head on every position, and for an
+encoder-decoder (BART, MASS, the Transformer) the encoder on the source, the decoder's self-
+and cross-attention (4 d Ls Lt) and feed-forward on the target and the LM head on the predicted
+slots. A factorised embedding (ALBERT, ELECTRA-small: E != h) adds 2 L E h. The backward pass of a trained part costs twice its forward pass (gradients
 of the inputs and of the weights), so a step costs 3 x forward.
 
 The step's FLOPs are device tensors built from the batch's shapes and attention mask: they
 are summed over the micro-batches and read only at log steps, never a host synchronisation
-per step. Families without a formula here (an objective whose `forward_flops` returns None)
-fall back to the 6N rule: 6 FLOPs per trainable parameter and real token.
+per step. Objectives without a formula here (`forward_flops` returns None: XLNet's two
+streams, distillation's student and frozen teacher) fall back to the 6N rule: 6 FLOPs per
+trainable parameter and real token.
 """
 
 from collections.abc import Mapping
@@ -86,6 +89,25 @@ def gpt_flops(model: Any, tokens: Any, attention_pairs: Any, lm_rows: int, vocab
     inner = setting(model, "n_inner") or 4 * hidden
     blocks = setting(model, "n_layer") * block_flops(hidden, inner, tokens, attention_pairs)
     return blocks + 2 * lm_rows * hidden * vocab_size
+
+
+def seq2seq_flops(
+    model: Any, source: torch.Tensor, target: torch.Tensor, lm_rows: int, vocab_size: int
+) -> torch.Tensor:
+    """Forward FLOPs of an encoder-decoder (BART, MASS, the Transformer: d_model, encoder_/
+    decoder_layers, encoder_/decoder_ffn_dim) on sources and targets of (batch,) real lengths
+    `source`, `target`: encoder blocks on the source; per decoder block, self-attention on the
+    target, cross-attention (queries and output on the target, keys and values on the source,
+    4 d Ls Lt for the scores and sum) and the feed-forward; the tied LM head on `lm_rows`."""
+    d = setting(model, "d_model")
+    src, tgt = source.sum(), target.sum()
+    encoder = setting(model, "encoder_layers") * block_flops(
+        d, setting(model, "encoder_ffn_dim"), src, (source * source).sum()
+    )
+    self_attention = block_flops(d, setting(model, "decoder_ffn_dim"), tgt, (target * target).sum())
+    cross_attention = 2 * (tgt + src) * 2 * d * d + 4 * d * (source * target).sum()
+    decoder = setting(model, "decoder_layers") * (self_attention + cross_attention)
+    return encoder + decoder + 2 * lm_rows * d * vocab_size
 
 
 def sentence_head_flops(hidden: int, labels: int, sequences: Any) -> Any:

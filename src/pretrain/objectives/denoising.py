@@ -35,6 +35,7 @@ from pretrain.data.prediction_budget import (
 )
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import require, require_probabilities, require_unit_interval
+from pretrain.flops import seq2seq_flops
 from pretrain.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models import build_encoder
 from pretrain.models.seq2seq import TiedLMHead
@@ -197,6 +198,19 @@ class DenoisingAutoencoder(PretrainingModule):
             "max_length": config.data.max_seq_length,
             "noise": settings_from(NoiseSettings, config.objective),
         }
+
+    def forward_flops(self, batch: dict) -> torch.Tensor:
+        """Forward FLOPs of a batch (`pretrain.flops.seq2seq_flops`): encoder and decoder on
+        their real tokens, the LM head on the prediction slots (or every decoder position)."""
+        source = batch["attention_mask"].sum(dim=1, dtype=torch.float32)  # (batch,)
+        mask = batch.get("decoder_attention_mask")
+        target = (
+            mask.sum(dim=1, dtype=torch.float32)
+            if mask is not None
+            else torch.full_like(source, batch["decoder_input_ids"].shape[1])
+        )
+        rows = batch.get("prediction_positions", batch["decoder_input_ids"]).numel()
+        return seq2seq_flops(self.run.model, source, target, rows, self.vocab.size)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses and accuracy of one batch."""
