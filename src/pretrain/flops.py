@@ -16,15 +16,16 @@ and heads cost 2 x rows x in x out per Linear, on the rows where they run: BERT'
 ELECTRA's generator (its own encoder and MLM head) plus the discriminator (the encoder and
 an h -> h -> 1 head on every token), GPT's tied LM head on every position, and for an
 encoder-decoder (BART, MASS, the Transformer) the encoder on the source, the decoder's self-
-and cross-attention (4 d Ls Lt) and feed-forward on the target and the LM head on the predicted
-slots. A factorised embedding (ALBERT, ELECTRA-small: E != h) adds 2 L E h. The backward pass of a trained part costs twice its forward pass (gradients
-of the inputs and of the weights), so a step costs 3 x forward.
+and cross-attention (4 d Ls Lt) and feed-forward on the target and the LM head on the
+predicted slots. A factorised embedding (ALBERT, ELECTRA-small: E != h) adds 2 L E h. The
+backward pass of a trained part costs twice its forward pass (gradients of the inputs and of
+the weights), so a step costs 3 x forward; distillation's frozen teacher adds its forward
+pass once.
 
 The step's FLOPs are device tensors built from the batch's shapes and attention mask: they
 are summed over the micro-batches and read only at log steps, never a host synchronisation
 per step. Objectives without a formula here (`forward_flops` returns None: XLNet's two
-streams, distillation's student and frozen teacher) fall back to the 6N rule: 6 FLOPs per
-trainable parameter and real token.
+streams) fall back to the 6N rule: 6 FLOPs per trainable parameter and real token.
 """
 
 from collections.abc import Mapping

@@ -118,3 +118,21 @@ def test_device_peaks() -> None:
     assert precision_kind("32-true") == "fp32"
     peak, source = device_peak_tflops("32-true", torch.device("cpu"))
     assert peak > 0 and "measured" in source  # one core does at least a GFLOP/s
+
+
+def test_distillation_counts_the_frozen_teacher_forward_once(tmp_path) -> None:
+    teacher = tiny_module("model=bert_tiny", "model.num_hidden_layers=4", "objective=mlm")
+    config = {**teacher.config, "model_runtime": {"vocab_size": VOCAB.size, "pad_token_id": 0}}
+    config["data"] = {**config["data"], "tokenizer_dir": str(tmp_path)}
+    path = tmp_path / "teacher.ckpt"
+    torch.save({"state_dict": teacher.state_dict(), "config": config, "global_step": 0}, path)
+    student = tiny_module(
+        "model=bert_tiny",
+        "objective=distillation",
+        f"objective.teacher={path}",
+        "data=full_sentences",
+    )
+    batch = masked_batch()
+    assert float(training_flops(student, batch)) == pytest.approx(
+        counted_flops(student, batch), rel=0.02
+    )

@@ -27,6 +27,13 @@ from torch import nn
 from pretrain.config import TrainConfig
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require
+from pretrain.flops import (
+    bert_family,
+    embedding_size,
+    encoder_flops,
+    mlm_head_flops,
+    sequence_sizes,
+)
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig
@@ -214,6 +221,21 @@ class DistillationModule(MaskedLanguageModel):
         if first.device != reference.device or first.dtype != reference.dtype:
             self.teacher.to(device=reference.device, dtype=reference.dtype)
         return self.teacher
+
+    def forward_flops(self, batch: dict) -> torch.Tensor | None:
+        """The student's forward FLOPs (the MLM objective's) plus a third of the frozen
+        teacher's forward pass on the same tokens and prediction slots: a step counts 3 x
+        forward, and the teacher runs forward only (`pretrain.flops`)."""
+        student = super().forward_flops(batch)
+        teacher = self.teacher.model_cfg
+        if student is None or not bert_family(teacher):
+            return student
+        tokens, pairs = sequence_sizes(batch["attention_mask"])
+        rows = predicted_positions(batch).numel()
+        head = mlm_head_flops(
+            teacher["hidden_size"], embedding_size(teacher), self.vocab.size, rows
+        )
+        return student + (encoder_flops(teacher, tokens, pairs) + head) / 3
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses (`loss`, `mlm_loss`, `kl_loss`, `cos_loss`) and metrics of one batch."""
