@@ -293,6 +293,9 @@ def test_sweep_through_the_submitit_launcher(cluster, prepared_corpus, tmp_path)
         assert checkpoint["global_step"] == 3
         assert checkpoint["config"]["optim"]["optimizer"]["lr"] == float(lr)
     assert len(list((sweep / ".submitit").glob("*/*_result.pkl"))) == 3  # three SLURM jobs
+    # the local cluster has no job accounting: one line says so, no warning per sacct poll
+    assert "SLURM job accounting is disabled" in result.stdout
+    assert "Bypassing sacct error" not in result.stdout + result.stderr
 
 
 @pytest.mark.slow
