@@ -3,6 +3,8 @@ run offline. Each is deterministic given (seed, sizes), and each asks something 
 encoder knows better than a random one: word order, what follows what, where a phrase goes on.
 
     builtin_order     classification: is the sentence as written, or its words shuffled?
+    builtin_corrupted classification: is the sentence as written, or are a quarter of its
+                      words replaced by words drawn from the corpus's vocabulary?
     builtin_next      pair: does sentence B follow sentence A in the document?
     builtin_overlap   regression: how many of A's words does B keep (0..1)?
     builtin_qa        extractive QA: which words follow the question's words in the context?
@@ -67,6 +69,32 @@ def order_task(rng: np.random.Generator, documents: list[list[str]], count: int)
         text = " ".join(words if label else _shuffled(words, rng))
         examples.append(TextExample(text, None, label))
     return [examples[i] for i in rng.permutation(len(examples))]
+
+
+def corrupted_task(
+    rng: np.random.Generator, documents: list[list[str]], count: int, fraction: float = 0.25
+) -> list:
+    """Sentences as written (label 1) or with a `fraction` of their words (at least one)
+    replaced by words drawn uniformly from the corpus's distinct words (label 0), each
+    replacement differing from the word it replaces; alternating, sentences in a random
+    order. A pretrained encoder knows which words are common and which fit their
+    neighbours; a random one learns it only from the training examples."""
+    sentences = [s for document in documents for s in document]
+    vocabulary = sorted({w for s in sentences for w in s.split()})
+    picks = rng.choice(len(sentences), size=min(count, len(sentences)), replace=False)
+    examples = []
+    for position, index in enumerate(picks):
+        words = sentences[index].split()
+        label = position % 2
+        if not label:
+            count_replaced = max(1, round(fraction * len(words)))
+            for at in rng.choice(len(words), size=count_replaced, replace=False):
+                new = words[at]
+                while new == words[at]:
+                    new = vocabulary[int(rng.integers(len(vocabulary)))]
+                words[at] = new
+        examples.append(TextExample(" ".join(words), None, label))
+    return examples
 
 
 def next_task(rng: np.random.Generator, documents: list[list[str]], count: int) -> list:
@@ -158,6 +186,7 @@ def replaced_task(rng: np.random.Generator, documents: list[list[str]], count: i
 # name -> (kind, labels, generator)
 BUILTIN_TASKS: dict[str, tuple[str, tuple[str, ...], Callable]] = {
     "builtin_order": ("classification", ("shuffled", "original"), order_task),
+    "builtin_corrupted": ("classification", ("corrupted", "original"), corrupted_task),
     "builtin_next": ("pair", ("random", "next"), next_task),
     "builtin_overlap": ("regression", (), overlap_task),
     "builtin_qa": ("qa", (), qa_task),

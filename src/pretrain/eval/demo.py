@@ -14,7 +14,14 @@ from omegaconf import OmegaConf
 from pretrain.config import compose_config
 from pretrain.eval.config import register_eval_schema
 
-DEMO_TASKS = ("builtin_order", "builtin_next", "builtin_overlap", "builtin_replaced", "builtin_qa")
+DEMO_TASKS = (
+    "builtin_corrupted",
+    "builtin_order",
+    "builtin_next",
+    "builtin_overlap",
+    "builtin_replaced",
+    "builtin_qa",
+)
 MAIN_METRIC = {
     "classification": "accuracy",
     "pair": "accuracy",
