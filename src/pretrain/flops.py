@@ -17,15 +17,17 @@ ELECTRA's generator (its own encoder and MLM head) plus the discriminator (the e
 an h -> h -> 1 head on every token), GPT's tied LM head on every position, and for an
 encoder-decoder (BART, MASS, the Transformer) the encoder on the source, the decoder's self-
 and cross-attention (4 d Ls Lt) and feed-forward on the target and the LM head on the
-predicted slots. A factorised embedding (ALBERT, ELECTRA-small: E != h) adds 2 L E h. The
+predicted slots; XLNet's two streams on the padded shape (`xlnet_flops`: relative positions,
+segments, the query stream's mapping, the last content stream without backward, within 3% of
+a count of its matmuls). A factorised embedding (ALBERT, ELECTRA-small: E != h) adds 2 L E h. The
 backward pass of a trained part costs twice its forward pass (gradients of the inputs and of
 the weights), so a step costs 3 x forward; distillation's frozen teacher adds its forward
 pass once.
 
 The step's FLOPs are device tensors built from the batch's shapes and attention mask: they
 are summed over the micro-batches and read only at log steps, never a host synchronisation
-per step. Objectives without a formula here (`forward_flops` returns None: XLNet's two
-streams) fall back to the 6N rule: 6 FLOPs per trainable parameter and real token.
+per step. An objective without a formula (its `forward_flops` returns None) falls back to
+the 6N rule: 6 FLOPs per trainable parameter and real token.
 """
 
 from collections.abc import Mapping
@@ -109,6 +111,31 @@ def seq2seq_flops(
     cross_attention = 2 * (tgt + src) * 2 * d * d + 4 * d * (source * target).sum()
     decoder = setting(model, "decoder_layers") * (self_attention + cross_attention)
     return encoder + decoder + 2 * lm_rows * d * vocab_size
+
+
+def xlnet_flops(
+    model: Any, batch: int, qlen: int, mlen: int, predict: int, vocab_size: int
+) -> float:
+    """Forward FLOPs of XLNet (d_model, n_layer, n_head, d_inner) on `batch` rows of `qlen`
+    positions (the padded shape: relative attention runs on it), `mlen` memory slots and
+    `predict` query-stream positions a row. Per layer: the content stream's projections
+    (keys and values over mlen + qlen, queries and output over qlen), relative positions
+    (2 x klen of them projected), the scores against content, positions and segments and the
+    weighted sum; the query stream's projections on its `predict` rows, its one-hot mapping to
+    and from the qlen positions and its attention over them; the feed-forward on both streams;
+    then the tied LM head on the predictions. Returned as the forward pass's FLOPs less two
+    thirds of the last layer's content-stream queries, attention, output and feed-forward: no
+    loss reads them, so they have no backward (a step counts 3 x forward)."""
+    d, heads, inner = (setting(model, key) for key in ("d_model", "n_head", "d_inner"))
+    klen = mlen + qlen
+    relative = (klen + qlen) * (2 if setting(model, "bi_data") else 1)
+    attend = 2 * batch * qlen * (d * (2 * klen + klen + qlen + 2) + 2 * klen * heads)
+    content = 2 * batch * d * d * (2 * klen + 2 * qlen) + 2 * relative * d * d + attend
+    query = 2 * batch * predict * (2 * d * d + 2 * qlen * d) + attend if predict else 0
+    feed_forward = 4 * batch * (qlen + predict) * d * inner
+    layers = setting(model, "n_layer") * (content + query + feed_forward)
+    unread = 2 * batch * qlen * (2 * d * d + 2 * d * inner) + attend  # the last content stream's
+    return layers + 2 * batch * predict * d * vocab_size - 2 * unread / 3
 
 
 def sentence_head_flops(hidden: int, labels: int, sequences: Any) -> Any:

@@ -104,10 +104,35 @@ def test_padding_and_unused_positions_are_not_model_flops() -> None:
     assert difference == vocab_flops + transform
 
 
-def test_families_without_a_formula_fall_back_to_6n() -> None:
-    module = tiny_module("model=xlnet_tiny", "objective=xlnet", "data=xlnet_pair")
+@pytest.mark.parametrize(
+    "overrides", [("model=xlnet_tiny",), ("model=xlnet_base", "model.n_layer=1")]
+)
+def test_xlnet_two_streams_within_a_few_percent(overrides: tuple[str, ...]) -> None:
+    """On the padded shape, the relative attention's position and segment terms and the
+    query stream's one-hot mapping included; the 3 x forward rule counts a backward for the
+    few products whose other input needs no gradient (relative positions, the mapping)."""
+    module = tiny_module(*overrides, "objective=xlnet", "data=xlnet_pair")
+    batch_size, seq_len, predict = 4, 32, 5
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, VOCAB.size, (batch_size, seq_len), generator=generator)
+    mapping = torch.zeros(batch_size, predict, seq_len)
+    mapping[:, torch.arange(predict), 10 + torch.arange(predict)] = 1  # (batch, predict, seq)
+    batch = {
+        "input_ids": ids,
+        "token_type_ids": (torch.arange(seq_len) >= 16).long().expand(batch_size, -1),
+        "attention_mask": torch.ones_like(ids),
+        "perm_mask": torch.rand(batch_size, seq_len, seq_len, generator=generator) > 0.5,
+        "target_mapping": mapping,
+        "target_labels": ids[:, 10 : 10 + predict].clone(),
+    }
+    modelled = float(training_flops(module, batch))
+    assert modelled == pytest.approx(counted_flops(module, batch), rel=0.03)
+
+
+def test_an_objective_without_a_formula_falls_back_to_6n() -> None:
+    module = tiny_module(*FAMILIES["roberta mlm"])
+    module.forward_flops = lambda batch: None
     batch = {"attention_mask": torch.ones(2, 8, dtype=torch.long)}
-    assert module.forward_flops(batch) is None  # XLNet's two streams: no formula yet
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     assert float(training_flops(module, batch)) == 6 * trainable * 16
 

@@ -41,6 +41,7 @@ from pretrain.data.permutation import (
 from pretrain.data.prediction_budget import prediction_widths, width_for
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require
+from pretrain.flops import xlnet_flops
 from pretrain.models import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
 from pretrain.objectives.base import PretrainingModule
@@ -234,6 +235,14 @@ class PermutationLanguageModel(PretrainingModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         self._restored_memory = checkpoint.get("xlnet_memory")
+
+    def forward_flops(self, batch: dict) -> float:
+        """Forward FLOPs of a batch (`pretrain.flops.xlnet_flops`), on its padded shape and
+        the carried memory's length (the next batch's, the same in a steady run)."""
+        rows, qlen = batch["input_ids"].shape
+        mlen = self._mems[0].shape[1] if self.use_memory and self._mems is not None else 0
+        predict = batch["target_mapping"].shape[1]
+        return xlnet_flops(self.run.model, rows, qlen, mlen, predict, self.vocab.size)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Loss and accuracy of one batch; with memory, updates the carried memory."""
