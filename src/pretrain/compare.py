@@ -8,9 +8,9 @@ columns are the config keys that differ between the runs (a batch-size sweep rea
 RoBERTa's Table 3), then the final training and held-out metrics, then the downstream results
 `pretrain-eval` wrote in the run (`<run>/eval/<name>.json`: a column `eval/<name>/<metric>`
 each). Figures: training and held-out loss against tokens seen and against
-wall-clock seconds, throughput (tokens/s, model TFLOP/s by the 6N rule, and MFU when the run
-set `trainer.peak_tflops`), learning rate and skipped steps against tokens seen. Never needs
-wandb.
+wall-clock seconds, throughput (tokens/s, model TFLOP/s by the FLOP model of pretrain/flops.py,
+and MFU against the device peak), learning rate and skipped steps against tokens seen. Never
+needs wandb.
 """
 
 import argparse
@@ -38,7 +38,7 @@ FIGURES = {
         "train/tokens_seen",
         [
             ("tokens/s", "train/tokens_per_s"),
-            ("model TFLOP/s (6N)", "train/model_tflops"),
+            ("model TFLOP/s", "train/model_tflops"),  # pretrain/flops.py
             ("MFU", "train/mfu"),
         ],
     ),
