@@ -58,10 +58,11 @@ def test_help_cfg_and_info_import_no_heavy_package(prepared_corpus: Path) -> Non
         results, 0
     )
     train_help = results["pretrain --help model=bert_base"][1]
-    assert "model: albert_base, albert_large" in train_help  # the groups and their options
+    models = next(line for line in train_help.splitlines() if line.startswith("model: "))
+    assert "bert_base" in models.split(", ")  # the groups and their options
     assert "hidden_size: 768" in train_help  # the config composed with the override
     assert "Exit statuses" in train_help
-    assert "eval: builtin_next" in results["pretrain-eval --help"][1]
+    assert "\neval: builtin_" in results["pretrain-eval --help"][1]  # the eval group listed
     assert "usage: pretrain-info" in results["pretrain-info --help"][1]
     assert "pretrain-data info <shards_dir>" in results["pretrain-data info --help"][1]
     assert f"documents          {300:,}" in results[f"pretrain-data info {prepared_corpus}"][1]
