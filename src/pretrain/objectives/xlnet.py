@@ -40,7 +40,7 @@ from pretrain.data.permutation import (
 )
 from pretrain.data.prediction_budget import prediction_widths, width_for
 from pretrain.data.vocab import Vocabulary
-from pretrain.errors import ConfigError, require
+from pretrain.errors import ConfigError, require, require_unit_interval
 from pretrain.flops import xlnet_flops
 from pretrain.models import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
@@ -54,13 +54,16 @@ XLNET_FORMATS = ("xlnet_pair", "xlnet_memory", "full_sentences", "doc_sentences"
 class PermutationLMConfig(ObjectiveConfig):
     """`partial_prediction_k`: K, 1/K of each sequence's candidate tokens are predicted;
     `order`: "uniform" (the paper) or "span" (targets in spans of 1..max_span_length tokens,
-    the released code / HF's collator)."""
+    the released code / HF's collator); `memory_random_b_probability`: with
+    data.format=xlnet_memory, how often segment B is text of another document instead of A's
+    continuation (XLNet's data_utils.py: 0.5; 0 = B always continues A)."""
 
     name: str = "xlnet"
     _target_: str = "pretrain.objectives.xlnet.PermutationLanguageModel"
     partial_prediction_k: float = 6.0
     order: str = "uniform"
     max_span_length: int = 5
+    memory_random_b_probability: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -77,6 +80,12 @@ class PermutationLMConfig(ObjectiveConfig):
             self.max_span_length,
             "must be at least 1 token",
         )
+        require_unit_interval(
+            "objective.memory_random_b_probability",
+            self.memory_random_b_probability,
+            open_low=False,
+            open_high=False,
+        )
 
     def check_data(self, data: DataConfig) -> None:
         if data.format not in XLNET_FORMATS:
@@ -92,8 +101,9 @@ class PermutationCorruption:
     """(batch, epoch) -> batch + perm_mask, target_mapping, target_labels, labels, target_rank.
     Draws are keyed by (seed, epoch, sequence key); the stream passes the epoch that seeds
     them (under static masking epoch % dupe_factor).
-    `reuse_len` is read by the xlnet_memory stream (model.reuse_len); `max_seq_length` (the
-    run's data.max_seq_length; None: the batch's width) sizes num_predict."""
+    `reuse_len`, `bi_data` (model.*) and `memory_random_b_probability` are read by the
+    xlnet_memory stream; `max_seq_length` (the run's data.max_seq_length; None: the batch's
+    width) sizes num_predict."""
 
     seed: int
     special_ids: tuple[int, ...]
@@ -102,6 +112,8 @@ class PermutationCorruption:
     max_span_length: int = 5
     reuse_len: int | None = None
     max_seq_length: int | None = None
+    bi_data: bool = False
+    memory_random_b_probability: float = 0.0
 
     def prediction_widths(self, max_seq_length: int) -> tuple[int, ...]:
         """The values num_predict may take for sequences of `max_seq_length`."""
@@ -177,10 +189,17 @@ class PermutationLanguageModel(PretrainingModule):
 
     @classmethod
     def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
+        bi_data = bool(getattr(config.model, "bi_data", False))
+        if bi_data and config.data.format != "xlnet_memory":
+            raise ConfigError(
+                f"model.bi_data = true needs data.format=xlnet_memory (not {config.data.format!r}):"
+                " only its batches have a fixed forward half and backward half"
+            )
         return {
             "special_ids": vocab.special_ids,
             "reuse_len": config.model.reuse_len,
             "max_seq_length": config.data.max_seq_length,
+            "bi_data": bi_data,
         }
 
     def carried_memory(self, batch: dict) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
