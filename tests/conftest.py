@@ -25,6 +25,19 @@ CHINESE_ENTITIES = DATA_DIR / "entities_zh.txt"
 ENGLISH_ENTITIES = DATA_DIR / "entities_en.txt"
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (then as before): the test machine's cores are
+    shared, and one thread is much faster for tiny models. Modules that want it for every test
+    say `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def small_english_documents(count: int = SMALL_CORPUS_DOCUMENTS) -> list[str]:
     """`count` short English documents (1 to 7 paragraphs, a few sentences each) cut from the
     help topics that ship with Python; deterministic, no download."""

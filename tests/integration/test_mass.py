@@ -4,7 +4,6 @@ training end to end with a falling loss."""
 
 import numpy as np
 import pytest
-import torch
 from test_noise import MASK, VOCAB, collated
 from test_objectives_train import logged
 from test_seq2seq import assert_loss_falls, train_tiny
@@ -14,13 +13,7 @@ from pretrain.data.stream import training_stream
 from pretrain.objectives.mass import MassCorruption
 from pretrain.run import build_stream
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_mass_batch_predicts_only_the_fragment():

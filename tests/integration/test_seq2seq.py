@@ -33,13 +33,7 @@ TRANSFORMER = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The test machine is shared: one intra-op thread is much faster than contended two."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def model(**settings) -> EncoderDecoder:

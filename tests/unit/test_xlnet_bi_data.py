@@ -4,7 +4,6 @@ data_utils.py: measured on real batches of the stream."""
 
 import numpy as np
 import pytest
-import torch
 
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.reading import reader_documents
@@ -17,12 +16,7 @@ from pretrain.run import build_stream
 BATCHES = 40
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _stream(shards_dir, random_b: float) -> tuple[list[dict], dict[str, dict], Vocabulary]:

@@ -18,13 +18,7 @@ from pretrain.run import build_stream
 VOCAB = Vocabulary(size=200, pad=0, unk=1, cls=2, sep=3, mask=4)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The test machine's cores are shared: one thread is much faster for tiny models."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _document(key: str, n: int, start: int = 10, sentence: int = 7) -> dict:
