@@ -10,12 +10,16 @@ workers, `pretrain.memory`), prints a table of memory against the step and the g
         --steps 600 --every 50 --png benchmarks/figures/memory_vs_step.png
 
 The demos read the built-in corpora (`make demo-families` prepares them); distilbert_demo
-needs the demo's checkpoint as its teacher (`make demo`). Extra Hydra overrides for every
-run follow `--`, e.g. `-- data.num_workers=0`.
+needs the demo's checkpoint as its teacher (`make demo`, or the `demo` run of the same
+`--runs-dir`). Extra Hydra overrides for every run follow `--`, e.g. `-- data.num_workers=0`.
+With `--runs-dir` the runs are kept there and a demo whose run already reached `--steps` is
+read, not run again: one demo at a time, then all of them in one table and one PNG
+(`--read-only`: only read what the runs logged, e.g. of a run stopped early).
 """
 
 import argparse
 import csv
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +29,8 @@ COLUMNS = ("sys/host_memory_main_gb", "sys/host_memory_workers_gb", "sys/host_me
 
 
 def run_demo(demo: str, steps: int, every: int, run_dir: Path, extra: list[str]) -> None:
-    """Train `demo` for `steps` optimizer steps in `run_dir`; raises on a failed run."""
+    """Train `demo` for `steps` optimizer steps in `run_dir` (a new run); raises on a failed
+    run."""
     command = [
         str(Path(sys.executable).parent / "pretrain"),
         f"experiment={demo}",
@@ -44,7 +49,8 @@ def run_demo(demo: str, steps: int, every: int, run_dir: Path, extra: list[str])
 
 
 def memory_rows(run_dir: Path) -> list[tuple[int, float, float, float]]:
-    """(step, main GiB, workers GiB, total GiB) of every logged step of the run."""
+    """(step, main GiB, workers GiB, total GiB) of every logged step of the run; `step` as
+    logged: the index of the step, so step 299 is measured after 300 optimizer steps."""
     rows = []
     for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
         with open(path) as f:
@@ -55,8 +61,9 @@ def memory_rows(run_dir: Path) -> list[tuple[int, float, float, float]]:
 
 
 def growth(rows: list[tuple[int, float, float, float]], from_step: int) -> float:
-    """Relative growth of the total from the first logged step >= `from_step` to the last."""
-    start = next((r for r in rows if r[0] >= from_step), rows[0])
+    """Relative growth of the total from the first logged step at or after `from_step`
+    optimizer steps to the last."""
+    start = next((r for r in rows if r[0] + 1 >= from_step), rows[0])
     return rows[-1][3] / start[3] - 1
 
 
@@ -96,20 +103,36 @@ def main() -> None:
     parser.add_argument("--from-step", type=int, default=300, help="growth measured from here")
     parser.add_argument("--png", type=Path, default=Path("benchmarks/figures/memory_vs_step.png"))
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
+    parser.add_argument("--runs-dir", type=Path, help="keep the runs here (default: scratch)")
+    parser.add_argument("--read-only", action="store_true", help="run nothing: read --runs-dir")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
+        runs = args.runs_dir or Path(scratch)
         for demo in args.demos:
-            run_dir = Path(scratch) / demo
-            run_demo(demo, args.steps, args.every, run_dir, args.overrides)
-            results[demo] = memory_rows(run_dir)
+            run_dir = runs / demo
+            rows = memory_rows(run_dir) if run_dir.is_dir() else []
+            if not args.read_only and (not rows or rows[-1][0] < args.steps - args.every):
+                teacher = runs / "demo" / "checkpoints" / "last.ckpt"
+                extra = (
+                    [f"objective.teacher={teacher}"]
+                    if demo == "distilbert_demo" and teacher.is_file()
+                    else []
+                )
+                shutil.rmtree(run_dir, ignore_errors=True)
+                run_demo(demo, args.steps, args.every, run_dir, [*extra, *args.overrides])
+                rows = memory_rows(run_dir)
+            if not rows:
+                print(f"== {demo}: no memory logged in {run_dir}", flush=True)
+                continue
+            results[demo] = rows
             print(f"== {demo}: step, main, workers, total (GiB, PSS)", flush=True)
             for step, main_gb, workers_gb, total_gb in results[demo]:
                 print(f"{step:6d} {main_gb:7.3f} {workers_gb:7.3f} {total_gb:7.3f}", flush=True)
     print(f"\n| demo | total at step >= {args.from_step} | total at the last step | growth |")
     print("|---|---|---|---|")
     for demo, rows in results.items():
-        start = next((r for r in rows if r[0] >= args.from_step), rows[0])
+        start = next((r for r in rows if r[0] + 1 >= args.from_step), rows[0])
         print(
             f"| {demo} | {start[3]:.3f} GiB (step {start[0]}) | {rows[-1][3]:.3f} GiB "
             f"(step {rows[-1][0]}) | {growth(rows, args.from_step):+.1%} |"
