@@ -130,9 +130,10 @@ def train(cfg: DictConfig) -> Path:
         stuck = collective_failure(error, trainer, run.trainer.collective_timeout_s)
         if stuck is not None:
             raise stuck from error
-        if str(error).startswith("DataLoader worker"):  # killed: out of memory, or by hand
+        died = dead_worker_message(error, datamodule)
+        if died:  # killed: out of memory, or by hand
             raise RunEnvironmentError(
-                f"{str(error).splitlines()[0]} at step {trainer.global_step}: a data-loader "
+                f"{died} at step {trainer.global_step}: a data-loader "
                 "worker died (out of memory? see `dmesg`); lower data.num_workers or "
                 "data.shuffle_buffer_documents, then resume from the last checkpoint"
             ) from error
@@ -143,6 +144,22 @@ def train(cfg: DictConfig) -> Path:
     if trainer.is_global_zero:
         print(summary(module, run_dir), flush=True)
     return run_dir
+
+
+def dead_worker_message(error: BaseException, datamodule: PretrainingDataModule) -> str:
+    """The first line of "DataLoader worker (pid N) is killed by ..." when `error` (or an
+    error it arose from) is that, or when a worker of the data module's loader died: torch
+    raises it from its SIGCHLD handler wherever the main process is, so inside a checkpoint's
+    write it surfaces as the writer's own error. "" otherwise."""
+    seen = error
+    while seen is not None:
+        if str(seen).startswith("DataLoader worker"):
+            return str(seen).splitlines()[0]
+        seen = seen.__cause__ or seen.__context__
+    killed = datamodule._loader.dead_workers() if datamodule._loader is not None else []
+    if killed:
+        return f"DataLoader worker (pid(s) {', '.join(map(str, killed))}) exited unexpectedly"
+    return ""
 
 
 def initialise_from(module: PretrainingModule, source: str) -> None:

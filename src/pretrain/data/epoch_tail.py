@@ -118,6 +118,7 @@ class StepAlignedLoader(DataLoader):
         self._yielded: deque[tuple[int, int, int, np.ndarray | None]] = deque()
         self._buffer: deque[tuple[dict, int]] = deque()  # (batch, stream batches taken up to it)
         self._source: Iterator | None = None
+        self.killed_workers: list[int] = []  # pids of workers that died unasked (`close`)
 
     def __iter__(self) -> Iterator[dict]:
         self.close()
@@ -169,7 +170,13 @@ class StepAlignedLoader(DataLoader):
         source, self._source = self._source, None
         self._buffer.clear()
         if source is not None and hasattr(source, "_shutdown_workers"):
+            self.killed_workers = _died(source)  # before they are told to stop
             source._shutdown_workers()
+
+    def dead_workers(self) -> list[int]:
+        """Pids of this loader's data-loader workers that died unasked (killed: out of memory,
+        or by hand), now or by the last `close`; `run.py` reports them in one line."""
+        return _died(self._source) if self._source is not None else self.killed_workers
 
     def _let_go(self, marks, positions: dict | None = None) -> None:
         """Record the partitions' positions after a batch's sequences (`marks`)."""
@@ -212,3 +219,9 @@ class StepAlignedLoader(DataLoader):
             count += sum(batch_samples(b) for b in self._source)
         self.close()
         return count
+
+
+def _died(source: object) -> list[int]:
+    """Pids of a DataLoader iterator's workers that have exited with a failure or a signal."""
+    workers = getattr(source, "_workers", [])
+    return [worker.pid for worker in workers if worker.exitcode not in (None, 0)]
