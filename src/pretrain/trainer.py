@@ -73,6 +73,20 @@ def wandb_run_id(run_dir: Path) -> str:
     return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 
+def own_wandb_service(mode: str) -> str:
+    """The wandb mode for logger.mode (`auto`: online when WANDB_API_KEY is set, else
+    offline), for a wandb run of this process's own wandb-core. wandb passes its service's
+    address to child processes in WANDB_SERVICE; a run launched by another process that used
+    wandb (a test runner, a notebook, a driver script) would log into that process's
+    wandb-core: relative paths resolved against its working directory, files closed only when
+    it closes them, and wandb.init failing once it has exited. So the address is dropped and
+    this process starts its own (ended by `wandb.teardown`, see finish_loggers)."""
+    os.environ.pop("WANDB_SERVICE", None)
+    if mode == "auto":
+        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return mode
+
+
 def build_loggers(config: Any, run_dir: Path) -> list[Logger]:
     """CSV always (a new version folder per launch, nothing overwritten); wandb when
     logger.wandb, offline unless an API key is configured: one wandb run per run directory
@@ -82,14 +96,7 @@ def build_loggers(config: Any, run_dir: Path) -> list[Logger]:
     loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="csv")]
     options = config.logger
     if options.wandb:
-        mode = options.mode
-        offline = mode == "offline" or (mode == "auto" and not os.environ.get("WANDB_API_KEY"))
-        # wandb passes its service's address to child processes in WANDB_SERVICE; a run
-        # launched by another process that used wandb (a test runner, a notebook, a driver
-        # script) would log into that process's wandb-core: relative paths resolved against
-        # its working directory, files closed only when it closes them, and wandb.init
-        # failing once it has exited. This process starts its own (and ends it: finish_loggers).
-        os.environ.pop("WANDB_SERVICE", None)
+        offline = own_wandb_service(options.mode) == "offline"
         loggers.append(
             WandbLogger(
                 project=options.project,

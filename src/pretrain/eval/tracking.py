@@ -7,7 +7,6 @@ Which project and group: read from the pretraining run's saved config (its newes
 `logger.group` or else `experiment_name`. An export directory has no such file: its
 results go to the project `pretrain`, group `eval`."""
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +49,11 @@ def log_to_wandb(result: dict[str, Any], name: str, run_dir: Path, save_dir: Pat
     run's local directory."""
     import wandb
 
+    from pretrain.trainer import own_wandb_service
+
     where = pretraining_logger(run_dir)
-    os.environ.pop("WANDB_SERVICE", None)  # this process's own wandb-core (see trainer.py)
+    mode = own_wandb_service(where["mode"])
     save_dir.mkdir(parents=True, exist_ok=True)
-    mode = where["mode"]
-    if mode == "auto":
-        mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
     run = wandb.init(
         project=where["project"],
         group=where["group"],
