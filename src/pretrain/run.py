@@ -156,7 +156,7 @@ def dead_worker_message(error: BaseException, datamodule: PretrainingDataModule)
         if str(seen).startswith("DataLoader worker"):
             return str(seen).splitlines()[0]
         seen = seen.__cause__ or seen.__context__
-    killed = datamodule._loader.dead_workers() if datamodule._loader is not None else []
+    killed = datamodule.dead_workers()
     if killed:
         return f"DataLoader worker (pid(s) {', '.join(map(str, killed))}) exited unexpectedly"
     return ""

@@ -185,6 +185,10 @@ class PretrainingDataModule(L.LightningDataModule):
         if self._loader is not None:
             self._loader.close()
 
+    def dead_workers(self) -> list[int]:
+        """Pids of the current loader's data-loader workers that died unasked (`run.py`)."""
+        return self._loader.dead_workers() if self._loader is not None else []
+
     def state_dict(self) -> dict:
         """Position in the stream: the epoch, the global samples of its order consumed (all
         ranks), each canonical partition's position after them ("partitions", gathered from
