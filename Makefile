@@ -96,20 +96,22 @@ demo-eval: $(STAMP)
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
 # Two lanes at once, so both cores work: tests/multiprocess (multi-rank runs and SLURM jobs,
 # one after another: they share the local cluster's nodes) in the background, the unit and
-# integration tests and then test_distributed.py (no SLURM; with it in the background the
-# lanes took 22:44 and 13:21 minutes) in the foreground; each lane has its own temporary directory, the
+# integration tests and then the multi-rank tests that use no SLURM (test_distributed.py and
+# test_resume_matrix.py; with them in the background the lanes took 22:44 and 13:21, then
+# 20:27 and 12:05 minutes) in the foreground; each lane has its own temporary directory, the
 # background lane's output follows, and the target fails if either lane fails.
+FOREGROUND_MULTIPROCESS = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py
 TEST_TMP ?= $(or $(TMPDIR),/tmp)/pretrain-tests
 test: $(STAMP)
 	@rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)
 	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15 --basetemp=$(TEST_TMP)/multiprocess \
-		tests/multiprocess --ignore=tests/multiprocess/test_distributed.py \
+		tests/multiprocess $(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS)) \
 		> $(TEST_TMP)/multiprocess.log 2>&1 & lane=$$!; \
 	trap 'kill $$lane 2>/dev/null' INT TERM; \
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15 --basetemp=$(TEST_TMP)/single \
-		tests/unit tests/integration tests/multiprocess/test_distributed.py; single=$$?; \
+		tests/unit tests/integration $(FOREGROUND_MULTIPROCESS); single=$$?; \
 	wait $$lane; multi=$$?; \
-	echo "== tests/multiprocess but test_distributed.py (the background lane)"; cat $(TEST_TMP)/multiprocess.log; \
+	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS) (the background lane)"; cat $(TEST_TMP)/multiprocess.log; \
 	echo "== foreground lane: exit $$single; multiprocess lane: exit $$multi"; \
 	[ $$single -eq 0 ] && [ $$multi -eq 0 ]
 
