@@ -233,9 +233,11 @@ class PreemptionCheckpoint(Callback):
         job_id = slurm_job_id()
         if job_id is None:
             print("preemption: not a SLURM job, nothing to requeue", flush=True)
-        elif self._requeue(job_id):
-            print(f"preemption: requeued SLURM job {job_id}", flush=True)
-            return True
+        else:
+            # Said before `scontrol requeue`: SLURM cancels the job's steps as it requeues, and a
+            # line printed after it may never reach the log (a failure is printed after it).
+            print(f"preemption: requeueing SLURM job {job_id}", flush=True)
+            return self._requeue(job_id)
         return False
 
     def raise_if_preempted(self, trainer: L.Trainer) -> None:

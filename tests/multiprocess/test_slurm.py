@@ -241,7 +241,7 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
     )
     reference = tmp_path / "reference"  # the uninterrupted run, trained here meanwhile
     train(compose_config([*overrides, f"run_dir={reference}"]))
-    wait_for_text(log, "requeued SLURM job", 150)
+    wait_for_text(log, "requeueing SLURM job", 150)
     deadline = time.monotonic() + 240  # a guard: the job saves, stops its workers and exits
     while (state := job_field(cluster, job, "JobState")) != "PENDING":
         assert time.monotonic() < deadline, f"the job was not requeued (state {state})"

@@ -201,7 +201,7 @@ def test_a_preempted_two_node_job_requeues_and_resumes_exactly(prepared_corpus, 
     wait_for_text(log, "Total params", 300)
     time.sleep(3)
     subprocess.run(["scancel", "--signal=USR1", preempted], env=env, check=True)
-    wait_for_text(log, "requeued SLURM job", 300)
+    wait_for_text(log, "requeueing SLURM job", 300)
     deadline = time.monotonic() + 240
     while (state := job_field(env, preempted, "JobState")) != "PENDING":
         assert time.monotonic() < deadline, f"the job was not requeued (state {state})"
@@ -276,7 +276,7 @@ def test_a_time_limit_on_two_nodes_then_one_node_and_back_loses_no_sample(
     # is srun. A loaded machine has minutes to save before the limit.
     options = ("--time=5", "--signal=B:USR1@260", f"--output={log}")
     job = launch(run_dir, 2, 100000, *options)
-    wait_for_text(log, "requeued SLURM job", 600)
+    wait_for_text(log, "requeueing SLURM job", 600)
     deadline = time.monotonic() + 240  # a guard: both ranks save, rank 0 requeues, all exit
     while (state := job_field(env, job, "JobState")) != "PENDING":
         assert time.monotonic() < deadline, f"the job was not requeued (state {state})"
