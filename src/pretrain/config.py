@@ -189,6 +189,9 @@ def component_config(group: str, values: Any) -> Any:
         raise ConfigError(f"{group}.{error.full_key}: {error.msg}") from error
 
 
+DEFAULT_STREAM_PARTITIONS = 64  # data.stream_partitions: null, for formats without memory
+
+
 @dataclass
 class DataConfig:
     """Where the shards are and how documents become batches. Lengths in tokens."""
@@ -206,7 +209,8 @@ class DataConfig:
     holdout_shards: int = 0
     # Canonical partitions of every epoch's stream: the global sample order depends on them
     # and on the seed only, never on nodes, ranks or workers; ranks must divide it.
-    stream_partitions: int = 64
+    # null: derived, one per memory slot of the global batch for xlnet_memory, else 64.
+    stream_partitions: int | None = DEFAULT_STREAM_PARTITIONS
     # Samples per optimizer step over all ranks; null = batch_size x accumulation x ranks.
     # When set, trainer.accumulate_grad_batches is derived from it (pretrain.batching).
     global_batch_size: int | None = None
@@ -254,7 +258,7 @@ class DataConfig:
             "must be error or skip",
         )
         require(
-            self.stream_partitions >= 1,
+            self.stream_partitions is None or self.stream_partitions >= 1,
             "data.stream_partitions",
             self.stream_partitions,
             "must be at least 1",
@@ -590,11 +594,11 @@ class TrainConfig:
         self.objective = component_config("objective", self.objective)
         self.objective.check_data(self.data)
         require(
-            not (self.objective.stages and INPUT_FORMATS[self.data.format].workers_share_documents),
+            not (self.objective.stages and INPUT_FORMATS[self.data.format].memory),
             "objective.stages",
             self.objective.stages,
-            f"data.format={self.data.format} has no global sample order to key stages by; "
-            "use another format or leave objective.stages out",
+            f"data.format={self.data.format} carries a memory across steps, which a change of "
+            "corruption would break; use another format or leave objective.stages out",
         )
         longest = self.model.max_sequence_tokens
         require(
@@ -613,9 +617,59 @@ class TrainConfig:
         # not a field, so never part of the plain config. ConfigError naming the key when the
         # global batch cannot be made for the configured ranks.
         self.batch_plan: BatchPlan = batch_plan(self)
+        memory_partitions(self)  # XLNet's memory: partitions = slots, checked here
         from pretrain.strategies import check_strategy  # late: it imports Lightning, DeepSpeed
 
         check_strategy(self)
+
+
+def stream_partitions(run: TrainConfig, documents: int) -> int:
+    """The canonical partitions of the run's stream on a corpus of `documents` training
+    documents: XLNet's memory slots (`memory_partitions`), else data.stream_partitions
+    (null: DEFAULT_STREAM_PARTITIONS) made to fit the corpus (`reading.effective_partitions`)."""
+    from pretrain.data.reading import effective_partitions
+
+    requested = run.data.stream_partitions or DEFAULT_STREAM_PARTITIONS
+    return memory_partitions(run) or effective_partitions(requested, documents)
+
+
+def memory_partitions(run: TrainConfig) -> int | None:
+    """The canonical partitions of XLNet's memory format (data.format=xlnet_memory): one per
+    memory slot of the global batch, so a slot reads one partition's consecutive segments and
+    a step's global batch holds one segment of every partition (`data/stream.py`): the global
+    batch size in samples, half of it with model.bi_data (a slot is a forward and a backward
+    row). None for other formats. ConfigError naming the keys when data.stream_partitions is
+    another number (null: derived), with model.bi_data and an odd data.batch_size, or with
+    data.tokens_per_batch."""
+    from pretrain.data.input_formats import INPUT_FORMATS
+
+    data = run.data
+    if not INPUT_FORMATS[data.format].memory:
+        return None
+    bi_data = bool(getattr(run.model, "bi_data", False))
+    require(
+        data.tokens_per_batch is None,
+        "data.tokens_per_batch",
+        data.tokens_per_batch,
+        "xlnet_memory keeps a memory per batch slot and needs fixed batches; set it to null",
+    )
+    require(
+        not bi_data or data.batch_size % 2 == 0,
+        "data.batch_size",
+        data.batch_size,
+        "must be even with model.bi_data (half of each batch is read forward, half backward)",
+    )
+    batch = run.batch_plan.global_batch_size
+    slots = batch // 2 if bi_data else batch
+    require(
+        data.stream_partitions in (None, slots),
+        "data.stream_partitions",
+        data.stream_partitions,
+        f"xlnet_memory reads one partition per memory slot: must be null or {slots} (the "
+        f"global batch of {batch} samples, data.global_batch_size or data.batch_size x "
+        "accumulation x ranks; halved with model.bi_data)",
+    )
+    return slots
 
 
 def sweep_suffix() -> str:

@@ -19,7 +19,13 @@ from pretrain.checkpointing import (
     set_aside_checkpoints,
 )
 from pretrain.collectives import CollectiveTimeout, collective_failure
-from pretrain.config import TrainConfig, settings_from, validate, with_schema_defaults
+from pretrain.config import (
+    TrainConfig,
+    settings_from,
+    stream_partitions,
+    validate,
+    with_schema_defaults,
+)
 from pretrain.data.datamodule import (
     PretrainingDataModule,
     open_corpus,
@@ -27,7 +33,6 @@ from pretrain.data.datamodule import (
     verified_shards,
 )
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
-from pretrain.data.reading import effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stream import StreamSpec
 from pretrain.errors import ConfigError, RunEnvironmentError, report_error
@@ -61,8 +66,8 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
         run,
         shard_paths=training_paths,
         shard_tokens=tuple(shard["tokens"] for shard in training_shards),
-        stream_partitions=effective_partitions(
-            run.data.stream_partitions, sum(shard["documents"] for shard in training_shards)
+        stream_partitions=stream_partitions(
+            run, sum(shard["documents"] for shard in training_shards)
         ),
         vocab=corpus.vocab,
         corruption=module_class.build_corruption(run, corpus.vocab),

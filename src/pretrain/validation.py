@@ -21,10 +21,11 @@ import torch
 from lightning.fabric.utilities import move_data_to_device
 
 from pretrain.data.datamodule import open_corpus, split_holdout
+from pretrain.data.input_formats import INPUT_FORMATS
 from pretrain.data.reading import effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stages import StagedCorruption
-from pretrain.data.stream import StreamSpec, training_stream
+from pretrain.data.stream import StreamSpec, rows_per_sample, training_stream
 from pretrain.errors import ConfigError
 
 # exp of the mean of the loss (nats per predicted token) named by the key: its perplexity;
@@ -53,11 +54,20 @@ def heldout_spec(run, spec: StreamSpec) -> StreamSpec:
         corruption=corruption,
         shard_paths=heldout,
         shard_tokens=tuple(shard["tokens"] for shard in shards),
-        stream_partitions=effective_partitions(spec.stream_partitions, documents),
+        stream_partitions=heldout_partitions(spec, documents),
         rank=0,
         world_size=1,
         tokens_per_batch=None,  # held-out batches of data.batch_size sequences
     )
+
+
+def heldout_partitions(spec: StreamSpec, documents: int) -> int:
+    """The held-out stream's canonical partitions: XLNet's memory format's slots of one
+    batch (its memory carried from batch to batch, one reader); else as for training, on
+    the held-out shards' `documents`."""
+    if INPUT_FORMATS[spec.format].memory:
+        return spec.batch_size // rows_per_sample(spec)
+    return effective_partitions(spec.stream_partitions, documents)
 
 
 def heldout_batches(spec: StreamSpec, limit: int) -> list[dict]:

@@ -64,7 +64,8 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "xlnet": (
         "golden_corpus",
-        ("objective=xlnet", "model=xlnet_tiny", "data=full_sentences", "data.format=xlnet_memory"),
+        ("objective=xlnet", "model=xlnet_tiny", "data=full_sentences", "data.format=xlnet_memory")
+        + ("data.stream_partitions=null",),  # one partition per memory slot
     ),
     "xlnet_pair": (
         "golden_corpus",

@@ -135,7 +135,7 @@ def test_bi_data_needs_the_memory_format_and_an_even_batch():
     pair = ["experiment=xlnet_demo", "model.bi_data=true", "data.format=xlnet_pair"]
     with pytest.raises(ConfigError, match="model.bi_data"):
         PermutationLanguageModel.corruption_inputs(validate(compose_config(pair)), vocab)
-    from pretrain.data.xlnet_formats import memory_batches
-
-    with pytest.raises(ValueError, match="data.batch_size"):
-        next(memory_batches([], 7, 16, 48, vocab, 0, 0, bi_data=True))
+    with pytest.raises(ConfigError, match="data.batch_size = 7: must be even"):
+        validate(
+            compose_config(["experiment=xlnet_demo", "model.bi_data=true", "data.batch_size=7"])
+        )

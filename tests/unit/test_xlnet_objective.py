@@ -11,7 +11,7 @@ from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.stream import training_stream
 from pretrain.data.vocab import Vocabulary
-from pretrain.data.xlnet_formats import make_xlnet_pairs, memory_batches
+from pretrain.data.xlnet_formats import make_xlnet_pairs, memory_sequences
 from pretrain.objectives.xlnet import PermutationCorruption, PermutationLanguageModel
 from pretrain.run import build_stream
 
@@ -42,32 +42,31 @@ def test_xlnet_pair_layout():
         assert s["next_sentence_label"] == IGNORE_INDEX  # no NSP
 
 
-def test_memory_batches_continue_each_slot():
-    """Slot b of batch t + 1 starts reuse_len tokens after slot b of batch t in the same
-    document; a slot that changes document is flagged new_document."""
+def test_memory_sequences_continue_each_document():
+    """A slot's segment t + 1 starts reuse_len tokens after segment t in the same document,
+    the reuse part being the document's text there; a segment that starts a document (offset
+    0, the next document in order) is flagged new_document."""
     documents = [_document(f"d{i}", n, start=10 + i) for i, n in enumerate([90, 40, 130, 25, 70])]
     by_key = {d["key"]: d for d in documents}
     reuse, length = 16, 40
-    batches = list(memory_batches(documents, 2, reuse, length, VOCAB, seed=0, epoch=0))
-    assert len(batches) >= 4
-    previous = [None, None]
-    for sequences, new_document in batches:
-        for slot, s in enumerate(sequences):
-            document, offset = s["key"].split("@")
-            offset = int(offset)
-            ids = s["input_ids"]
-            assert len(ids) <= length and ids[-1] == VOCAB.cls
-            # the reuse part is the document's text at the offset
-            n_reuse = min(reuse, len(by_key[document]["ids"]) - offset - 2)
-            np.testing.assert_array_equal(
-                ids[:n_reuse], by_key[document]["ids"][offset : offset + n_reuse]
-            )
-            if previous[slot] is not None and previous[slot][0] == document:
-                assert not new_document[slot]
-                assert offset == previous[slot][1] + reuse
-            else:
-                assert new_document[slot] and offset == 0
-            previous[slot] = (document, offset)
+    segments = list(memory_sequences(documents, reuse, length, VOCAB, seed=0, epoch=0))
+    previous, order = None, []
+    for s in segments:
+        document, offset = s["key"].split("@")
+        offset = int(offset)
+        ids = s["input_ids"]
+        assert len(ids) <= length and ids[-1] == VOCAB.cls
+        n_reuse = min(reuse, len(by_key[document]["ids"]) - offset - 2)
+        np.testing.assert_array_equal(
+            ids[:n_reuse], by_key[document]["ids"][offset : offset + n_reuse]
+        )
+        if s["new_document"]:
+            assert offset == 0
+            order.append(document)
+        else:
+            assert previous == (document, offset - reuse)
+        previous = (document, offset)
+    assert order == list(by_key)  # every document, in order
 
 
 def test_corruption_targets_and_masks():
@@ -107,7 +106,9 @@ def _module(memory: bool) -> PermutationLanguageModel:
             "dropout": 0.0,
         },  # fmt: skip
         "objective": {"name": "xlnet"},
-        "data": {"format": "xlnet_memory" if memory else "xlnet_pair"},
+        "data": {"format": "xlnet_memory", "stream_partitions": None}
+        if memory
+        else {"format": "xlnet_pair"},
         "trainer": {"nonfinite": "skip"},
     }
     return PermutationLanguageModel(config, VOCAB)
@@ -137,7 +138,7 @@ def test_memory_is_carried_detached_and_reset():
     ]
     first = module(_batch(1, [True, True]))
     assert first["loss"].requires_grad
-    mems = module._mems
+    mems = module._mems[0]  # the first micro-batch's (no accumulation: the only one)
     assert len(mems) == 2
     for layer, mem in enumerate(mems):
         assert not mem.requires_grad and mem.grad_fn is None
@@ -163,7 +164,7 @@ def test_memory_is_carried_detached_and_reset():
 def test_without_memory_format_no_memory_is_kept():
     module = _module(memory=False)
     module(_batch(1, [True, True]))
-    assert module._mems is None
+    assert module._mems == {}
 
 
 def test_xlnet_pair_through_the_stream(prepared_corpus):

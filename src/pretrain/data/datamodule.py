@@ -18,7 +18,7 @@ from pretrain.data.shard_format import (
     load_manifest,
     verify_shard,
 )
-from pretrain.data.stream import StreamSpec, training_stream
+from pretrain.data.stream import StreamSpec, rows_per_sample, training_stream
 from pretrain.data.vocab import Vocabulary, load_vocabulary
 from pretrain.data.worker_processes import worker_context
 from pretrain.errors import ConfigError
@@ -158,12 +158,7 @@ class PretrainingDataModule(L.LightningDataModule):
         self._loader_epoch = epoch
         self._loader = StepAlignedLoader(
             training_stream(
-                spec,
-                epoch,
-                self._start_samples,
-                self._start_batches,
-                errors_as_batches=True,
-                positions=positions,
+                spec, epoch, self._start_samples, errors_as_batches=True, positions=positions
             ),
             accumulation=trainer.accumulate_grad_batches if trainer else 1,
             full_batch=None if spec.tokens_per_batch else spec.batch_size,
@@ -193,8 +188,10 @@ class PretrainingDataModule(L.LightningDataModule):
         """Position in the stream: the epoch, the global samples of its order consumed (all
         ranks), each canonical partition's position after them ("partitions", gathered from
         every rank: {partition: resume}, where a resume seeks, `stream.rank_sequences`), and
-        for XLNet's memory format the rank's batches taken (short ones held back included),
-        which a resume skips. Called on every rank alike (each saves or helps save)."""
+        the rank's stream batches taken (short ones held back included). With batches of
+        varying size (tokens_per_batch) or of two rows a sample (XLNet's bi_data), the samples
+        are counted from the partitions' positions. Called on every rank alike (each saves or
+        helps save)."""
         trainer = self.trainer
         trained = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         loader = trainer.train_dataloader
@@ -205,8 +202,8 @@ class PretrainingDataModule(L.LightningDataModule):
         if aligned and self._loader_epoch == trainer.current_epoch:
             positions = loader.partition_positions(trained)
         positions = gather_positions(positions, self.collective_timeout_s)
-        if self.spec.tokens_per_batch:  # batches of varying size: count the partitions'
-            samples = sum(position[0] for position in positions.values())
+        if self.spec.tokens_per_batch or rows_per_sample(self.spec) > 1:
+            samples = sum(position[0] for position in positions.values())  # the partitions'
         else:
             samples += self._start_samples
         return {
@@ -228,7 +225,7 @@ def check_token_budget(spec: StreamSpec) -> None:
         return
     from pretrain.data.input_formats import INPUT_FORMATS
 
-    if INPUT_FORMATS[spec.format].workers_share_documents:
+    if INPUT_FORMATS[spec.format].memory:
         raise ConfigError(
             f"data.tokens_per_batch = {spec.tokens_per_batch}: the {spec.format} format keeps "
             "a memory per batch slot and needs fixed batches; set data.tokens_per_batch=null"

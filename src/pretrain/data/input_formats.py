@@ -2,11 +2,10 @@
 sequences. The config checks names against it, the stream dispatches on it; adding a format
 is one entry here.
 
-Most formats turn documents into independent sequences; the stream (`stream.py`) reads them
-from the epoch's canonical partitions and interleaves them into the global sample order.
-XLNet's memory format makes whole batches whose slots continue from one batch to the next:
-every data-loader worker of a rank reads the rank's documents and builds its whole sequence
-of batches, keeping batches w, w + W, ...
+Every format turns documents into sequences; the stream (`stream.py`) reads them from the
+epoch's canonical partitions and interleaves them into the global sample order. XLNet's
+memory format makes one memory slot's consecutive segments per partition (`memory`: one
+partition per slot of the global batch, so a slot's next segment is in the next step).
 """
 
 from __future__ import annotations
@@ -16,29 +15,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pretrain.data.formats import make_segment_pairs, pack_sentences
-from pretrain.data.xlnet_formats import make_xlnet_pairs, memory_batches
+from pretrain.data.xlnet_formats import make_xlnet_pairs, memory_sequences
 
 if TYPE_CHECKING:  # reading imports torch; the config checks names without it
     from pretrain.data.reading import StreamSpec
 
 Sequences = Iterator[dict]
-Batches = Iterator[tuple[list[dict], dict]]
 
 
 @dataclass(frozen=True)
 class InputFormat:
-    """One input format. Most formats make independent `sequences(documents, spec, epoch)`,
-    which the stream interleaves across partitions and batches; a format whose batch t + 1
-    continues batch t slot by slot makes whole `batches` instead (`workers_share_documents`).
-    `pairs`: its two segments carry a sentence-relation label."""
+    """One input format: `sequences(documents, spec, epoch)`, which the stream interleaves
+    across partitions and batches. `pairs`: its two segments carry a sentence-relation label.
+    `memory`: a partition's sequences are one memory slot's consecutive segments, so the
+    partitions are the global batch's slots (`config.memory_partitions`)."""
 
-    sequences: Callable[[Iterable[dict], StreamSpec, int], Sequences] | None = None
-    batches: Callable[[Iterable[dict], StreamSpec, int], Batches] | None = None
+    sequences: Callable[[Iterable[dict], StreamSpec, int], Sequences]
     pairs: bool = False
-
-    @property
-    def workers_share_documents(self) -> bool:
-        return self.batches is not None
+    memory: bool = False
 
 
 def _packed(cross_documents: bool) -> Callable[[Iterable[dict], StreamSpec, int], Sequences]:
@@ -81,19 +75,18 @@ def _xlnet_pairs(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Seq
     )
 
 
-def _xlnet_memory(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Batches:
+def _xlnet_memory(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Sequences:
     """reuse_len and bi_data come from the corruption (the objective's, set from
     model.reuse_len / model.bi_data), else half of max_seq_length and off; so does the
     probability of a random B (objective.memory_random_b_probability, else 0)."""
     corruption = spec.corruption
     reuse_len = getattr(corruption, "reuse_len", None) or spec.max_seq_length // 2
-    for sequences, new_document in memory_batches(
-        documents, spec.batch_size, reuse_len, spec.max_seq_length, spec.vocab, spec.seed, epoch,
+    return memory_sequences(
+        documents, reuse_len, spec.max_seq_length, spec.vocab, spec.seed, epoch,
         bi_data=bool(getattr(corruption, "bi_data", False)),
         random_probability=getattr(corruption, "memory_random_b_probability", 0.0),
         pool_size=spec.random_document_pool,
-    ):  # fmt: skip
-        yield sequences, {"new_document": new_document}
+    )  # fmt: skip
 
 
 INPUT_FORMATS: dict[str, InputFormat] = {
@@ -102,6 +95,6 @@ INPUT_FORMATS: dict[str, InputFormat] = {
     "segment_pair": InputFormat(_pairs(single_sentences=False), pairs=True),
     "sentence_pair": InputFormat(_pairs(single_sentences=True), pairs=True),
     "xlnet_pair": InputFormat(_xlnet_pairs),  # A [SEP] B [SEP] [CLS], no pair label
-    "xlnet_memory": InputFormat(batches=_xlnet_memory),
+    "xlnet_memory": InputFormat(_xlnet_memory, memory=True),
 }
 PAIR_FORMATS = tuple(name for name, entry in INPUT_FORMATS.items() if entry.pairs)

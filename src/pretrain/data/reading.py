@@ -1,5 +1,5 @@
 """The reading steps every input format shares: which documents a reader (a canonical
-partition, or for XLNet's memory format a rank) reads in an epoch and from which position
+partition) reads in an epoch and from which position
 (a seek), a partition's shuffled chunks, the shuffle buffer, collation of sequences into a
 padded batch and the conversion of a corrupted batch to tensors.
 
@@ -67,14 +67,13 @@ class StreamSpec:
         return epoch % self.dupe_factor if self.masking == "static" else epoch
 
 
-def worker_role(skip_batches: int = 0) -> tuple[int, int]:
-    """(role of this data-loader worker, number of workers). DataLoader asks workers for
-    batches round-robin from worker 0; on a resume that skips `skip_batches` batches, the
-    worker asked first plays the role of the worker that would have served the next one."""
+def worker_role() -> tuple[int, int]:
+    """(this data-loader worker's id, number of workers); DataLoader asks workers for batches
+    round-robin from worker 0."""
     info = torch.utils.data.get_worker_info()
     if info is None:
         return 0, 1
-    return (info.id + skip_batches) % info.num_workers, info.num_workers
+    return info.id, info.num_workers
 
 
 def shard_sharing(spec: StreamSpec, epoch: int, readers: int) -> list[dict[int, int]]:
@@ -219,7 +218,8 @@ def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = Non
     """Pad a list of sequences to the longest, rounded up to its sequence bucket (one of a few
     lengths up to `max_seq_length`, `prediction_budget.sequence_width`), as numpy arrays:
     input_ids, token_type_ids, attention_mask, word_starts, phrases, sentence_starts (batch,
-    seq); next_sentence_label (batch,); keys (list of str)."""
+    seq); next_sentence_label (batch,); keys (list of str); new_document (batch,) bool for
+    XLNet's memory segments."""
     from pretrain.data.prediction_budget import sequence_width
 
     length = sequence_width(max(len(s["input_ids"]) for s in sequences), max_seq_length)
@@ -242,6 +242,8 @@ def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = Non
             batch["sentence_starts"][row, :n] = s["sentence_starts"]
     batch["next_sentence_label"] = np.array([s["next_sentence_label"] for s in sequences], np.int64)
     batch["keys"] = [s["key"] for s in sequences]
+    if "new_document" in sequences[0]:  # the slot's memory starts afresh (xlnet_formats.py)
+        batch["new_document"] = np.array([s["new_document"] for s in sequences], bool)
     if "mark" in sequences[0]:  # where each came from in its partition (`stream.py`)
         batch[MARKS_KEY] = np.array([s["mark"] for s in sequences], np.int64)
     return batch

@@ -15,14 +15,20 @@ size or accumulation. With it the checkpoint stores every partition's position (
 where the chunk's first document lies, the sequences of the chunk trained), so a resume
 seeks: it reads from each partition's current chunk on, whatever the position in the epoch. Every data-loader worker of a rank formats the rank's sequences and
 corrupts every W-th micro-batch (formatting is cheap next to collation and corruption), so
-DataLoader's round-robin returns them in order. XLNet's memory format keeps its own
-per-rank, per-slot stream (`input_formats.py`), resumed by batches. Where an epoch ends on
-every rank alike: `epoch_tail.py`.
+DataLoader's round-robin returns them in order. XLNet's memory format streams the same way,
+with one partition per memory slot of the global batch (P = the global batch size, half of
+it with bi_data; `config.memory_partitions`): a partition's sequences are one slot's
+consecutive segments, so step t's global batch holds segment t of every slot, and rank r's
+micro-batch m of every step holds the same slots (`memory_rows`), whatever the shape.
+With bi_data a sample is two rows, the slot read forward and backward: a micro-batch's
+first half forward, its second half the same slots backward. Where an epoch ends on every
+rank alike: `epoch_tail.py`.
 """
 
 from collections.abc import Iterator
 from itertools import count, islice
 
+import numpy as np
 import torch
 
 from pretrain.data.epoch_tail import data_error_batch
@@ -33,42 +39,36 @@ from pretrain.data.reading import (
     collate,
     corrupt_to_tensors,
     partition_chunks,
-    reader_documents,
     worker_role,
 )
 from pretrain.data.shard_format import ShardError
 
-__all__ = ["Corruption", "EpochStream", "StreamSpec", "training_stream"]
+__all__ = ["Corruption", "EpochStream", "StreamSpec", "memory_rows", "training_stream"]
 
 
 class EpochStream(torch.utils.data.IterableDataset):
     """The batches of one epoch for `spec.rank`: from global sample `start_sample` on (a
-    resume; most formats; seeking to `positions`, see `rank_sequences`), or from the rank's
-    batch `skip_batches` on (XLNet's memory). A
-    shard that fails its checks raises ShardError, or with `errors_as_batches` ends the
-    batches with a `data_error_batch`, which stops training on every rank alike."""
+    resume, seeking to `positions`, see `rank_sequences`). A shard that fails its checks
+    raises ShardError, or with `errors_as_batches` ends the batches with a
+    `data_error_batch`, which stops training on every rank alike."""
 
     def __init__(
         self,
         spec: StreamSpec,
         epoch: int,
         start_sample: int = 0,
-        skip_batches: int = 0,
         errors_as_batches: bool = False,
         positions: dict[int, list[int]] | None = None,
     ) -> None:
         super().__init__()
         self.spec, self.epoch = spec, epoch
-        self.start_sample, self.skip_batches = start_sample, skip_batches
+        self.start_sample = start_sample
         self.errors_as_batches = errors_as_batches
         self.positions = positions
 
     def __iter__(self) -> Iterator[dict]:
         try:
-            if INPUT_FORMATS[self.spec.format].workers_share_documents:
-                yield from self._memory_batches()
-            else:
-                yield from self._batches()
+            yield from self._batches()
         except ShardError as error:
             if not self.errors_as_batches:
                 raise
@@ -81,23 +81,40 @@ class EpochStream(torch.utils.data.IterableDataset):
             batches = token_budget_batches(spec, epoch, self.positions)
         else:
             sequences = rank_sequences(spec, epoch, self.start_sample, self.positions)
-            batches = _chunks(sequences, spec.batch_size)
+            batches = _chunks(sequences, spec.batch_size // rows_per_sample(spec))
         for n, sequences in enumerate(batches):
             if n % workers == worker:
-                batch = collate(sequences, spec.vocab.pad, spec.max_seq_length)
+                batch = collate(with_backward_rows(sequences), spec.vocab.pad, spec.max_seq_length)
                 yield corrupt_to_tensors(batch, spec, epoch)
 
-    def _memory_batches(self) -> Iterator[dict]:
-        """Every worker builds the rank's batches (slots continue across batches) and keeps
-        batches w, w + W, ... from `skip_batches` on."""
-        spec, epoch = self.spec, self.epoch
-        worker, workers = worker_role(self.skip_batches)
-        documents = reader_documents(spec, epoch, spec.rank, spec.world_size, (spec.rank, 0))
-        entry = INPUT_FORMATS[spec.format]
-        for n, (sequences, extras) in enumerate(entry.batches(documents, spec, epoch)):
-            if n >= self.skip_batches and n % workers == worker:
-                batch = collate(sequences, spec.vocab.pad, spec.max_seq_length) | extras
-                yield corrupt_to_tensors(batch, spec, epoch)
+
+def rows_per_sample(spec: StreamSpec) -> int:
+    """Rows of a batch per sample of the global order: 2 for XLNet's memory with bi_data (the
+    slot read forward and backward), else 1."""
+    memory = INPUT_FORMATS[spec.format].memory
+    return 2 if memory and getattr(spec.corruption, "bi_data", False) else 1
+
+
+def with_backward_rows(sequences: list[dict]) -> list[dict]:
+    """`sequences`, then their "backward" mirrors (XLNet's bi_data) with the same marks."""
+    backward = [s["backward"] | {"mark": s["mark"]} for s in sequences if "backward" in s]
+    return sequences + backward
+
+
+def memory_rows(
+    rank: int, ranks: int, accumulation: int, batch_size: int, bi_data: bool = False
+) -> np.ndarray:
+    """(accumulation, batch_size) int: the global memory row of each row of rank `rank`'s
+    micro-batches in every optimizer step of XLNet's memory stream (P = batch_size x
+    accumulation x ranks slots, halved with bi_data). Row s < P is slot s read forward, row
+    P + s the slot read backward. In a step, rank r's k-th sample is global sample r + k x
+    ranks of the step, i.e. slot r + k x ranks (`rank_sequences`), so this is fixed by the
+    shape and a memory saved by global row moves to any other shape."""
+    samples = batch_size // 2 if bi_data else batch_size
+    slots = rank + ranks * np.arange(accumulation * samples).reshape(accumulation, samples)
+    if bi_data:
+        slots = np.concatenate([slots, slots + samples * accumulation * ranks], axis=1)
+    return slots
 
 
 def partition_sequences(

@@ -6,23 +6,20 @@ A [SEP] B [SEP] [CLS], token types 0 (A and its [SEP]), 1 (B and its [SEP]), 2 (
 There is no NSP loss (next_sentence_label is IGNORE_INDEX).
 
 `xlnet_memory`: the same layout after a "reuse" part that carries the memory across batches:
-each of the batch_size slots of a rank reads its own sub-stream of documents; segment t of a
-slot is reuse_len tokens of its document from offset t * reuse_len, then A [SEP] B [SEP]
-[CLS] cut from the tokens that follow (B continues A). So batch t + 1, slot b continues
-batch t, slot b, and the model's memory (the hidden states of the reuse part) is the text
-just before. A slot whose document is used up takes the next document of the rank's stream
-and flags `new_document` (batch,) so the objective resets that slot's memory. Every data-loader
-worker builds the rank's whole sequence of batches (cheap slicing) and corrupts only its own
-(batches w, w + W, ...), so the slots stay continuous whatever the number of workers
-(`workers_share_documents` in input_formats.py).
+each memory slot of the global batch reads one canonical partition of the epoch's documents
+(`stream.py`), one document after another; segment t of a document is reuse_len tokens from
+offset t * reuse_len, then A [SEP] B [SEP] [CLS] cut from the tokens that follow (B
+continues A). The slot's next segment is in the next optimizer step's global batch, in the
+same row, so the model's memory (the hidden states of the reuse part) is the text just
+before. A segment at offset 0 flags `new_document` so the objective resets that slot's memory.
 
 As in XLNet's data_utils.py, B may not continue A: with `random_probability` it is text of
 another document of the stream (from a sentence start, as long as the continuation would
 have been), marked next_sentence_label = 1 (0: B continues A; no loss uses it). With
-`bi_data` (XLNet's bidirectional data, `create_tfrecords`), the first half of the slots
-read their documents forward and the second half read the same documents backward
-(`reversed_document`), slot b + batch/2 being slot b's text reversed, each with its own
-memory; the model gives the second half backward relative positions (`model.bi_data`).
+`bi_data` (XLNet's bidirectional data, `create_tfrecords`), every slot also reads its
+documents backward (`reversed_document`): the first half of a micro-batch's rows are slots
+read forward, the second half the same slots backward (row b + batch/2 is row b's text
+reversed), each row with its own memory; the model gives the second half backward relative positions (`model.bi_data`).
 """
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -185,9 +182,8 @@ def memory_segment(
     return sequence, None if done else following
 
 
-def memory_batches(
+def memory_sequences(
     documents: Iterable[dict],
-    batch_size: int,
     reuse_len: int,
     max_seq_length: int,
     vocab: Vocabulary,
@@ -197,46 +193,32 @@ def memory_batches(
     bi_data: bool = False,
     random_probability: float = 0.0,
     pool_size: int = 100,
-) -> Iterator[tuple[list[dict], np.ndarray]]:
-    """(sequences of the batch_size slots, new_document (batch_size,) bool) per batch: slot b
-    continues its document from the previous batch; a used-up slot takes the next document
-    (documents shorter than 3 tokens are skipped). With `bi_data`, slots batch_size / 2 + b
-    read slot b's documents backward. Random B segments come from `pool_size` documents
-    around (`random_document_pools`). Stops when the documents run out."""
+) -> Iterator[dict]:
+    """The segments of one memory slot reading `documents` one after another (documents
+    shorter than 3 tokens are skipped): each document's segments at offsets 0, reuse_len,
+    2 x reuse_len, ... (`memory_segment`), each with `new_document` (True at offset 0: the
+    objective resets the slot's memory there). With `bi_data`, each also holds its
+    "backward" mirror: the same segment of the document read backward, its own row with its
+    own memory. Random B segments come from `pool_size` documents around
+    (`random_document_pools`)."""
     if reuse_len >= max_seq_length - 4:
         raise ValueError(
             f"model.reuse_len ({reuse_len}) must leave room for A [SEP] B [SEP] [CLS] in "
             f"data.max_seq_length ({max_seq_length}) tokens"
         )
-    if bi_data and batch_size % 2:
-        raise ValueError(
-            f"model.bi_data: data.batch_size ({batch_size}) must be even (half of each batch "
-            "is read forward, half backward)"
-        )
-    streams = batch_size // 2 if bi_data else batch_size
-    stream = random_document_pools((d for d in documents if len(d["ids"]) >= 3), pool_size)
-    slots: list[tuple[dict, dict | None, Sequence[dict], int] | None] = [None] * streams
     settings = (reuse_len, max_seq_length, vocab, seed, epoch)
-    while True:
-        forward, backward, new_document = [], [], np.zeros(streams, bool)
-        for b in range(streams):
-            if slots[b] is None:
-                taken = next(stream, None)
-                if taken is None:
-                    return
-                document, pool = taken
-                reverse = reversed_document(document) if bi_data else None
-                slots[b], new_document[b] = (document, reverse, pool, 0), True
-            document, reverse, pool, offset = slots[b]
+    long_enough = (d for d in documents if len(d["ids"]) >= 3)
+    for document, pool in random_document_pools(long_enough, pool_size):
+        reverse = reversed_document(document) if bi_data else None
+        offset: int | None = 0
+        while offset is not None:
             sequence, following = memory_segment(
                 document, offset, *settings, pool, random_probability
             )
-            forward.append(sequence)
+            sequence["new_document"] = offset == 0
             if reverse is not None:
-                backward.append(
-                    memory_segment(
-                        reverse, offset, *settings, BackwardPool(pool), random_probability
-                    )[0]
-                )
-            slots[b] = None if following is None else (document, reverse, pool, following)
-        yield forward + backward, np.tile(new_document, 2 if bi_data else 1)
+                sequence["backward"] = memory_segment(
+                    reverse, offset, *settings, BackwardPool(pool), random_probability
+                )[0] | {"new_document": offset == 0}
+            yield sequence
+            offset = following

@@ -16,9 +16,11 @@ the reuse part may not attend to the rest (which holds the next segment's text, 
 memory never carries a token the next segment predicts) and the rest sees the reuse part.
 
 Memory (data.format=xlnet_memory): the module keeps the encoder's memory between training
-steps (detached, per batch slot) and masks a slot's memory when the batch flags
-`new_document` for it; the memory is not saved in checkpoints (a resumed run starts with an
-empty one). Other formats train without memory.
+steps (detached), one per micro-batch of the step (the same rows of the next step continue
+the same slots, `stream.memory_rows`), and masks a row's memory when the batch flags
+`new_document` for it. Checkpoints save it by global memory row (every rank's, gathered), and
+a resume on any shape (ranks, accumulation, micro-batch) takes its own rows' memory back, so
+it continues as if never stopped. Other formats train without memory.
 """
 
 from collections.abc import Mapping
@@ -39,6 +41,7 @@ from pretrain.data.permutation import (
     uniform_order,
 )
 from pretrain.data.prediction_budget import prediction_widths, width_for
+from pretrain.data.stream import memory_rows
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require, require_unit_interval
 from pretrain.flops import xlnet_flops
@@ -183,8 +186,11 @@ class PermutationLanguageModel(PretrainingModule):
         self.encoder = build_encoder(self.run.model, vocab.size, vocab.pad)
         self.lm_head = XLNetLMHead(vocab.size)
         self.use_memory = self.run.data.format == "xlnet_memory"
-        self._mems: list[torch.Tensor] | None = None
-        self._mems_mask: torch.Tensor | None = None
+        # per micro-batch of the step (batch_idx % accumulation): per layer (batch, mlen,
+        # d_model), and (batch, mlen) bool
+        self._mems: dict[int, list[torch.Tensor]] = {}
+        self._mems_mask: dict[int, torch.Tensor] = {}
+        self._phase = 0  # the current micro-batch of the optimizer step
         self._restored_memory: dict | None = None
 
     @classmethod
@@ -203,63 +209,92 @@ class PermutationLanguageModel(PretrainingModule):
         }
 
     def carried_memory(self, batch: dict) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
-        """The memory for this batch: the last step's, with the slots that start a new
-        document masked out; None at the start or when the batch size changed."""
-        if not self.use_memory or self._mems is None:
+        """The memory for this batch: the last step's of the same micro-batch, with the rows
+        that start a new document masked out; None at the start or when the batch size
+        changed."""
+        mems = self._mems.get(self._phase) if self.use_memory else None
+        if mems is None or mems[0].shape[0] != batch["input_ids"].shape[0]:
             return None, None
-        if self._mems[0].shape[0] != batch["input_ids"].shape[0]:
-            return None, None
-        mask = self._mems_mask
+        mask = self._mems_mask[self._phase]
         if "new_document" in batch:
             mask = mask & ~batch["new_document"].bool()[:, None]
-        return self._mems, mask
+        return mems, mask
 
     def reset_memory(self) -> None:
         """Forget the carried memory (a new epoch, a resumed run)."""
-        self._mems, self._mems_mask = None, None
+        self._mems, self._mems_mask = {}, {}
 
     def on_train_epoch_start(self) -> None:
         self.reset_memory()
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> int | None:
-        """The base's epoch end (-1, `PretrainingModule.on_train_batch_start`); at the first
-        batch of a run resumed inside an epoch, take back the memory its checkpoint saved, so
-        it continues as if never stopped."""
+        """The base's epoch end (-1, `PretrainingModule.on_train_batch_start`); the step's
+        micro-batch; at the first batch of a run resumed inside an epoch, take back this
+        shape's rows of the memory its checkpoint saved, so it continues as if never stopped."""
         if super().on_train_batch_start(batch, batch_idx) == -1:
             return -1  # the epoch's end marker: no batch to train
+        self._phase = batch_idx % self.trainer.accumulate_grad_batches
         restored, self._restored_memory = self._restored_memory, None
         if restored is not None and restored["epoch"] == self.current_epoch:
-            rank = self.global_rank if restored["mask"].ndim == 3 else None
-            pick = (lambda t: t[rank]) if rank is not None else (lambda t: t)
-            self._mems = [pick(m).to(self.device) for m in restored["mems"]]
-            self._mems_mask = pick(restored["mask"]).to(self.device)
+            rows = torch.from_numpy(self.memory_rows())  # (accumulation, batch)
+            for phase, phase_rows in enumerate(rows):
+                self._mems[phase] = [m[phase_rows].to(self.device) for m in restored["mems"]]
+                self._mems_mask[phase] = restored["mask"][phase_rows].to(self.device)
+
+    def memory_rows(self) -> np.ndarray:
+        """(accumulation, batch) global memory row of each row of this rank's micro-batches
+        (`stream.memory_rows`)."""
+        trainer = self.trainer
+        return memory_rows(
+            trainer.global_rank,
+            trainer.world_size,
+            trainer.accumulate_grad_batches,
+            self.run.data.batch_size,
+            bool(getattr(self.run.model, "bi_data", False)),
+        )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Also save the carried memory (every rank's, gathered, when there are several)."""
+        """Also save the carried memory, by global memory row (`memory_rows`): every rank's
+        rows, gathered, each row's memory (rows, mlen, d_model) per layer and mask (rows,
+        mlen)."""
         super().on_save_checkpoint(checkpoint)
         if not self.use_memory:
             return
         strategy = self.trainer.strategy
-        if not strategy.reduce_boolean_decision(self._mems is not None, all=True):
+        rows = self.memory_rows()  # (accumulation, batch)
+        whole = len(self._mems) == len(rows)
+        if not strategy.reduce_boolean_decision(whole, all=True):
             return  # some rank has no memory yet: resume starts without it, as at an epoch start
-        mems, mask = self._mems, self._mems_mask
-        if self.trainer.world_size > 1:  # (ranks, batch, ...) so each rank restores its own
+        phases = range(len(rows))
+        mems = [
+            torch.cat([self._mems[p][layer] for p in phases]) for layer in range(len(self._mems[0]))
+        ]
+        mask = torch.cat([self._mems_mask[p] for p in phases])  # (accumulation x batch, mlen)
+        order = torch.from_numpy(rows.reshape(-1))
+        if self.trainer.world_size > 1:  # (ranks, rows, ...): every rank's rows
             mems, mask = [self.all_gather(m) for m in mems], self.all_gather(mask)
+            order = self.all_gather(order.to(self.device))
+            mems, mask = [m.flatten(0, 1) for m in mems], mask.flatten(0, 1)
+            order = order.flatten()
+        by_row = torch.argsort(order.cpu())  # (global rows,) positions of rows 0, 1, ...
         checkpoint["xlnet_memory"] = {
             "epoch": self.current_epoch,
-            "mems": [m.detach().cpu() for m in mems],
-            "mask": mask.cpu(),
+            "mems": [m.detach().cpu()[by_row] for m in mems],
+            "mask": mask.cpu()[by_row],
+            "rows": "global",  # by global memory row (`stream.memory_rows`)
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        self._restored_memory = checkpoint.get("xlnet_memory")
+        memory = checkpoint.get("xlnet_memory")  # older checkpoints: per rank, not restored
+        self._restored_memory = memory if memory and memory.get("rows") == "global" else None
 
     def forward_flops(self, batch: dict) -> float:
         """Forward FLOPs of a batch (`pretrain.flops.xlnet_flops`), on its padded shape and
         the carried memory's length (the next batch's, the same in a steady run)."""
         rows, qlen = batch["input_ids"].shape
-        mlen = self._mems[0].shape[1] if self.use_memory and self._mems is not None else 0
+        mems = self._mems.get(self._phase) if self.use_memory else None
+        mlen = mems[0].shape[1] if mems is not None else 0
         predict = batch["target_mapping"].shape[1]
         return xlnet_flops(self.run.model, rows, qlen, mlen, predict, self.vocab.size)
 
@@ -277,7 +312,7 @@ class PermutationLanguageModel(PretrainingModule):
             use_mems=self.use_memory,
         )
         if self.use_memory:
-            self._mems, self._mems_mask = out.mems, out.mems_mask
+            self._mems[self._phase], self._mems_mask[self._phase] = out.mems, out.mems_mask
         targets = batch["target_labels"].flatten()  # (batch * num_predict,), unused: ignored
         query = out.query.flatten(0, 1)  # (batch * num_predict, d_model)
         logits = self.lm_head(query, self.encoder.word_embeddings.weight)

@@ -1,0 +1,83 @@
+"""XLNet's memory stream on canonical partitions (data.format=xlnet_memory): one partition per
+memory slot of the global batch, so every global memory row gets the same consecutive
+segments whatever the ranks, accumulation and data-loader workers (`stream.memory_rows`)."""
+
+from dataclasses import replace
+
+import pytest
+from torch.utils.data import DataLoader
+
+from pretrain.config import ConfigError, compose_config, validate
+from pretrain.data.stream import memory_rows, training_stream
+from pretrain.run import build_stream
+
+STEPS = 12
+MICRO_BATCH = 4  # rows per rank and forward pass
+REUSE = 16
+
+
+def memory_spec(shards_dir, *overrides):
+    overrides = [
+        "experiment=xlnet_demo", f"data.shards_dir={shards_dir}", "data.global_batch_size=8",
+        f"data.batch_size={MICRO_BATCH}", "data.max_seq_length=48", f"model.reuse_len={REUSE}",
+        *overrides,
+    ]  # fmt: skip
+    return build_stream(compose_config(overrides))[1]
+
+
+def global_rows(spec, ranks: int, accumulation: int, workers: int, bi_data: bool) -> dict:
+    """{(step, global memory row): (key, new_document, token ids)} of the first STEPS
+    optimizer steps, read as `ranks` ranks with `accumulation` micro-batches each."""
+    rows = {}
+    for rank in range(ranks):
+        layout = memory_rows(rank, ranks, accumulation, MICRO_BATCH, bi_data)
+        stream = training_stream(replace(spec, rank=rank, world_size=ranks), 0)
+        loader = DataLoader(stream, batch_size=None, num_workers=workers)
+        for n, batch in zip(range(STEPS * accumulation), loader, strict=False):
+            step, phase = divmod(n, accumulation)
+            for i, row in enumerate(layout[phase].tolist()):
+                ids = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
+                rows[(step, row)] = (batch["keys"][i], bool(batch["new_document"][i]), ids)
+    return rows
+
+
+@pytest.mark.parametrize("bi_data", [False, True])
+def test_each_slot_gets_the_same_segments_on_one_rank_accumulating_and_on_two(
+    prepared_corpus, bi_data
+):
+    """1 rank x 2 accumulated micro-batches and 2 ranks x 1 (with 2 data-loader workers) give
+    every global memory row the same segment at every step, and a row's segment t + 1
+    continues segment t (reuse_len tokens further in its document) or starts a document."""
+    spec = memory_spec(prepared_corpus, f"model.bi_data={str(bi_data).lower()}")
+    assert spec.stream_partitions == (4 if bi_data else 8)  # one per slot of the global batch
+    one = global_rows(spec, ranks=1, accumulation=2, workers=0, bi_data=bi_data)
+    two = global_rows(spec, ranks=2, accumulation=1, workers=2, bi_data=bi_data)
+    assert len(one) == STEPS * 8 and one == two
+    for (step, row), (key, new_document, _) in one.items():
+        document, offset = key.rsplit("@", 1)
+        assert document.endswith("/backward") == (bi_data and row >= 4)
+        if new_document:
+            assert offset == "0"
+        else:
+            before, before_offset = one[(step - 1, row)][0].rsplit("@", 1)
+            assert (before, int(before_offset) + REUSE) == (document, int(offset))
+    assert sum(new for _, new, _ in one.values()) > 8  # slots move on to new documents
+
+
+def test_memory_rows_of_all_ranks_cover_the_global_batch_once():
+    """Every shape's rows (rank, micro-batch, row) are a permutation of the global rows; with
+    bi_data row b + batch/2 is row b's slot read backward (its row + slots)."""
+    for ranks, accumulation in [(1, 4), (2, 2), (4, 1)]:
+        rows = [memory_rows(r, ranks, accumulation, 4, bi_data=True) for r in range(ranks)]
+        assert sorted(int(x) for r in rows for x in r.flatten()) == list(range(16))
+        for r in rows:
+            assert (r[:, 2:] == r[:, :2] + 8).all()
+
+
+def test_stream_partitions_must_be_the_memory_slots():
+    base = ["experiment=xlnet_demo", "data.batch_size=4", "data.global_batch_size=8"]
+    assert validate(compose_config([*base, "data.stream_partitions=8"]))
+    with pytest.raises(ConfigError, match="data.stream_partitions = 64: .* null or 8"):
+        validate(compose_config([*base, "data.stream_partitions=64"]))
+    with pytest.raises(ConfigError, match="data.stream_partitions = 8: .* null or 4"):
+        validate(compose_config([*base, "data.stream_partitions=8", "model.bi_data=true"]))
