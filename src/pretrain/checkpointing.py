@@ -272,6 +272,7 @@ RELAUNCH_KEYS = (
     "optim.extend",
     "optim.impl",  # kernels (apex or torch) compute the same update: a machine may lack apex
     "model.layer_norm_impl",
+    "model.unpad",  # the unpadded path computes the same outputs
 )
 RANK_KEYS = ("trainer.devices", "trainer.num_nodes")
 UNSET = "<unset>"

@@ -38,6 +38,10 @@ class ModelConfig:
     # LayerNorm kernels: auto (apex's FusedLayerNorm on CUDA when apex is installed, else
     # torch's) | torch | apex (an error where apex cannot run); see pretrain/kernels.py.
     layer_norm_impl: str = "auto"
+    # The unpadded encoder path (BERT family; pretrain/models/unpadding.py): dense layers on
+    # the real tokens only. auto (padded for now: no faster on the CPU, a host sync per step
+    # on CUDA) | true | false; the same outputs either way.
+    unpad: str = "auto"
 
     def __post_init__(self) -> None:
         require(
@@ -51,6 +55,13 @@ class ModelConfig:
             "model.layer_norm_impl",
             self.layer_norm_impl,
             f"must be one of {', '.join(KERNEL_IMPLS)}",
+        )
+        self.unpad = str(self.unpad).lower()  # a YAML true/false arrives as a bool
+        require(
+            self.unpad in ("auto", "true", "false"),
+            "model.unpad",
+            self.unpad,
+            "must be auto, true or false",
         )
 
     @property

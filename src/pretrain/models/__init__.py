@@ -11,9 +11,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from pretrain.models.unpadding import set_unpadding
+
 RUNTIME_KEYS = ("vocab_size", "pad_token_id")
-# of ModelConfig, not constructor arguments (layer_norm_impl: pretrain.kernels swaps LayerNorms)
-DESCRIPTIVE_KEYS = ("name", "reference_vocab_size", "layer_norm_impl")
+# of ModelConfig, not constructor arguments (layer_norm_impl: pretrain.kernels swaps LayerNorms;
+# unpad: an attribute of the encoder, set by build_encoder)
+DESCRIPTIVE_KEYS = ("name", "reference_vocab_size", "layer_norm_impl", "unpad")
 
 
 def _plain(model_cfg: Any) -> dict:
@@ -31,10 +34,12 @@ def _plain(model_cfg: Any) -> dict:
 def build_encoder(model_cfg: Mapping, vocab_size: int, pad_token_id: int) -> nn.Module:
     """Instantiate the encoder named by `model_cfg["_target_"]` (a `conf/model/*.yaml` group).
 
-    The keys `name`, `reference_vocab_size` and `layer_norm_impl` are dropped; `vocab_size` and `pad_token_id` come from the tokenizer at run
+    The keys `name`, `reference_vocab_size` and `layer_norm_impl` are dropped, `unpad` is
+    handed to `set_unpadding`; `vocab_size` and `pad_token_id` come from the tokenizer at run
     time and must not be in the config. Accepts a DictConfig, a dict or the ModelConfig dataclass.
     """
     kwargs = _plain(model_cfg)
+    unpad = kwargs.get("unpad", "auto")
     for key in DESCRIPTIVE_KEYS:
         kwargs.pop(key, None)
     if "_target_" not in kwargs:
@@ -47,7 +52,9 @@ def build_encoder(model_cfg: Mapping, vocab_size: int, pad_token_id: int) -> nn.
         raise KeyError(
             f"model.{clashes[0]} must not be set in the model config: it comes from the tokenizer at run time"
         )
-    return instantiate(kwargs, vocab_size=vocab_size, pad_token_id=pad_token_id, _convert_="all")
+    encoder = instantiate(kwargs, vocab_size=vocab_size, pad_token_id=pad_token_id, _convert_="all")
+    set_unpadding(encoder, unpad)
+    return encoder
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -17,11 +17,12 @@ from pretrain.models.bert import (
     BertEmbeddings,
     BertEncoderConfig,
     BertSelfAttention,
+    attention_layout,
     check_pad_token_id,
     init_bert_weights,
-    key_padding_mask,
 )
 from pretrain.models.heads import ACTIVATIONS, activation_fn
+from pretrain.models.unpadding import gather_real, scatter_real
 
 SHARE_MODES = ("all", "attention", "ffn", "none")
 
@@ -108,6 +109,7 @@ class AlbertEncoder(nn.Module):
 
     config_class = AlbertEncoderConfig
     hf_format = "pretrain.export.albert"
+    unpad = "false"  # model.unpad: auto | true | false (pretrain/models/unpadding.py)
     paper_counts_pooler = True  # Table 1's 12M/18M include the [CLS] pooler (SOP uses it)
 
     def __init__(
@@ -179,10 +181,11 @@ class AlbertEncoder(nn.Module):
         """Encode a batch: input_ids, token_type_ids (batch, seq) integer ids; attention_mask
         (batch, seq), 1 = real token, 0 = padding, None = attend everywhere. Returns the
         (batch, seq, hidden_size) sequence output (meaningless at padding positions)."""
-        attend = key_padding_mask(attention_mask)  # (batch, 1, 1, seq) or None
-        hidden = self.embedding_projection(self.embeddings(input_ids, token_type_ids))  # (b, s, H)
+        attend = attention_layout(attention_mask, self.unpad)  # key mask, Unpadded or None
+        hidden = gather_real(self.embeddings(input_ids, token_type_ids), attend)  # (b, s, E)
+        hidden = self.embedding_projection(hidden)  # (b, s, H); (tokens, H) unpadded
         for layer in range(self.num_hidden_layers):
             attention = self.attention_blocks[layer % len(self.attention_blocks)]
             feed_forward = self.ffn_blocks[layer % len(self.ffn_blocks)]
             hidden = feed_forward(attention(hidden, attend))
-        return hidden
+        return scatter_real(hidden, attend)

@@ -4,7 +4,8 @@ Learned absolute positions, token types, post-LayerNorm residual blocks, exact G
 Attention runs through `torch.nn.functional.scaled_dot_product_attention`, which picks the
 fastest kernel for the device. The query, key and value projections are one fused Linear
 (`qkv`, output features ordered [query | key | value], each head-major); the Hugging Face
-export splits it into BERT's three matrices.
+export splits it into BERT's three matrices. With `unpad` (model.unpad) the dense layers run
+on the real tokens only (pretrain/models/unpadding.py).
 """
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from torch.nn import functional as F
 
 from pretrain.config import ModelConfig
 from pretrain.errors import require_divisible, require_positive, require_probabilities
+from pretrain.models.unpadding import Unpadded, gather_real, scatter_real, unpadding, unpads
 
 
 @dataclass
@@ -66,6 +68,13 @@ def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
     real = attention_mask.bool()
     real = real | ~real.any(dim=-1, keepdim=True)
     return real[:, None, None, :]  # (batch, 1, 1, seq) broadcast over heads and queries
+
+
+def attention_layout(attention_mask: Tensor | None, unpad: str) -> Tensor | Unpadded | None:
+    """The layers' `attend`: the key-padding mask (`key_padding_mask`), or its Unpadded
+    layout when the encoder's `unpad` setting (model.unpad) applies to this batch."""
+    attend = key_padding_mask(attention_mask)
+    return unpadding(attention_mask, attend) if unpads(unpad, attention_mask) else attend
 
 
 def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
@@ -157,24 +166,34 @@ class BertSelfAttention(nn.Module):
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.output = nn.Linear(hidden_size, hidden_size)
 
-    def query_key_value(self, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(batch, seq, hidden) -> query, key, value, each (batch, heads, seq, head)."""
-        batch, seq_len, _ = hidden.shape
-        qkv = self.qkv(hidden).view(batch, seq_len, 3, self.num_heads, self.head_size)
+    def split_heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(batch, seq, 3 hidden) -> query, key, value, each (batch, heads, seq, head)."""
+        batch, seq_len, _ = qkv.shape
+        qkv = qkv.view(batch, seq_len, 3, self.num_heads, self.head_size)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
-    def forward(self, hidden: Tensor, attend: Tensor | None) -> Tensor:
-        """hidden: (batch, seq, hidden); attend: boolean (batch, 1, 1, seq), True = key is visible."""
-        batch, seq_len, hidden_size = hidden.shape
-        query, key, value = self.query_key_value(hidden)
+    def query_key_value(self, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(batch, seq, hidden) -> query, key, value, each (batch, heads, seq, head)."""
+        return self.split_heads(self.qkv(hidden))
+
+    def attend_grid(self, qkv: Tensor, attend: Tensor | None) -> Tensor:
+        """(batch, seq, 3 hidden) projections -> (batch, seq, hidden) context (SDPA)."""
+        batch, seq_len, _ = qkv.shape
+        query, key, value = self.split_heads(qkv)
         dropout_p = self.attention_probs_dropout_prob if self.training else 0.0
         context = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attend, dropout_p=dropout_p
         )
-        context = context.transpose(1, 2).reshape(
-            batch, seq_len, hidden_size
-        )  # (batch, seq, hidden)
-        return self.output(context)
+        return context.transpose(1, 2).reshape(batch, seq_len, -1)  # (batch, seq, hidden)
+
+    def forward(self, hidden: Tensor, attend: Tensor | Unpadded | None) -> Tensor:
+        """hidden: (batch, seq, hidden); attend: boolean (batch, 1, 1, seq), True = key is
+        visible. Unpadded: hidden is (tokens, hidden); the projections run on those rows and
+        the attention on the (batch, seq) grid."""
+        if isinstance(attend, Unpadded):
+            context = self.attend_grid(attend.scatter(self.qkv(hidden)), attend.attend)
+            return self.output(attend.gather(context))  # (tokens, hidden)
+        return self.output(self.attend_grid(self.qkv(hidden), attend))
 
 
 class BertLayer(nn.Module):
@@ -199,8 +218,8 @@ class BertLayer(nn.Module):
         self.output_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         self.dropout = nn.Dropout(hidden_dropout_prob)
 
-    def forward(self, hidden: Tensor, attend: Tensor | None) -> Tensor:
-        """(batch, seq, hidden) -> (batch, seq, hidden)."""
+    def forward(self, hidden: Tensor, attend: Tensor | Unpadded | None) -> Tensor:
+        """(batch, seq, hidden) -> (batch, seq, hidden); (tokens, hidden) when unpadded."""
         hidden = self.attention_norm(hidden + self.dropout(self.attention(hidden, attend)))
         feed_forward = self.output(F.gelu(self.intermediate(hidden)))
         return self.output_norm(hidden + self.dropout(feed_forward))
@@ -218,6 +237,7 @@ class BertEncoder(nn.Module):
     hf_format = "pretrain.export.bert"  # the module whose to_hf/from_hf convert the weights
     paper_counts_pooler = True  # the paper's parameter count includes the [CLS] pooler
     embeddings_class = BertEmbeddings  # subclasses change positions or token types
+    unpad = "false"  # model.unpad: auto | true | false (pretrain/models/unpadding.py)
 
     def __init__(
         self,
@@ -278,8 +298,8 @@ class BertEncoder(nn.Module):
         to); None attends to every position. Returns the (batch, seq, hidden) sequence output;
         vectors at padding positions are defined but meaningless.
         """
-        attend = key_padding_mask(attention_mask)
-        hidden = self.embeddings(input_ids, token_type_ids)
+        attend = attention_layout(attention_mask, self.unpad)
+        hidden = gather_real(self.embeddings(input_ids, token_type_ids), attend)
         for layer in self.layers:
             hidden = layer(hidden, attend)
-        return hidden
+        return scatter_real(hidden, attend)

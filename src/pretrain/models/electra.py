@@ -19,10 +19,11 @@ from pretrain.models.bert import (
     BertEmbeddings,
     BertEncoderConfig,
     BertLayer,
+    attention_layout,
     check_pad_token_id,
     init_bert_weights,
-    key_padding_mask,
 )
+from pretrain.models.unpadding import gather_real, scatter_real
 
 
 @dataclass
@@ -78,6 +79,7 @@ class ElectraEncoder(nn.Module):
 
     config_class = ElectraEncoderConfig
     hf_format = "pretrain.export.electra"
+    unpad = "false"  # model.unpad: auto | true | false (pretrain/models/unpadding.py)
     paper_counts_pooler = True  # ELECTRA's code builds BERT's model, pooler included
 
     def __init__(
@@ -152,13 +154,13 @@ class ElectraEncoder(nn.Module):
         attention_mask: (batch, seq), 1 = real token, 0 = padding; None attends everywhere.
         Returns the (batch, seq, hidden) sequence output (meaningless at padding positions).
         """
-        attend = key_padding_mask(attention_mask)  # (batch, 1, 1, seq) or None
-        hidden = self.embeddings(input_ids, token_type_ids)  # (batch, seq, embedding)
+        attend = attention_layout(attention_mask, self.unpad)  # key mask, Unpadded or None
+        hidden = gather_real(self.embeddings(input_ids, token_type_ids), attend)  # (b, s, E)
         if self.embeddings_project is not None:
-            hidden = self.embeddings_project(hidden)  # (batch, seq, hidden)
+            hidden = self.embeddings_project(hidden)  # (batch, seq, hidden); (tokens, hidden)
         for layer in self.layers:
             hidden = layer(hidden, attend)
-        return hidden
+        return scatter_real(hidden, attend)
 
 
 class ReplacedTokenHead(nn.Module):

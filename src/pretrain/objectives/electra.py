@@ -29,6 +29,7 @@ from pretrain.flops import embedding_size, encoder_flops, mlm_head_flops, sequen
 from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
 from pretrain.models.heads import MaskedLMHead
+from pretrain.models.unpadding import set_unpadding
 from pretrain.objectives.base import PretrainingModule
 from pretrain.objectives.mlm import MaskedLMConfig, MaskedLMCorruption, mlm_corruption_inputs
 from pretrain.objectives.predictions import (
@@ -112,6 +113,7 @@ class ElectraModule(PretrainingModule):
         self.generator = ElectraEncoder(
             vocab.size, pad_token_id=vocab.pad, embeddings=self.encoder.embeddings, **sizes
         )
+        set_unpadding(self.generator, model.unpad)
         self.generator_head = MaskedLMHead(
             sizes["hidden_size"],
             vocab.size,

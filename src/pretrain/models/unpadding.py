@@ -1,0 +1,102 @@
+"""The unpadded encoder path (MosaicBERT-style, issue 14 item 4): the dense layers (qkv and
+output projections, feed-forward, LayerNorms) run on the real tokens of a batch only.
+
+After the embeddings, the encoder gathers the (batch, seq) grid's real tokens into a
+(tokens, hidden) tensor; each attention scatters its qkv back onto the grid, runs the padded
+SDPA with the key-padding mask and gathers the context again; the sequence output is
+scattered back to (batch, seq, hidden) at the end (padding positions meaningless, as on the
+padded path). The outputs at real tokens equal the padded path's up to float rounding.
+
+Bounded shapes: the row count is the batch's real-token count rounded up to one of
+`unpadded_widths(batch x seq)`: at most `UNPADDED_BUCKETS` multiples of a step that is a
+multiple of 8 tokens (the grid's size / 16, rounded up: 256 for 32 x 128, 1,024 for
+32 x 512), the last the whole grid. The rows past the real tokens are padding positions (a
+batch has at least as many as the rounding adds), computed like the padded path computes
+them and dropped when scattered back. Per (batch, seq) input shape a run thus sees at most
+16 unpadded shapes.
+
+`model.unpad` selects the path: `true`, `false`, or `auto` (padded: on the CPU it measures
+no faster, benchmarks/RESULTS.md; on CUDA counting the real tokens would read the attention
+mask on the host, one synchronisation per forward, which issue 18 rules out of the step).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pretrain.errors import ConfigError
+
+UNPADDED_BUCKETS = 16  # at most this many unpadded row counts per (batch, seq) shape
+UNPAD_CHOICES = ("auto", "true", "false")
+
+
+def unpadded_widths(grid_tokens: int) -> tuple[int, ...]:
+    """The row counts (tokens) an unpadded batch of `grid_tokens` = batch x seq positions can
+    have: multiples of a step (grid / `UNPADDED_BUCKETS` rounded up to a multiple of 8), then
+    `grid_tokens` itself."""
+    step = 8 * math.ceil(grid_tokens / UNPADDED_BUCKETS / 8)
+    return (*range(step, grid_tokens, step), grid_tokens)
+
+
+@dataclass(frozen=True)
+class Unpadded:
+    """Where the rows of an unpadded (tokens, features) tensor lie on the (batch, seq) grid:
+    `index` (tokens,) flat positions, the real tokens in order, then padding positions up to
+    the bucket; `attend` the (batch, 1, 1, seq) key-padding mask of the grid."""
+
+    index: Tensor
+    batch: int
+    seq: int
+    attend: Tensor
+
+    def gather(self, grid: Tensor) -> Tensor:
+        """(batch, seq, features) -> (tokens, features)."""
+        return grid.reshape(self.batch * self.seq, -1).index_select(0, self.index)
+
+    def scatter(self, rows: Tensor) -> Tensor:
+        """(tokens, features) -> (batch, seq, features), zeros where no row lands."""
+        grid = rows.new_zeros(self.batch * self.seq, rows.shape[-1])
+        return grid.index_copy(0, self.index, rows).view(self.batch, self.seq, -1)
+
+
+def unpadding(attention_mask: Tensor, attend: Tensor) -> Unpadded:
+    """The layout of a (batch, seq) attention mask (1 = real token) with key mask `attend`
+    (batch, 1, 1, seq): its real tokens, padded to the next of `unpadded_widths`."""
+    batch, seq = attention_mask.shape
+    padding = attention_mask.reshape(-1) == 0  # (batch x seq,)
+    width = next(w for w in unpadded_widths(batch * seq) if w >= int((~padding).sum()))
+    order = torch.argsort(padding.to(torch.uint8), stable=True)  # real positions first
+    return Unpadded(order[:width], batch, seq, attend)
+
+
+def unpads(setting: str, attention_mask: Tensor | None) -> bool:
+    """Whether an encoder with `model.unpad` = `setting` runs a batch with this attention
+    mask unpadded: `true` with a mask; `auto` never, for now (see the module's docstring)."""
+    return attention_mask is not None and setting == "true"
+
+
+def gather_real(hidden: Tensor, attend: "Tensor | Unpadded | None") -> Tensor:
+    """(batch, seq, hidden) -> (tokens, hidden) when `attend` is an Unpadded, else as is."""
+    return attend.gather(hidden) if isinstance(attend, Unpadded) else hidden
+
+
+def scatter_real(hidden: Tensor, attend: "Tensor | Unpadded | None") -> Tensor:
+    """(tokens, hidden) -> (batch, seq, hidden) when `attend` is an Unpadded, else as is."""
+    return attend.scatter(hidden) if isinstance(attend, Unpadded) else hidden
+
+
+def set_unpadding(encoder: nn.Module, setting: str) -> None:
+    """Give `encoder` the `model.unpad` setting; ConfigError for `true` on an encoder without
+    the unpadded path (its class has no `unpad` attribute)."""
+    setting = str(setting).lower()
+    if setting not in UNPAD_CHOICES:
+        raise ConfigError(f"model.unpad = {setting!r}: must be one of {', '.join(UNPAD_CHOICES)}")
+    if hasattr(type(encoder), "unpad"):
+        encoder.unpad = setting
+    elif setting == "true":
+        raise ConfigError(
+            f"model.unpad=true: {type(encoder).__name__} has no unpadded path (BERT, RoBERTa, "
+            "ALBERT, ELECTRA and DistilBERT have one); set model.unpad=auto or false"
+        )
