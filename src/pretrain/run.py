@@ -38,6 +38,7 @@ from pretrain.data.stream import StreamSpec
 from pretrain.errors import ConfigError, RunEnvironmentError, report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.models import DESCRIPTIVE_KEYS
+from pretrain.models.unpadding import describe_unpadded_rows
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
 from pretrain.schedule import check_extension
@@ -123,7 +124,7 @@ def train(cfg: DictConfig) -> Path:
         shapes = describe_shape_set(
             shape_set(spec.corruption, spec.max_seq_length),
             None if spec.tokens_per_batch else run.batch_plan.micro_batch_size,
-        )
+        ) + describe_unpadded_rows(module)
         print(f"{describe_batching(run.optim, run.batch_plan)}; {shapes}", flush=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(module.config)

@@ -11,8 +11,8 @@ from pretrain.run import train
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
-def test_unpadded_run_has_the_padded_runs_losses(prepared_corpus, tmp_path):
-    losses = {}
+def test_unpadded_run_has_the_padded_runs_losses(prepared_corpus, tmp_path, capsys):
+    losses, printed = {}, {}
     for unpad in ("false", "true"):
         run_dir = tmp_path / unpad
         overrides = cpu_run_overrides(
@@ -28,7 +28,10 @@ def test_unpadded_run_has_the_padded_runs_losses(prepared_corpus, tmp_path):
         )
         train(compose_config(overrides))
         losses[unpad] = step_losses(run_dir)
+        printed[unpad] = capsys.readouterr().out
     assert sorted(losses["true"]) == list(range(6))
     for step, loss in losses["false"].items():
         assert losses["true"][step] == pytest.approx(loss, rel=1e-5, abs=1e-5), step
     assert losses["true"][5] < losses["true"][0]  # it trains
+    assert "unpadded rows: at most 16 buckets" in printed["true"]  # the shape line says so
+    assert "unpadded rows" not in printed["false"]

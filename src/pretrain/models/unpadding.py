@@ -87,6 +87,14 @@ def scatter_real(hidden: Tensor, attend: "Tensor | Unpadded | None") -> Tensor:
     return attend.scatter(hidden) if isinstance(attend, Unpadded) else hidden
 
 
+def describe_unpadded_rows(module: nn.Module) -> str:
+    """The part of the run's shape line for `module`'s encoder: its unpadded row counts when
+    it runs unpadded, else ''."""
+    if getattr(getattr(module, "encoder", None), "unpad", "false") != "true":
+        return ""
+    return f", unpadded rows: at most {UNPADDED_BUCKETS} buckets per input shape (model.unpad)"
+
+
 def set_unpadding(encoder: nn.Module, setting: str) -> None:
     """Give `encoder` the `model.unpad` setting; ConfigError for `true` on an encoder without
     the unpadded path (its class has no `unpad` attribute)."""
