@@ -15,7 +15,8 @@ Cells, a subset of objective x strategy x accumulation in which every objective,
 accumulation and kind of stop appears (13 launches in all): MLM on ZeRO-2 with accumulation
 (stops: max_steps mid-epoch, max_steps at the epoch end, a signal inside an accumulation);
 SOP (a pair objective) on DDP without accumulation (epoch end, then a signal); XLNet's memory
-stream on DDP with accumulation (a signal inside an accumulation, then the epoch end).
+stream on DDP with accumulation (a signal inside an accumulation, then the epoch end), and
+reshaped from 1 rank to 2 with the same global batch.
 """
 
 import os
@@ -63,18 +64,21 @@ XLNET = (
     "objective._target_=dist_helpers.RecordingXLNet",
     "data=xlnet_memory",
     "data.max_seq_length=96",
-    "data.batch_size=32",
+    "data.batch_size=8",
+    "model.reuse_len=64",  # epochs of ~22 steps: one partition (~9 documents) per slot of 32
 )
 
 
-def launch(shards_dir: Path, run_dir: Path, *extra: str, env: dict | None = None):
-    """`pretrain` on RANKS CPU processes; records go to `<run_dir>-records`."""
+def launch(
+    shards_dir: Path, run_dir: Path, *extra: str, env: dict | None = None, ranks: int = RANKS
+):
+    """`pretrain` on `ranks` CPU processes; records go to `<run_dir>-records`."""
     records = Path(f"{run_dir}-records")
     records.mkdir(parents=True, exist_ok=True)
     environment = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {})
     environment["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
     overrides = cpu_run_overrides(shards_dir, run_dir, *RECORDING, *extra)
-    command = [sys.executable, "-m", "pretrain.train", *overrides, f"trainer.devices={RANKS}"]
+    command = [sys.executable, "-m", "pretrain.train", *overrides, f"trainer.devices={ranks}"]
     try:
         return subprocess.run(
             command,
@@ -169,7 +173,38 @@ def test_xlnet_memory_ddp_accumulation(prepared_corpus, tmp_path):
     run_chain(
         prepared_corpus,
         tmp_path,
-        (*XLNET, "strategy=ddp", "data.global_batch_size=128"),
-        total=26,
+        (*XLNET, "strategy=ddp", "data.global_batch_size=32"),
+        total=46,
         stops=lambda ends: [("sigterm", 2), ("max_steps", ends[0])],
     )
+
+
+@pytest.mark.slow
+def test_xlnet_memory_reshaped_from_one_rank_to_two(prepared_corpus, tmp_path):
+    """XLNet's memory across a reshape with the same global batch (32 slots): 3 steps on 1 rank
+    (4 accumulated micro-batches), then 2 ranks (2 each) from its checkpoint: every later
+    micro-batch of every rank has the segments and the loss (1e-5) of an uninterrupted 2-rank
+    run, so each slot's segments and memory continue. The weights are held (lr 1e-12): the two
+    shapes group the rows into micro-batches differently, which would change the updates."""
+    config = (*XLNET, "strategy=ddp", "data.global_batch_size=32", "optim.optimizer.lr=1e-12")
+    whole = launch(prepared_corpus, tmp_path / "whole", *config, "trainer.max_steps=7")
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
+    parts = tmp_path / "parts"
+    first = launch(prepared_corpus, parts, *config, "trainer.max_steps=3", ranks=1)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
+    second = launch(prepared_corpus, parts, *config, "trainer.max_steps=7")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-5000:]
+    assert "Resuming from" in second.stdout
+    want, got = (
+        steps(read_records(tmp_path / "whole-records")),
+        steps(read_records(parts.parent / "parts-records")),
+    )
+    early = sorted(key for s, keys, _ in got[0] if s < 3 for key in keys)
+    assert early == sorted(key for r in want for s, keys, _ in want[r] if s < 3 for key in keys)
+    for rank in range(RANKS):
+        later = [entry for entry in got[rank] if entry[0] >= 3]
+        reference = [entry for entry in want[rank] if entry[0] >= 3]
+        assert [s for s, _, _ in later] == [s for s, _, _ in reference] == [3, 3, 4, 4, 5, 5, 6, 6]
+        for (step, keys, loss), (_, want_keys, want_loss) in zip(later, reference, strict=True):
+            assert keys == want_keys, (rank, step)
+            assert loss == pytest.approx(want_loss, abs=1e-5), (rank, step)
