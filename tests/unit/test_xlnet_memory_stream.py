@@ -81,3 +81,37 @@ def test_stream_partitions_must_be_the_memory_slots():
         validate(compose_config([*base, "data.stream_partitions=64"]))
     with pytest.raises(ConfigError, match="data.stream_partitions = 8: .* null or 4"):
         validate(compose_config([*base, "data.stream_partitions=8", "model.bi_data=true"]))
+
+
+def test_bi_data_memory_resumed_with_another_micro_batch(prepared_corpus, tmp_path):
+    """bi_data (a slot is a forward and a backward row), global batch 16: 2 steps of 8 x 2
+    accumulated micro-batches, resumed from their checkpoint as 4 x 4: every later step's
+    loss equals (1e-5) an uninterrupted 4 x 4 run's, so each row got its own slot's segments
+    and memory back. Weights held (lr 1e-12): the shapes group rows differently."""
+    import csv
+
+    import torch
+
+    from pretrain.run import train
+
+    def run(run_dir, batch_size: int, *extra: str) -> list[float]:
+        overrides = [
+            "experiment=xlnet_demo", f"data.shards_dir={prepared_corpus}", f"run_dir={run_dir}",
+            "logger=csv", "trainer.enable_progress_bar=false", "data.num_workers=0",
+            "data.global_batch_size=16", f"data.batch_size={batch_size}",
+            "data.max_seq_length=48", f"model.reuse_len={REUSE}", "model.mem_len=16",
+            "model.bi_data=true", "model.dropout=0.0", "optim.optimizer.lr=1e-12",
+            "optim.schedule=constant", "optim.warmup_steps=2",
+            "trainer.checkpoint_every_n_steps=2", "trainer.log_every_n_steps=1", *extra,
+        ]  # fmt: skip
+        train(compose_config(overrides))
+        with open(next(run_dir.glob("csv/version_*/metrics.csv"))) as f:
+            return [float(r["train/plm_loss"]) for r in csv.DictReader(f) if r["train/plm_loss"]]
+
+    whole = run(tmp_path / "whole", 4, "trainer.max_steps=5")
+    run(tmp_path / "first", 8, "trainer.max_steps=2")
+    checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    memory = torch.load(checkpoint, weights_only=True)["xlnet_memory"]
+    assert memory["mask"].shape[0] == 16  # 8 slots, forward and backward rows
+    resumed = run(tmp_path / "second", 4, "trainer.max_steps=5", f"resume={checkpoint}")
+    assert resumed == pytest.approx(whole[2:], abs=1e-5)
