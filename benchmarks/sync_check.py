@@ -100,7 +100,8 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
     nan, before, after = float("nan"), [], []
     batches = iter(training_stream(spec, 0))
     for step in range(args.steps + 1):
-        batch = on_device(next(batches), device)
+        # as Lightning moves it: the host-side hook first (the unpadded layout's index)
+        batch = on_device(module.host_batch(next(batches)), device)
         guarded = step > 0 and device.type == "cuda"  # step 0: warm-up (a logging step)
         if guarded:
             torch.cuda.set_sync_debug_mode("error")

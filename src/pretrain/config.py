@@ -39,8 +39,8 @@ class ModelConfig:
     # torch's) | torch | apex (an error where apex cannot run); see pretrain/kernels.py.
     layer_norm_impl: str = "auto"
     # The unpadded encoder path (BERT family; pretrain/models/unpadding.py): dense layers on
-    # the real tokens only. auto (padded for now: no faster on the CPU, a host sync per step
-    # on CUDA) | true | false; the same outputs either way.
+    # the real tokens only. auto (unpadded on CUDA when a batch has padding to drop, padded
+    # on the CPU) | true | false; the same outputs either way (dropout draws other masks).
     unpad: str = "auto"
 
     def __post_init__(self) -> None:

@@ -22,6 +22,7 @@ def test_unpadded_run_has_the_padded_runs_losses(prepared_corpus, tmp_path, caps
             f"model.unpad={unpad}",
             "model.hidden_dropout_prob=0",
             "model.attention_probs_dropout_prob=0",
+            "optim.warmup_steps=2",
             "optim.optimizer.lr=1e-3",
             "trainer.max_steps=6",
             "trainer.log_every_n_steps=1",
@@ -32,6 +33,6 @@ def test_unpadded_run_has_the_padded_runs_losses(prepared_corpus, tmp_path, caps
     assert sorted(losses["true"]) == list(range(6))
     for step, loss in losses["false"].items():
         assert losses["true"][step] == pytest.approx(loss, rel=1e-5, abs=1e-5), step
-    assert losses["true"][5] < losses["true"][0]  # it trains
+    assert losses["true"][5] < losses["true"][0] - 0.1  # it trains
     assert "unpadded rows: at most 16 buckets" in printed["true"]  # the shape line says so
     assert "unpadded rows" not in printed["false"]

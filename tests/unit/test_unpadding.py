@@ -8,7 +8,14 @@ import torch
 from pretrain.config import compose_config, validate
 from pretrain.errors import ConfigError
 from pretrain.models import build_encoder
-from pretrain.models.unpadding import UNPADDED_BUCKETS, unpadded_widths, unpadding
+from pretrain.models.unpadding import (
+    UNPADDED_BUCKETS,
+    unpadded_index,
+    unpadded_inputs,
+    unpadded_widths,
+    unpadding,
+    with_unpadded_index,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,3 +118,21 @@ def test_model_unpad_is_checked_and_reaches_the_encoder():
     with pytest.raises(ConfigError, match="model.unpad=true: XLNetEncoder has no unpadded path"):
         build_encoder({**xlnet, "unpad": "true"}, 90, 0)
     build_encoder({**xlnet, "unpad": "auto"}, 90, 0)  # auto: the padded path, no error
+
+
+def test_the_index_computed_on_the_host_before_the_transfer_gives_the_same_outputs():
+    padded, unpadded = encoders("electra")
+    ids, types, mask = padded_batch(seed=2)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    padded.unpad = "auto"  # padded on the CPU, unpadded on CUDA
+    assert "unpadded_index" not in with_unpadded_index({"attention_mask": mask}, padded, cpu)
+    assert "unpadded_index" in with_unpadded_index({"attention_mask": mask}, padded, cuda)
+    full = {"attention_mask": torch.ones_like(mask)}  # nothing to drop: stays padded
+    assert "unpadded_index" not in with_unpadded_index(full, padded, cuda)
+    batch = with_unpadded_index({"attention_mask": mask}, unpadded, cpu)  # model.unpad=true
+    assert torch.equal(batch["unpadded_index"], unpadded_index(mask))
+    real = mask.bool()
+    with torch.no_grad():
+        expected = padded(ids, types, mask)[real]  # auto on the CPU: the padded path
+        given = unpadded(ids, types, mask, **unpadded_inputs(batch))[real]
+    torch.testing.assert_close(given, expected, rtol=0, atol=1e-5)

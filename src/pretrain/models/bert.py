@@ -70,11 +70,16 @@ def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
     return real[:, None, None, :]  # (batch, 1, 1, seq) broadcast over heads and queries
 
 
-def attention_layout(attention_mask: Tensor | None, unpad: str) -> Tensor | Unpadded | None:
+def attention_layout(
+    attention_mask: Tensor | None, unpad: str, index: Tensor | None = None
+) -> Tensor | Unpadded | None:
     """The layers' `attend`: the key-padding mask (`key_padding_mask`), or its Unpadded
-    layout when the encoder's `unpad` setting (model.unpad) applies to this batch."""
+    layout (with `index`, the batch's `unpadded_index`, when given) when the encoder's
+    `unpad` setting (model.unpad) applies to this batch."""
     attend = key_padding_mask(attention_mask)
-    return unpadding(attention_mask, attend) if unpads(unpad, attention_mask) else attend
+    if not unpads(unpad, attention_mask, index):
+        return attend
+    return unpadding(attention_mask, attend, None if index is None else index.to(attend.device))
 
 
 def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
@@ -290,15 +295,17 @@ class BertEncoder(nn.Module):
         input_ids: Tensor,
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
+        unpadded_index: Tensor | None = None,
     ) -> Tensor:
         """Encode a batch.
 
         input_ids, token_type_ids: (batch, seq) integer ids (token types default to 0).
         attention_mask: (batch, seq), 1 = real token, 0 = padding (keys that are never attended
-        to); None attends to every position. Returns the (batch, seq, hidden) sequence output;
-        vectors at padding positions are defined but meaningless.
+        to); None attends to every position. unpadded_index: the batch's precomputed layout
+        when unpadded (`unpadding.unpadded_index`). Returns the (batch, seq, hidden) sequence
+        output; vectors at padding positions are defined but meaningless.
         """
-        attend = attention_layout(attention_mask, self.unpad)
+        attend = attention_layout(attention_mask, self.unpad, unpadded_index)
         hidden = gather_real(self.embeddings(input_ids, token_type_ids), attend)
         for layer in self.layers:
             hidden = layer(hidden, attend)

@@ -147,6 +147,7 @@ class ElectraEncoder(nn.Module):
         input_ids: Tensor,
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
+        unpadded_index: Tensor | None = None,
     ) -> Tensor:
         """Encode a batch.
 
@@ -154,7 +155,7 @@ class ElectraEncoder(nn.Module):
         attention_mask: (batch, seq), 1 = real token, 0 = padding; None attends everywhere.
         Returns the (batch, seq, hidden) sequence output (meaningless at padding positions).
         """
-        attend = attention_layout(attention_mask, self.unpad)  # key mask, Unpadded or None
+        attend = attention_layout(attention_mask, self.unpad, unpadded_index)  # or None
         hidden = gather_real(self.embeddings(input_ids, token_type_ids), attend)  # (b, s, E)
         if self.embeddings_project is not None:
             hidden = self.embeddings_project(hidden)  # (batch, seq, hidden); (tokens, hidden)

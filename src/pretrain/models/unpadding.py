@@ -15,9 +15,13 @@ batch has at least as many as the rounding adds), computed like the padded path 
 them and dropped when scattered back. Per (batch, seq) input shape a run thus sees at most
 16 unpadded shapes.
 
-`model.unpad` selects the path: `true`, `false`, or `auto` (padded: on the CPU it measures
-no faster, benchmarks/RESULTS.md; on CUDA counting the real tokens would read the attention
-mask on the host, one synchronisation per forward, which issue 18 rules out of the step).
+`model.unpad` selects the path: `true`, `false`, or `auto` (unpadded on CUDA for batches with
+padding to drop, padded on the CPU, where it measures no faster: benchmarks/RESULTS.md). The
+layout's index is computed on the host before the batch moves to the device
+(`PretrainingModule.host_batch` adds it as the batch's `unpadded_index`), so
+the training step reads no token count from the device (issue 18 item 2). Under `auto` an
+encoder unpads only a batch that brings its index; under `true` it counts the real tokens
+itself when the batch has none (one synchronisation on CUDA).
 """
 
 import math
@@ -61,20 +65,48 @@ class Unpadded:
         return grid.index_copy(0, self.index, rows).view(self.batch, self.seq, -1)
 
 
-def unpadding(attention_mask: Tensor, attend: Tensor) -> Unpadded:
-    """The layout of a (batch, seq) attention mask (1 = real token) with key mask `attend`
-    (batch, 1, 1, seq): its real tokens, padded to the next of `unpadded_widths`."""
+def unpadded_index(attention_mask: Tensor) -> Tensor:
+    """(tokens,) int64: the flat positions of a (batch, seq) attention mask's real tokens (1),
+    in order, then padding positions up to the next of `unpadded_widths(batch x seq)`."""
     batch, seq = attention_mask.shape
     padding = attention_mask.reshape(-1) == 0  # (batch x seq,)
     width = next(w for w in unpadded_widths(batch * seq) if w >= int((~padding).sum()))
-    order = torch.argsort(padding.to(torch.uint8), stable=True)  # real positions first
-    return Unpadded(order[:width], batch, seq, attend)
+    return torch.argsort(padding.to(torch.uint8), stable=True)[:width]  # real positions first
 
 
-def unpads(setting: str, attention_mask: Tensor | None) -> bool:
+def unpadding(attention_mask: Tensor, attend: Tensor, index: Tensor | None = None) -> Unpadded:
+    """The layout of a (batch, seq) attention mask with key mask `attend` (batch, 1, 1, seq):
+    `index` (from `unpadded_index`, computed on the host), or computed here."""
+    batch, seq = attention_mask.shape
+    return Unpadded(unpadded_index(attention_mask) if index is None else index, batch, seq, attend)
+
+
+def unpads(setting: str, attention_mask: Tensor | None, index: Tensor | None) -> bool:
     """Whether an encoder with `model.unpad` = `setting` runs a batch with this attention
-    mask unpadded: `true` with a mask; `auto` never, for now (see the module's docstring)."""
-    return attention_mask is not None and setting == "true"
+    mask (never without one) and `unpadded_index` (or None) unpadded: `true` always, `auto`
+    when the batch brings its index."""
+    if attention_mask is None:
+        return False
+    return setting == "true" or (setting == "auto" and index is not None)
+
+
+def with_unpadded_index(batch: dict, encoder: nn.Module | None, device: torch.device) -> dict:
+    """`batch` with its `unpadded_index` (`unpadded_index` of its attention mask, computed
+    where the batch is, on the host) when `encoder` runs it unpadded on `device`: under
+    `true`, and under `auto` on CUDA when the index drops some padding."""
+    setting = getattr(encoder, "unpad", "false")
+    if not isinstance(batch, dict) or "attention_mask" not in batch:
+        return batch
+    if setting == "true" or (setting == "auto" and device.type == "cuda"):
+        index = unpadded_index(batch["attention_mask"])
+        if setting == "true" or index.numel() < batch["attention_mask"].numel():
+            batch["unpadded_index"] = index
+    return batch
+
+
+def unpadded_inputs(batch: dict) -> dict[str, Tensor]:
+    """The encoder's keyword arguments for the batch's `unpadded_index`, if it has one."""
+    return {"unpadded_index": batch["unpadded_index"]} if "unpadded_index" in batch else {}
 
 
 def gather_real(hidden: Tensor, attend: "Tensor | Unpadded | None") -> Tensor:

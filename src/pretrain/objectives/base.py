@@ -21,6 +21,7 @@ from pretrain.errors import ConfigError
 from pretrain.flops import device_peak_tflops, training_flops
 from pretrain.kernels import optimizer_settings, use_layer_norm_impl
 from pretrain.memory import memory_metrics
+from pretrain.models.unpadding import with_unpadded_index
 from pretrain.objectives.nonfinite import (
     DeviceSkips,
     nonfinite_flag,
@@ -292,6 +293,12 @@ class PretrainingModule(L.LightningModule):
             engine_optimizer = self.trainer.strategy.deepspeed_engine.optimizer
             if hasattr(engine_optimizer, "check_grad_overflow"):
                 engine_optimizer.check_grad_overflow = True
+
+    def host_batch(self, batch: dict) -> dict:
+        """On the host, before the batch moves to the device (the data module's
+        `on_before_batch_transfer`): the unpadded layout's index (model.unpad,
+        `models/unpadding.py`), so the step reads no token count from the device."""
+        return with_unpadded_index(batch, getattr(self, "encoder", None), self.device)
 
     def setup(self, stage: str) -> None:
         """Before the optimizer is built: the LayerNorm kernels (model.layer_norm_impl)."""

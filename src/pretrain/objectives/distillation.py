@@ -36,6 +36,7 @@ from pretrain.flops import (
 )
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead
+from pretrain.models.unpadding import unpadded_inputs
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig
 from pretrain.objectives.predictions import (
     gather_positions,
@@ -241,13 +242,13 @@ class DistillationModule(MaskedLanguageModel):
         """Losses (`loss`, `mlm_loss`, `kl_loss`, `cos_loss`) and metrics of one batch."""
         objective = self.run.objective
         inputs = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        hidden = self.encoder(*inputs)  # (batch, seq, hidden)
+        hidden = self.encoder(*inputs, **unpadded_inputs(batch))  # (batch, seq, hidden)
         positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
         targets = gather_targets(batch["labels"], positions)  # (batch * width,)
         logits = self.mlm_head(gather_positions(hidden, positions))  # (batch * width, vocab)
         teacher = self._teacher_on(self.encoder.word_embeddings.weight)
         with torch.no_grad():
-            teacher_hidden = teacher.encoder(*inputs)
+            teacher_hidden = teacher.encoder(*inputs, **unpadded_inputs(batch))
             teacher_logits = teacher.mlm_head(gather_positions(teacher_hidden, positions))
         out = masked_classification_metrics("mlm", logits, targets)
         predicted = positions.flatten() >= 0

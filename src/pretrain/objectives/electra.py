@@ -29,7 +29,7 @@ from pretrain.flops import embedding_size, encoder_flops, mlm_head_flops, sequen
 from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
 from pretrain.models.heads import MaskedLMHead
-from pretrain.models.unpadding import set_unpadding
+from pretrain.models.unpadding import set_unpadding, unpadded_inputs
 from pretrain.objectives.base import PretrainingModule
 from pretrain.objectives.mlm import MaskedLMConfig, MaskedLMCorruption, mlm_corruption_inputs
 from pretrain.objectives.predictions import (
@@ -133,7 +133,10 @@ class ElectraModule(PretrainingModule):
         """Generator logits at the batch's prediction positions, (batch * width, vocab), and
         those positions, (batch, width) int64, -1 = ignored slot."""
         hidden = self.generator(
-            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+            batch["input_ids"],
+            batch["token_type_ids"],
+            batch["attention_mask"],
+            **unpadded_inputs(batch),
         )  # (batch, seq, generator hidden)
         positions = predicted_positions(batch)
         return self.generator_head(gather_positions(hidden, positions)), positions
@@ -175,7 +178,9 @@ class ElectraModule(PretrainingModule):
             "mlm", logits, gather_targets(batch["labels"], positions)
         )
         replaced_ids, is_replaced = self.replace(batch, logits, positions)
-        hidden = self.encoder(replaced_ids, batch["token_type_ids"], batch["attention_mask"])
+        hidden = self.encoder(
+            replaced_ids, batch["token_type_ids"], batch["attention_mask"], **unpadded_inputs(batch)
+        )
         detection = self.discriminator_head(hidden).float()  # (batch, seq) logits
         real = batch["attention_mask"].bool()
         per_token = F.binary_cross_entropy_with_logits(

@@ -36,6 +36,7 @@ from pretrain.flops import (
 )
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
+from pretrain.models.unpadding import unpadded_inputs
 from pretrain.objectives.base import PretrainingModule
 from pretrain.objectives.predictions import (
     gather_positions,
@@ -251,7 +252,10 @@ class MaskedLanguageModel(PretrainingModule):
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         """Losses and accuracies of one batch."""
         hidden = self.encoder(
-            batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+            batch["input_ids"],
+            batch["token_type_ids"],
+            batch["attention_mask"],
+            **unpadded_inputs(batch),
         )  # (batch, seq, hidden)
         positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
         targets = gather_targets(batch["labels"], positions)  # (batch * width,)
