@@ -634,14 +634,29 @@ class TrainConfig:
         check_strategy(self)
 
 
+MIN_SLOT_DOCUMENTS = 8  # training documents per XLNet memory slot, on average
+
+
 def stream_partitions(run: TrainConfig, documents: int) -> int:
     """The canonical partitions of the run's stream on a corpus of `documents` training
-    documents: XLNet's memory slots (`memory_partitions`), else data.stream_partitions
-    (null: DEFAULT_STREAM_PARTITIONS) made to fit the corpus (`reading.effective_partitions`)."""
+    documents: XLNet's memory slots (`memory_partitions`; ConfigError when the corpus has
+    fewer than MIN_SLOT_DOCUMENTS documents a slot: an epoch ends when the first slot's
+    partition runs out), else data.stream_partitions (null: DEFAULT_STREAM_PARTITIONS) made
+    to fit the corpus (`reading.effective_partitions`)."""
     from pretrain.data.reading import effective_partitions
 
-    requested = run.data.stream_partitions or DEFAULT_STREAM_PARTITIONS
-    return memory_partitions(run) or effective_partitions(requested, documents)
+    slots = memory_partitions(run)
+    if slots is None:
+        requested = run.data.stream_partitions or DEFAULT_STREAM_PARTITIONS
+        return effective_partitions(requested, documents)
+    if documents < MIN_SLOT_DOCUMENTS * slots:
+        raise ConfigError(
+            f"data.global_batch_size: xlnet_memory's {slots} memory slots (one canonical "
+            f"partition each) need at least {MIN_SLOT_DOCUMENTS} training documents a slot, "
+            f"the corpus {run.data.shards_dir} has {documents}; lower data.global_batch_size "
+            "(or data.batch_size), or use a larger corpus"
+        )
+    return slots
 
 
 def memory_partitions(run: TrainConfig) -> int | None:

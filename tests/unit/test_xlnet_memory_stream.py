@@ -115,3 +115,9 @@ def test_bi_data_memory_resumed_with_another_micro_batch(prepared_corpus, tmp_pa
     assert memory["mask"].shape[0] == 16  # 8 slots, forward and backward rows
     resumed = run(tmp_path / "second", 4, "trainer.max_steps=5", f"resume={checkpoint}")
     assert resumed == pytest.approx(whole[2:], abs=1e-5)
+
+
+def test_a_corpus_too_small_for_the_slots_is_refused(prepared_corpus):
+    """300 documents make at most 37 slots of 8 documents each: 64 slots are refused."""
+    with pytest.raises(ConfigError, match="data.global_batch_size: xlnet_memory's 64 memory"):
+        memory_spec(prepared_corpus, "data.global_batch_size=64")
