@@ -270,9 +270,6 @@ def test_step_aligned_loader_holds_back_short_batches():
     assert is_end_of_epoch(out[-1])
     assert [len(b["keys"]) for b in out[:-1]] == [4, 4, 4, 4]
     assert loader.tail_samples == 2 + 3 + 4  # the short ones and the half step left at the end
-    # a resume after 2 trained batches skips the 2 stream batches they took; after 3, the
-    # short one held back before the third as well
-    assert [loader.stream_position(n) for n in (0, 1, 2, 3, 4)] == [0, 1, 2, 4, 6]
 
 
 @pytest.mark.parametrize(

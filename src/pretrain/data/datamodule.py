@@ -119,7 +119,7 @@ class PretrainingDataModule(L.LightningDataModule):
         self._resume: dict | None = None
         self._loader: StepAlignedLoader | None = None
         self._loader_epoch = -1
-        self._start_samples = self._start_batches = 0  # where this launch's epoch began
+        self._start_samples = 0  # where this launch's epoch began, in global samples
 
     def train_dataloader(self) -> StepAlignedLoader:
         trainer = self.trainer
@@ -140,10 +140,10 @@ class PretrainingDataModule(L.LightningDataModule):
                 f"which the {spec.world_size} ranks (trainer.devices x trainer.num_nodes) do "
                 "not divide; use a number of ranks that divides it, or a larger corpus"
             )
-        self._start_samples = self._start_batches = 0
+        self._start_samples = 0
         positions = None
         if self._resume and self._resume["epoch"] == epoch:
-            self._start_samples, self._start_batches = resume_position(self._resume, spec)
+            self._start_samples = resume_position(self._resume, spec)
             positions = self._resume.get("partitions")
             # batch_idx (and so Lightning's accumulation phase) restarts at this position,
             # which may have been reached with another micro-batch size or accumulation
@@ -191,16 +191,14 @@ class PretrainingDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         """Position in the stream: the epoch, the global samples of its order consumed (all
         ranks), each canonical partition's position after them ("partitions", gathered from
-        every rank: {partition: resume}, where a resume seeks, `stream.rank_sequences`), and
-        the rank's stream batches taken (short ones held back included). With batches of
-        varying size (tokens_per_batch) or of two rows a sample (XLNet's bi_data), the samples
-        are counted from the partitions' positions. Called on every rank alike (each saves or
-        helps save)."""
+        every rank: {partition: resume}, where a resume seeks, `stream.rank_sequences`). With
+        batches of varying size (tokens_per_batch) or of two rows a sample (XLNet's bi_data),
+        the samples are counted from the partitions' positions. Called on every rank alike
+        (each saves or helps save)."""
         trainer = self.trainer
         trained = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         loader = trainer.train_dataloader
         aligned = isinstance(loader, StepAlignedLoader)
-        taken = loader.stream_position(trained) if aligned else trained
         samples = trained * self.spec.batch_size * trainer.world_size
         positions = {}
         if aligned and self._loader_epoch == trainer.current_epoch:
@@ -213,7 +211,6 @@ class PretrainingDataModule(L.LightningDataModule):
         return {
             "epoch": trainer.current_epoch,
             "samples": samples,
-            "stream_batches": self._start_batches + taken,
             "partitions": positions,
         }
 
@@ -264,10 +261,9 @@ def gather_positions(positions: dict[int, list[int]], timeout_s: float) -> dict[
     return merged
 
 
-def resume_position(state: dict, spec: StreamSpec) -> tuple[int, int]:
-    """(global samples consumed, rank batches taken) of a saved position. Checkpoints from
-    before positions were counted in samples hold batches of the same shape only."""
+def resume_position(state: dict, spec: StreamSpec) -> int:
+    """Global samples consumed of a saved position. Checkpoints from before positions were
+    counted in samples hold batches of the same shape only."""
     if "samples" in state:
-        return state["samples"], state["stream_batches"]
-    batches = state["batches"]
-    return batches * spec.batch_size * spec.world_size, state.get("stream_batches", batches)
+        return state["samples"]
+    return state["batches"] * spec.batch_size * spec.world_size

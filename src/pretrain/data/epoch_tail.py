@@ -97,7 +97,6 @@ class StepAlignedLoader(DataLoader):
         *,
         accumulation: int = 1,
         start_batch: int = 0,
-        start_source: int | None = None,
         full_batch: int | None = None,
         start_positions: dict[int, list[int]] | None = None,
         token_budget: bool = False,
@@ -107,16 +106,13 @@ class StepAlignedLoader(DataLoader):
         self.accumulation = accumulation
         self.token_budget = token_budget
         self.start_batch = start_batch
-        self.start_source = start_batch if start_source is None else start_source
         self.full_batch = full_batch
         self.start_positions = dict(start_positions or {})
         self._positions = dict(self.start_positions)  # {partition: resume} of batches let go
-        self._pulled = self.start_source  # batches taken from the stream, counted from its start
         self.tail_samples = 0  # sequences held back: short batches, and at the end what was left
-        # (batch index, samples, stream batches taken up to it, marks) of the last batches
-        # handed out
-        self._yielded: deque[tuple[int, int, int, np.ndarray | None]] = deque()
-        self._buffer: deque[tuple[dict, int]] = deque()  # (batch, stream batches taken up to it)
+        # (batch index, samples, marks) of the last batches handed out
+        self._yielded: deque[tuple[int, int, np.ndarray | None]] = deque()
+        self._buffer: deque[dict] = deque()  # batches fetched for the current step
         self._source: Iterator | None = None
         self.killed_workers: list[int] = []  # pids of workers that died unasked (`close`)
 
@@ -127,7 +123,6 @@ class StepAlignedLoader(DataLoader):
         self._yielded.clear()
         self._positions = dict(self.start_positions)
         self.tail_samples = 0
-        self._pulled = self.start_source
         return self._steps(self._source)
 
     def _steps(self, source: Iterator[dict]) -> Iterator[dict]:
@@ -143,23 +138,22 @@ class StepAlignedLoader(DataLoader):
                         self._buffer.clear()
                         yield batch
                         return
-                    self._pulled += 1
                     if self.full_batch and batch_samples(batch) < self.full_batch:
                         self.tail_samples += batch_samples(batch)  # a reader's last, short one
                         continue
-                    self._buffer.append((batch, self._pulled))
+                    self._buffer.append(batch)
                 if len(self._buffer) < need:
-                    self.tail_samples += sum(batch_samples(b) for b, _ in self._buffer)
+                    self.tail_samples += sum(batch_samples(b) for b in self._buffer)
                     self._buffer.clear()
                     yield {END_OF_EPOCH_KEY: torch.ones(1)}
                     return
                 if self.token_budget:
-                    weigh_step([b for b, _ in self._buffer])
-            batch, taken = self._buffer.popleft()
+                    weigh_step(list(self._buffer))
+            batch = self._buffer.popleft()
             marks = batch.pop(MARKS_KEY, None)
-            self._yielded.append((index, batch_samples(batch), taken, marks))
+            self._yielded.append((index, batch_samples(batch), marks))
             while len(self._yielded) > 4 * self.accumulation + 4:  # only the last few matter
-                self._let_go(self._yielded.popleft()[3])
+                self._let_go(self._yielded.popleft()[2])
             yield batch
             index += 1
 
@@ -191,28 +185,18 @@ class StepAlignedLoader(DataLoader):
         the partitions this rank read (and those it was started with): where a resume seeks
         (`stream.rank_sequences`)."""
         positions = dict(self._positions)
-        for index, _, _, marks in self._yielded:
+        for index, _, marks in self._yielded:
             if index < processed:
                 self._let_go(marks, positions)
         return positions
-
-    def stream_position(self, processed: int) -> int:
-        """Batches of the stream (short ones held back included) taken up to the `processed`
-        micro-batches Lightning has trained: what a resume skips (`training_stream`)."""
-        if processed <= self.start_batch:
-            return self.start_source
-        for index, _, taken, _ in self._yielded:
-            if index == processed - 1:
-                return taken
-        return self._pulled  # past the last batch handed out: the epoch's end
 
     def drain(self, stopped_at: int) -> int:
         """Sequences this rank's stream holds from micro-batch `stopped_at` on (the epoch was
         ended there by another rank): those already handed to Lightning, those looked ahead,
         and the rest of the stream, read to its end. Returns the count."""
         count = self.tail_samples
-        count += sum(n for index, n, _, _ in self._yielded if index >= stopped_at)
-        count += sum(batch_samples(b) for b, _ in self._buffer)
+        count += sum(n for index, n, _ in self._yielded if index >= stopped_at)
+        count += sum(batch_samples(b) for b in self._buffer)
         self._buffer.clear()
         self._yielded.clear()
         if self._source is not None:
