@@ -15,7 +15,9 @@ A run's documented shape set (`shape_set`, printed on the batch-plan line at sta
 axis: the micro-batch (fixed: short batches are held back, `epoch_tail.py`), the sequence
 length (collated to the next of at most `SEQUENCE_BUCKETS` lengths, `sequence_widths`), and
 the corruption's own axes (`shape_axes`: prediction widths, decoder lengths, bucketed alike).
-`batch_shape` reads those axes off a batch.
+`batch_shape` reads those axes off a batch. An encoder run unpadded (model.unpad) adds one
+axis inside the model: its row count, one of at most 16 buckets per input shape
+(`pretrain/models/unpadding.py`, `unpadded_widths`; named on the same line).
 """
 
 import math
