@@ -180,9 +180,10 @@ class AlbertEncoder(nn.Module):
         unpadded_index: Tensor | None = None,
     ) -> Tensor:
         """Encode a batch: input_ids, token_type_ids (batch, seq) integer ids; attention_mask
-        (batch, seq), 1 = real token, 0 = padding, None = attend everywhere. Returns the
-        (batch, seq, hidden_size) sequence output (meaningless at padding positions)."""
-        attend = attention_layout(attention_mask, self.unpad, unpadded_index)  # or None
+        (batch, seq), 1 = real token, 0 = padding, None = attend everywhere; unpadded_index as
+        BertEncoder's. Returns the (batch, seq, hidden_size) sequence output (meaningless at
+        padding positions)."""
+        attend = attention_layout(attention_mask, self.unpad, unpadded_index)
         hidden = gather_real(self.embeddings(input_ids, token_type_ids), attend)  # (b, s, E)
         hidden = self.embedding_projection(hidden)  # (b, s, H); (tokens, H) unpadded
         for layer in range(self.num_hidden_layers):

@@ -153,9 +153,9 @@ class ElectraEncoder(nn.Module):
 
         input_ids, token_type_ids: (batch, seq) integer ids (token types default to 0).
         attention_mask: (batch, seq), 1 = real token, 0 = padding; None attends everywhere.
-        Returns the (batch, seq, hidden) sequence output (meaningless at padding positions).
+        unpadded_index: as BertEncoder's (model.unpad). Returns the (batch, seq, hidden) sequence output (meaningless at padding positions).
         """
-        attend = attention_layout(attention_mask, self.unpad, unpadded_index)  # or None
+        attend = attention_layout(attention_mask, self.unpad, unpadded_index)
         hidden = gather_real(self.embeddings(input_ids, token_type_ids), attend)  # (b, s, E)
         if self.embeddings_project is not None:
             hidden = self.embeddings_project(hidden)  # (batch, seq, hidden); (tokens, hidden)
