@@ -342,3 +342,39 @@ def test_a_resume_seeks_to_its_position_and_continues_the_global_order(
                     assert np.array_equal(a["input_ids"], b["input_ids"])
                 if start > len(order) // 2:
                     assert len(read) < whole / 3, (len(read), whole)
+
+
+def test_a_shared_shards_split_is_the_greedy_rule_and_sharers_build_only_theirs(
+    prepared_corpus, tmp_path
+):
+    """`shard_owners` (a heap over token counts read without building documents) gives each
+    document to the sharer with the fewest tokens per unit so far, lowest reader on a tie, as
+    the plain rule over the decoded documents does; `read_documents(wanted=...)` yields
+    exactly the wanted documents, in order, from any start (a shard of several blocks)."""
+    from data_pipelines.shard_writer import TokenizedDocument, rewrite_shard
+    from pretrain.data.reading import shard_owners
+    from pretrain.data.shard_format import document_token_counts, read_documents
+
+    path = str(tmp_path / "shard-000000.tar")
+    source = [
+        TokenizedDocument(d["key"], "test", d["ids"].astype(np.uint16), d["sents"], d["words"])
+        for d in read_documents(stream_spec(prepared_corpus).shard_paths[0])
+    ]
+    assert len(rewrite_shard(path, source, tokens_per_block=2000)["blocks"]) > 3
+    documents = list(read_documents(path))
+    assert document_token_counts(path).tolist() == [len(d["ids"]) for d in documents]
+    for share in ({0: 3, 1: 1}, {2: 1, 5: 1, 7: 2}, {0: 1, 1: 1, 2: 1, 3: 1}):
+        loads = dict.fromkeys(share, 0)
+        expected = []
+        for document in documents:
+            owner = min(sorted(share), key=lambda r: loads[r] / share[r])  # noqa: B023
+            loads[owner] += len(document["ids"])
+            expected.append(owner)
+        owners = shard_owners(path, tuple(sorted(share.items())), "error")
+        assert owners.tolist() == expected and len(set(expected)) == len(share)
+        for reader in share:
+            for start in (0, len(documents) // 2):
+                wanted = owners == reader
+                got = [d["key"] for d in read_documents(path, start, wanted=wanted)]
+                keys = [d["key"] for n, d in enumerate(documents) if n >= start and wanted[n]]
+                assert got == keys

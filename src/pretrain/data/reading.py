@@ -15,6 +15,8 @@ shard order. When there are fewer shards than UNITS_PER_READER x R, shards are r
 several readers: prepare a large corpus with enough shards to avoid that.
 """
 
+import functools
+import heapq
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 
 from pretrain.data.keyed_rng import STREAM_SHARD_ORDER, STREAM_SHUFFLE
-from pretrain.data.shard_format import ShardError, read_documents
+from pretrain.data.shard_format import ShardError, document_token_counts, read_documents
 from pretrain.data.stages import PROGRESS_KEY, sample_progress_tokens
 from pretrain.data.vocab import Vocabulary
 
@@ -76,14 +78,20 @@ def worker_role() -> tuple[int, int]:
     return info.id, info.num_workers
 
 
-def shard_sharing(spec: StreamSpec, epoch: int, readers: int) -> list[dict[int, int]]:
-    """For each shard in the epoch's order: {reader: units of it}, deterministic in (seed,
-    epoch, readers); see the module docstring."""
-    order = np.random.default_rng([spec.seed, epoch, STREAM_SHARD_ORDER]).permutation(
-        len(spec.shard_paths)
-    )
+def shard_sharing(spec: StreamSpec, epoch: int, readers: int) -> list[tuple[int, dict[int, int]]]:
+    """For each shard in the epoch's order: (its index, {reader: units of it}), deterministic
+    in (seed, epoch, readers); see the module docstring. Computed once per process (every
+    partition of a rank asks), read-only."""
+    return _shard_sharing(spec.seed, epoch, readers, len(spec.shard_paths), spec.shard_tokens)
+
+
+@functools.lru_cache(maxsize=8)
+def _shard_sharing(
+    seed: int, epoch: int, readers: int, shards: int, shard_tokens: tuple[int, ...]
+) -> list[tuple[int, dict[int, int]]]:
+    order = np.random.default_rng([seed, epoch, STREAM_SHARD_ORDER]).permutation(shards)
     units = max(1, math.ceil(UNITS_PER_READER * readers / max(1, len(order))))
-    tokens = spec.shard_tokens or (1,) * len(order)
+    tokens = shard_tokens or (1,) * len(order)
     loads = np.zeros(readers)
     sharing: dict[int, dict[int, int]] = {}
     for index in order:
@@ -104,8 +112,7 @@ def read_split(
     """(position, document) of `reader`'s (of `readers`) documents in this epoch, in the
     epoch's shard order, from position `start` on: shards before it are not read, blocks
     before it in its shard not decoded (a seek). A shard shared by several readers is split
-    document by document: each goes to the sharer with the fewest tokens of that shard per
-    unit so far, which every sharer computes alike (reading the whole shard)."""
+    document by document (`shard_owners`), and each sharer builds only its own documents."""
     start_order, start_document = start
     for order, (index, share) in enumerate(shard_sharing(spec, epoch, readers)):
         if order < start_order or reader not in share:
@@ -115,24 +122,50 @@ def read_split(
             for number, document in enumerate(shard_documents(spec, index, first), first):
                 yield (order, number), document
             continue
-        sharers = sorted(share)
-        loads = dict.fromkeys(sharers, 0)
-        for number, document in enumerate(shard_documents(spec, index)):
-            owner = min(sharers, key=lambda r: loads[r] / share[r])
-            loads[owner] += len(document["ids"])
-            if owner == reader and number >= first:
-                yield (order, number), document
+        path, sharing = spec.shard_paths[index], tuple(sorted(share.items()))
+        wanted = shard_owners(path, sharing, spec.bad_shards) == reader
+        numbers = np.flatnonzero(wanted[first:]) + first
+        documents = shard_documents(spec, index, first, wanted)
+        yield from (((order, int(n)), d) for n, d in zip(numbers, documents, strict=True))
 
 
-def shard_documents(spec: StreamSpec, index: int, start_document: int = 0) -> Iterable[dict]:
-    """The documents of shard `index` from `start_document` on; under data.bad_shards=skip a
-    shard that fails its checks is left out with a warning line naming it (its documents are
-    read and checked whole before any is used, so none of a bad shard is ever trained)."""
+@functools.lru_cache(maxsize=16)  # the shards being read now
+def shard_owners(path: str, share: tuple[tuple[int, int], ...], bad_shards: str) -> np.ndarray:
+    """The reader of each document of a shard shared by the readers of `share` ((reader,
+    units) pairs): each document in turn goes to the sharer with the fewest tokens of the
+    shard per unit so far (the lowest reader on a tie), from the documents' token counts
+    alone, so the sharers of a shard decode only their own documents. Computed once per
+    process and shard. A bad shard under data.bad_shards=skip has no documents."""
+    try:
+        counts = document_token_counts(path).tolist()
+    except ShardError:
+        if bad_shards == "error":
+            raise
+        return np.zeros(0, np.int32)  # shard_documents says it is left out
+    units = dict(share)
+    loads = [(0.0, reader) for reader in sorted(units)]  # a heap of (tokens / units, reader)
+    totals = dict.fromkeys(units, 0)
+    owners = np.empty(len(counts), np.int32)
+    for number, tokens in enumerate(counts):
+        _, owner = loads[0]
+        owners[number] = owner
+        totals[owner] += tokens
+        heapq.heapreplace(loads, (totals[owner] / units[owner], owner))
+    return owners
+
+
+def shard_documents(
+    spec: StreamSpec, index: int, start_document: int = 0, wanted: np.ndarray | None = None
+) -> Iterable[dict]:
+    """The documents of shard `index` from `start_document` on (with `wanted`, bool per
+    document, only those); under data.bad_shards=skip a shard that fails its checks is left
+    out with a warning line naming it (its documents are read and checked whole before any
+    is used, so none of a bad shard is ever trained)."""
     path = spec.shard_paths[index]
     if spec.bad_shards == "error":
-        return read_documents(path, start_document)
+        return read_documents(path, start_document, wanted=wanted)
     try:
-        return list(read_documents(path, start_document))
+        return list(read_documents(path, start_document, wanted=wanted))
     except ShardError as error:
         print(f"warning: data.bad_shards=skip: left out {error}", file=sys.stderr, flush=True)
         return []

@@ -256,15 +256,18 @@ def read_blocks(
         skip_documents = 0
 
 
-def block_documents(block: _Block, first: int) -> Iterator[dict]:
-    """The documents of a checked block from document `first` on, as the reader yields them.
-    Every array is a document's own copy: a document held in a shuffle buffer keeps its
-    tokens alive, never its whole block."""
+def block_documents(block: _Block, first: int, keep: np.ndarray | None = None) -> Iterator[dict]:
+    """The documents of a checked block from document `first` on, as the reader yields them
+    (with `keep`, bool per document of the block, only those it keeps). Every array is a
+    document's own copy: a document held in a shuffle buffer keeps its tokens alive, never
+    its whole block."""
     words = np.unpackbits(block.words, count=len(block.ids)).view(bool)
     sentence_ends = np.cumsum(block.docs)
     token_ends = block.sents[sentence_ends - 1].tolist()
     sentence_ends, counts = sentence_ends.tolist(), block.docs.tolist()
     for i in range(first, len(counts)):
+        if keep is not None and not keep[i]:
+            continue
         start = token_ends[i - 1] if i else 0
         end = token_ends[i]
         yield {

@@ -44,6 +44,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -316,17 +317,40 @@ def _recorded_shard(path: Path) -> dict | None:
 
 
 def read_documents(
-    shard_path: str | Path, start_document: int = 0, expected_sha256: str | None = None
+    shard_path: str | Path,
+    start_document: int = 0,
+    expected_sha256: str | None = None,
+    wanted: np.ndarray | None = None,
 ) -> Iterator[dict]:
     """Documents of one shard in order, from document number `start_document` on, streamed a
     block at a time: {"key": str, "ids": int64 (n,), "sents": int32 (s,) sentence end offsets,
     "words": bool (n,) word starts, "phrases": uint8 (n,) span flags (OUTSIDE_SPAN ..
     INSIDE_SPAN; all zero for shards without annotations)}. Blocks before `start_document`
-    are skipped without being decoded. When its sha256 is known (`expected_sha256`, or else
+    are skipped without being decoded; with `wanted` (bool, one per document of the shard)
+    only the wanted documents are built. When its sha256 is known (`expected_sha256`, or else
     the manifest beside it), the shard is read whole into memory and checked before any of
     its documents is used. Raises ShardError naming the file (and member) when it is
     missing, truncated, corrupt or of format 1."""
-    path = Path(shard_path)
+    for block, first, offset in _checked_blocks(Path(shard_path), start_document, expected_sha256):
+        keep = None if wanted is None else wanted[offset : offset + len(block.docs)]
+        yield from block_documents(block, first, keep)
+
+
+def document_token_counts(shard_path: str | Path) -> np.ndarray:
+    """Tokens of each document of one shard, in order (int64), from its blocks' sentence
+    offsets without building the documents; checked as `read_documents` checks."""
+    counts = [np.zeros(0, np.int64)]
+    for block, _, _ in _checked_blocks(Path(shard_path), 0, None):
+        token_ends = block.sents[np.cumsum(block.docs) - 1].astype(np.int64)
+        counts.append(np.diff(token_ends, prepend=0))
+    return np.concatenate(counts)
+
+
+def _checked_blocks(
+    path: Path, start_document: int, expected_sha256: str | None
+) -> Iterator[tuple[Any, int, int]]:
+    """(block, its first document to yield, number of its first document in the shard) for
+    the checked blocks of the shard at `path` (see `read_documents`)."""
     if not path.is_file():
         raise ShardError(f"{path}: shard not found; {PREPARE_HINT}")
     record = _recorded_shard(path)
@@ -345,8 +369,12 @@ def read_documents(
                     )
                 source = io.BytesIO(data)
             reader = ForwardReader(source)
+            offset = None
             for block, first in read_blocks(path, reader, dtype, start_document, vocab_size):
-                yield from block_documents(block, first)
+                if offset is None:  # the blocks before it were skipped, not yielded
+                    offset = start_document - first
+                yield block, first, offset
+                offset += len(block.docs)
     except OSError as error:
         raise ShardError(f"{path}: cannot be read ({error}); {PREPARE_HINT}") from error
 
