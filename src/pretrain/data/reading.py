@@ -18,16 +18,25 @@ several readers: prepare a large corpus with enough shards to avoid that.
 import functools
 import heapq
 import math
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 import numpy as np
 import torch
 
 from pretrain.data.keyed_rng import STREAM_SHARD_ORDER, STREAM_SHUFFLE
-from pretrain.data.shard_format import ShardError, document_token_counts, read_documents
+from pretrain.data.shard_blocks import block_documents
+from pretrain.data.shard_format import (
+    ShardError,
+    block_token_counts,
+    checked_blocks,
+    document_token_counts,
+    read_documents,
+)
 from pretrain.data.stages import PROGRESS_KEY, sample_progress_tokens
 from pretrain.data.vocab import Vocabulary
 
@@ -137,7 +146,10 @@ def shard_owners(path: str, share: tuple[tuple[int, int], ...], bad_shards: str)
     alone, so the sharers of a shard decode only their own documents. Computed once per
     process and shard. A bad shard under data.bad_shards=skip has no documents."""
     try:
-        counts = document_token_counts(path).tolist()
+        if decoded_in_memory(path):
+            counts = [n for b, _ in decoded_shard(path) for n in block_token_counts(b).tolist()]
+        else:
+            counts = document_token_counts(path).tolist()
     except ShardError:
         if bad_shards == "error":
             raise
@@ -163,12 +175,48 @@ def shard_documents(
     is used, so none of a bad shard is ever trained)."""
     path = spec.shard_paths[index]
     if spec.bad_shards == "error":
-        return read_documents(path, start_document, wanted=wanted)
+        return _documents(path, start_document, wanted)
     try:
-        return list(read_documents(path, start_document, wanted=wanted))
+        return list(_documents(path, start_document, wanted))
     except ShardError as error:
         print(f"warning: data.bad_shards=skip: left out {error}", file=sys.stderr, flush=True)
         return []
+
+
+def _documents(path: str, start: int, wanted: np.ndarray | None) -> Iterable[dict]:
+    """`read_documents`, from the process's decoded copy for a shared shard (`wanted` given)
+    of at most SHARED_SHARD_CACHE_BYTES."""
+    if wanted is None or not decoded_in_memory(path):
+        return read_documents(path, start, wanted=wanted)
+    return (
+        document
+        for block, offset in decoded_shard(path)
+        for document in block_documents(
+            block, max(0, start - offset), wanted[offset : offset + len(block.docs)]
+        )
+    )
+
+
+SHARED_SHARD_CACHE_BYTES = 8 << 20  # x 8 shards cached: 64 MB of shards per process at most
+
+
+def decoded_in_memory(path: str) -> bool:
+    """Whether a shared shard is small enough to be decoded once per process (`decoded_shard`);
+    a missing one is not (read_documents says so)."""
+    try:
+        return os.path.getsize(path) <= SHARED_SHARD_CACHE_BYTES
+    except OSError:
+        return False
+
+
+@functools.lru_cache(
+    maxsize=8
+)  # the shared shards being read now (the partitions keep within a few)
+def decoded_shard(path: str) -> tuple[tuple[Any, int], ...]:
+    """The checked blocks of a shard shared by several partitions, with the number of each
+    block's first document, decoded once per process: its sharers read it at about the same
+    time (the partitions advance together), each building only its own documents."""
+    return tuple((block, offset) for block, _, offset in checked_blocks(path))
 
 
 def shuffle_documents(

@@ -331,26 +331,31 @@ def read_documents(
     the manifest beside it), the shard is read whole into memory and checked before any of
     its documents is used. Raises ShardError naming the file (and member) when it is
     missing, truncated, corrupt or of format 1."""
-    for block, first, offset in _checked_blocks(Path(shard_path), start_document, expected_sha256):
+    for block, first, offset in checked_blocks(shard_path, start_document, expected_sha256):
         keep = None if wanted is None else wanted[offset : offset + len(block.docs)]
         yield from block_documents(block, first, keep)
 
 
+def block_token_counts(block: Any) -> np.ndarray:
+    """Tokens of each document of a checked block (int64), from its sentence offsets."""
+    token_ends = block.sents[np.cumsum(block.docs) - 1].astype(np.int64)
+    return np.diff(token_ends, prepend=0)
+
+
 def document_token_counts(shard_path: str | Path) -> np.ndarray:
-    """Tokens of each document of one shard, in order (int64), from its blocks' sentence
-    offsets without building the documents; checked as `read_documents` checks."""
-    counts = [np.zeros(0, np.int64)]
-    for block, _, _ in _checked_blocks(Path(shard_path), 0, None):
-        token_ends = block.sents[np.cumsum(block.docs) - 1].astype(np.int64)
-        counts.append(np.diff(token_ends, prepend=0))
-    return np.concatenate(counts)
+    """Tokens of each document of one shard, in order (int64), without building the
+    documents; checked as `read_documents` checks."""
+    blocks = checked_blocks(shard_path)
+    return np.concatenate([np.zeros(0, np.int64)] + [block_token_counts(b) for b, _, _ in blocks])
 
 
-def _checked_blocks(
-    path: Path, start_document: int, expected_sha256: str | None
+def checked_blocks(
+    shard_path: str | Path, start_document: int = 0, expected_sha256: str | None = None
 ) -> Iterator[tuple[Any, int, int]]:
     """(block, its first document to yield, number of its first document in the shard) for
-    the checked blocks of the shard at `path` (see `read_documents`)."""
+    the checked blocks of one shard, from the block holding `start_document` on (see
+    `read_documents`, whose checks they pass)."""
+    path = Path(shard_path)
     if not path.is_file():
         raise ShardError(f"{path}: shard not found; {PREPARE_HINT}")
     record = _recorded_shard(path)
