@@ -8,13 +8,22 @@ each shards directory given. Two stages are timed, each in this one process (one
   (part of both stages above); its share of the `stream` time is printed.
 
 Prints documents/s, tokens/s and shard MB/s. Prepare the directories first, e.g. with
-`pretrain-data prepare` (built-in corpus: long documents) or `benchmarks/prepare.py --keep`.
+`pretrain-data prepare` (built-in corpus: long documents; `make data/builtin/manifest.json`)
+or `benchmarks/prepare.py --keep`.
 
-    .venv/bin/python benchmarks/bench_stream.py data/builtin [more shards dirs...] [--repeats 3]
+Then, on the first directory, every objective's stream against `transformers`'
+DataCollatorForLanguageModeling, one process, one thread (`bench_stream_objectives.py`):
+(a) tar shards -> masked batch / the HF collator alone, (b) our collation + masking alone /
+the HF collator (its whole-word mode for wwm and ernie). `--objectives none` skips it; a
+few objectives (`--objectives ngram,span`) make a quick run.
+
+    .venv/bin/python benchmarks/bench_stream.py data/builtin [more shards dirs...] [--repeats 3] \
+        [--objectives all|none|mlm_nsp,ngram,...]
 """
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +36,9 @@ from pretrain.data.shard_format import file_sha256, load_manifest, read_document
 from pretrain.data.stream import StreamSpec, training_stream  # noqa: E402
 from pretrain.data.vocab import load_vocabulary  # noqa: E402
 from pretrain.objectives.mlm import MaskedLMCorruption  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_stream_objectives  # noqa: E402
 
 
 def time_read(paths: list[str]) -> tuple[float, int, int]:
@@ -73,6 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shards_dirs", nargs="+")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    bench_stream_objectives.add_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"{'shards dir':<32} {'stage':<7} {'docs/s':>10} {'tokens/s':>12} {'MB/s':>8}")
@@ -101,6 +114,12 @@ def main() -> None:
             f"{name:<32} {'sha256':<7} {documents / hashing:>10,.0f} {tokens / hashing:>12,.0f} "
             f"{shard_mb / hashing:>8.1f}  ({100 * hashing / seconds:.2f}% of the stream's time)"
         )
+
+    if args.objectives != "none":
+        names = bench_stream_objectives.parse_names(args.objectives)
+        print(f"\nstream vs transformers' collator, {args.shards_dirs[0]}, one thread:")
+        rows = bench_stream_objectives.run(args.shards_dirs[0], names, args)
+        bench_stream_objectives.print_table(rows)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ A document is {"key", "ids" (n,), "sents" (sentence end offsets), "words" (n,) w
 optionally "phrases" (n,) phrase/entity span flags}. A sequence is {"key", "input_ids" (L,),
 "token_type_ids" (L,), "word_starts" (L,), "phrases" (L,), "next_sentence_label"} with
 [CLS]/[SEP] added; its key names the document and the first sentence it starts at, and seeds
-its masks. Loops run per sentence, never per token.
+its masks. Loops run per sentence, never per token; a segment is a slice of a document
+(`SentencePieces`), copied once into the sequence's arrays.
 
 Pair formats (SEGMENT-PAIR, SENTENCE-PAIR) label the relation of their two segments with a
 `pair_task` in "next_sentence_label": "nsp" (BERT: 0 = B continues A, 1 = B from another document), "sop" (ALBERT:
@@ -12,6 +13,7 @@ Pair formats (SEGMENT-PAIR, SENTENCE-PAIR) label the relation of their two segme
 document, a third each), or "none".
 """
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
@@ -19,83 +21,88 @@ from typing import TypeVar
 
 import numpy as np
 
-from pretrain.data.keyed_rng import STREAM_FORMAT, keyed_generator
+from pretrain.data.keyed_rng import STREAM_FORMAT, keyed_generators
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 
 PAIR_TASKS = ("nsp", "sop", "three_way", "none")
 T = TypeVar("T")
 
-# (token ids, word-start flags, phrase flags) of one sentence or part of one
-Piece = tuple[np.ndarray, np.ndarray, np.ndarray]
-Pool = Sequence[tuple[dict, list[Piece]]]  # (document, its sentence pieces) of other documents
+
+class SentencePieces:
+    """A document cut at its sentence ends, a sentence longer than `max_tokens` into pieces
+    of at most `max_tokens` tokens: piece i is tokens [starts[i], stops[i]) of the
+    document's arrays. Empty sentences make no piece; consecutive pieces are contiguous (a
+    piece ends where the next begins), so a run of pieces is one slice of the document."""
+
+    __slots__ = ("ids", "words", "phrases", "starts", "stops")
+
+    def __init__(self, document: dict, max_tokens: int) -> None:
+        self.ids, self.words = document["ids"], document["words"]
+        self.phrases = document.get("phrases")  # None: no annotations (zeros)
+        sents = np.asarray(document["sents"], np.int64)
+        starts = np.concatenate(([0], sents[:-1])) if len(sents) else sents
+        lengths = sents - starts
+        if (lengths <= max_tokens).all():  # the usual case: one piece per non-empty sentence
+            keep = lengths > 0
+            self.starts, self.stops = starts[keep].tolist(), sents[keep].tolist()
+            return
+        self.starts, self.stops = [], []
+        for start, end in zip(starts.tolist(), sents.tolist(), strict=True):
+            for cut in range(start, end, max_tokens):
+                self.starts.append(cut)
+                self.stops.append(min(cut + max_tokens, end))
+
+    def __len__(self) -> int:
+        return len(self.starts)
 
 
-def _piece_slice(document: dict, start: int, stop: int) -> Piece:
-    phrases = document.get("phrases")
-    return (
-        document["ids"][start:stop],
-        document["words"][start:stop],
-        np.zeros(stop - start, np.uint8) if phrases is None else phrases[start:stop],
-    )
+# A segment: tokens [start, stop) of one document's SentencePieces.
+Segment = tuple[SentencePieces, int, int]
+Pool = Sequence[tuple]  # (document, its SentencePieces, ...) of other documents
 
 
-def sentence_pieces(document: dict, max_tokens: int) -> list[Piece]:
-    """Split a document at its sentence ends; a sentence longer than `max_tokens` is cut into
-    pieces of at most `max_tokens` tokens."""
-    pieces = []
-    starts = np.concatenate(([0], document["sents"][:-1]))
-    for start, end in zip(starts.tolist(), document["sents"].tolist(), strict=True):
-        for cut in range(start, end, max_tokens):
-            pieces.append(_piece_slice(document, cut, min(cut + max_tokens, end)))
-    return pieces
+def _fill(out: dict, position: int, segment: Segment) -> int:
+    """Copy a segment's ids, word starts and phrase flags into `out`'s arrays at `position`;
+    returns the position after it."""
+    pieces, start, stop = segment
+    end = position + stop - start
+    out["input_ids"][position:end] = pieces.ids[start:stop]
+    out["word_starts"][position:end] = pieces.words[start:stop]
+    if pieces.phrases is not None:
+        out["phrases"][position:end] = pieces.phrases[start:stop]
+    return end
 
 
-def _concat(pieces: list[Piece]) -> Piece:
-    return tuple(np.concatenate([p[i] for p in pieces]) for i in range(3))
-
-
-def _cut(piece: Piece, start: int, stop: int) -> Piece:
-    return tuple(a[start:stop] for a in piece)
-
-
-def _sequence(
-    key: str,
-    segments: list[Piece],
-    vocab: Vocabulary,
-    label: int = IGNORE_INDEX,
-    sentence_lengths: list[int] | None = None,
+def _pair_sequence(
+    key: str, first: Segment, second: Segment, vocab: Vocabulary, label: int
 ) -> dict:
-    """[CLS] seg0 [SEP] (seg1 [SEP]); token type i for segment i. `sentence_starts` flags the
-    first token of each sentence (of each segment, or of each of `sentence_lengths` (tokens)
-    when the one segment's sentences are known); [CLS] and [SEP] are never flagged."""
-    ids, types = [np.array([vocab.cls])], [np.zeros(1, np.int64)]
-    words, phrases = [np.ones(1, bool)], [np.zeros(1, np.uint8)]
-    for segment_id, (seg_ids, seg_words, seg_phrases) in enumerate(segments):
-        ids += [seg_ids.astype(np.int64), np.array([vocab.sep])]
-        types.append(np.full(len(seg_ids) + 1, segment_id, np.int64))
-        words += [seg_words.astype(bool), np.ones(1, bool)]
-        phrases += [seg_phrases.astype(np.uint8), np.zeros(1, np.uint8)]
+    """[CLS] A [SEP] B [SEP]: token types 0 then 1 (from B on), [CLS]/[SEP] word starts, no
+    phrase flags on them, `sentence_starts` at each non-empty segment's first token."""
+    len_a, len_b = first[2] - first[1], second[2] - second[1]
+    length = len_a + len_b + 3
+    out = {
+        "input_ids": np.empty(length, np.int64),
+        "word_starts": np.ones(length, bool),
+        "phrases": np.zeros(length, np.uint8),
+    }
+    out["input_ids"][0] = vocab.cls
+    out["input_ids"][_fill(out, 1, first)] = vocab.sep
+    out["input_ids"][_fill(out, len_a + 2, second)] = vocab.sep
+    token_type_ids = np.zeros(length, np.int64)
+    token_type_ids[len_a + 2 :] = 1
+    sentence_starts = np.zeros(length, bool)
+    sentence_starts[1] = len_a > 0
+    sentence_starts[len_a + 2] = len_b > 0
     return {
         "key": key,
-        "input_ids": np.concatenate(ids),
-        "token_type_ids": np.concatenate(types),
-        "word_starts": np.concatenate(words),
-        "phrases": np.concatenate(phrases),
+        "input_ids": out["input_ids"],
+        "token_type_ids": token_type_ids,
+        "word_starts": out["word_starts"],
+        "phrases": out["phrases"],
         "next_sentence_label": label,
-        "sentence_starts": _sentence_starts(segments, sentence_lengths),
+        "sentence_starts": sentence_starts,
     }
-
-
-def _sentence_starts(segments: list[Piece], sentence_lengths: list[int] | None) -> np.ndarray:
-    """(L,) bool: True at the first token of each sentence of `_sequence`'s output."""
-    starts = np.zeros(1 + sum(len(s[0]) + 1 for s in segments), bool)
-    offsets = np.cumsum([1] + [len(s[0]) + 1 for s in segments[:-1]])
-    starts[offsets] = [len(s[0]) > 0 for s in segments]
-    if sentence_lengths is not None and len(segments) == 1:
-        within = np.cumsum([0, *sentence_lengths[:-1]])
-        starts[1 + within[np.asarray(sentence_lengths) > 0]] = True
-    return starts
 
 
 def pack_sentences(
@@ -105,33 +112,73 @@ def pack_sentences(
     DOC-SENTENCES (False: a sequence never spans two documents, so the last one of a document
     may be short). Whole sentences are packed until the next would exceed max_seq_length."""
     budget = max_seq_length - 2  # [CLS] ... [SEP]
-    separator = (np.array([vocab.sep]), np.ones(1, bool), np.zeros(1, np.uint8))
-    pieces: list[Piece] = []
+    segments: list[Segment | None] = []  # None: a document separator ([SEP])
     used, key = 0, ""
     for document in documents:
-        for index, piece in enumerate(sentence_pieces(document, budget)):
-            if pieces and used + len(piece[0]) > budget:
-                yield _packed(key, pieces, separator, vocab)
-                pieces, used = [], 0
-            if not pieces:
+        pieces = SentencePieces(document, budget)
+        for index, (start, stop) in enumerate(zip(pieces.starts, pieces.stops, strict=True)):
+            if segments and used + stop - start > budget:
+                yield _packed(key, segments, used, vocab)
+                segments, used = [], 0
+            if not segments:
                 key = f"{document['key']}:{index}"
-            pieces.append(piece)
-            used += len(piece[0])
-        if not cross_documents and pieces:
-            yield _packed(key, pieces, separator, vocab)
-            pieces, used = [], 0
-        elif pieces and used + 1 <= budget:
-            pieces.append(separator)
+            segments.append((pieces, start, stop))
+            used += stop - start
+        if not cross_documents and segments:
+            yield _packed(key, segments, used, vocab)
+            segments, used = [], 0
+        elif segments and used + 1 <= budget:
+            segments.append(None)
             used += 1
-    if pieces:
-        yield _packed(key, pieces, separator, vocab)
+    if segments:
+        yield _packed(key, segments, used, vocab)
 
 
-def _packed(key: str, pieces: list[Piece], separator: Piece, vocab: Vocabulary) -> dict:
-    """One single-segment sequence; a document separator at the very end is dropped."""
-    if pieces[-1] is separator:
-        pieces = pieces[:-1]
-    return _sequence(key, [_concat(pieces)], vocab, sentence_lengths=[len(p[0]) for p in pieces])
+def _packed(key: str, segments: list[Segment | None], used: int, vocab: Vocabulary) -> dict:
+    """One single-segment sequence [CLS] body [SEP] of sentence pieces and separators (a
+    separator at the very end is dropped); `sentence_starts` at the first token of every
+    piece and separator. Runs of contiguous pieces of one document are copied as one slice."""
+    if segments[-1] is None:
+        segments, used = segments[:-1], used - 1
+    length = used + 2
+    out = {
+        "input_ids": np.empty(length, np.int64),
+        "word_starts": np.ones(length, bool),
+        "phrases": np.zeros(length, np.uint8),
+    }
+    out["input_ids"][0], out["input_ids"][-1] = vocab.cls, vocab.sep
+    sentence_starts = np.zeros(length, bool)
+    firsts = []  # first position of each piece and separator
+    position, run = 1, None  # run: the contiguous slice not yet copied
+    for segment in segments:
+        firsts.append(position + (0 if run is None else run[2] - run[1]))
+        if (
+            run is not None
+            and segment is not None
+            and segment[0] is run[0]
+            and segment[1] == run[2]
+        ):
+            run = (run[0], run[1], segment[2])
+            continue
+        if run is not None:
+            position = _fill(out, position, run)
+        if segment is None:
+            out["input_ids"][position] = vocab.sep  # word start, no phrase flag
+            position, run = position + 1, None
+        else:
+            run = segment
+    if run is not None:
+        _fill(out, position, run)
+    sentence_starts[firsts] = True
+    return {
+        "key": key,
+        "input_ids": out["input_ids"],
+        "token_type_ids": np.zeros(length, np.int64),
+        "word_starts": out["word_starts"],
+        "phrases": out["phrases"],
+        "next_sentence_label": IGNORE_INDEX,
+        "sentence_starts": sentence_starts,
+    }
 
 
 def truncated_lengths(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
@@ -149,13 +196,14 @@ def truncated_lengths(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int
     return len_a - excess // 2, len_b - (excess + 1) // 2
 
 
-def _truncate(piece: Piece, keep: int, rng: np.random.Generator) -> Piece:
+def _truncate(segment: Segment, keep: int, rng: np.random.Generator) -> Segment:
     """Keep `keep` tokens, removing each surplus token from the front or the back at random."""
-    surplus = len(piece[0]) - keep
+    pieces, start, stop = segment
+    surplus = stop - start - keep
     if surplus <= 0:
-        return piece
+        return segment
     front = int(rng.binomial(surplus, 0.5))
-    return _cut(piece, front, front + keep)
+    return pieces, start + front, start + front + keep
 
 
 def make_segment_pairs(
@@ -178,28 +226,48 @@ def make_segment_pairs(
     that every label stays possible. Draws are keyed by (seed, epoch, document key); the other
     document comes from the pool of `random_document_pools`."""
     max_tokens = max_seq_length - 3  # [CLS] A [SEP] B [SEP]
-    split = ((d, sentence_pieces(d, max_tokens)) for d in documents)
-    for (document, sentences), pool in random_document_pools(split, pool_size):
-        rng = keyed_generator(seed, epoch, STREAM_FORMAT, document["key"])
+    split = (
+        (d, SentencePieces(d, max_tokens), rng)
+        for d, rng in _keyed_documents(documents, seed, epoch, STREAM_FORMAT)
+    )
+    for (document, pieces, rng), pool in random_document_pools(split, pool_size):
         short = rng.random() < short_seq_probability
         target = int(rng.integers(2, max_tokens + 1)) if short else max_tokens
+        starts, stops = pieces.starts, pieces.stops
         chunk_start, used, i = 0, 0, 0
-        while i < len(sentences):
-            used += len(sentences[i][0])
-            if i == len(sentences) - 1 or used >= target or (single_sentences and i > chunk_start):
-                chunk = sentences[chunk_start : i + 1]
+        while i < len(starts):
+            used += stops[i] - starts[i]
+            if i == len(starts) - 1 or used >= target or (single_sentences and i > chunk_start):
                 b_target = None if single_sentences else target
                 pair, unused = _labelled_pair(
-                    chunk, b_target, pool, rng, pair_task, random_probability
+                    pieces, chunk_start, i + 1, b_target, pool, rng, pair_task, random_probability
                 )
                 if pair is not None:
                     first, second, label = pair
-                    keep_a, keep_b = truncated_lengths(len(first[0]), len(second[0]), max_tokens)
-                    segments = [_truncate(first, keep_a, rng), _truncate(second, keep_b, rng)]
-                    yield _sequence(f"{document['key']}:{chunk_start}", segments, vocab, label)
+                    keep_a, keep_b = truncated_lengths(
+                        first[2] - first[1], second[2] - second[1], max_tokens
+                    )
+                    yield _pair_sequence(
+                        f"{document['key']}:{chunk_start}",
+                        _truncate(first, keep_a, rng),
+                        _truncate(second, keep_b, rng),
+                        vocab,
+                        label,
+                    )
                 i -= unused  # sentences not used by a random B start the next chunk
                 chunk_start, used = i + 1, 0
             i += 1
+
+
+def _keyed_documents(
+    documents: Iterable[dict], seed: int, epoch: int, stream: int, block: int = 64
+) -> Iterator[tuple[dict, np.random.Generator]]:
+    """Each document with its `keyed_generator(seed, epoch, stream, key)`, the generators
+    seeded `block` documents at a time (`keyed_generators`)."""
+    documents = iter(documents)
+    while chunk := list(islice(documents, block)):
+        keys = [document["key"] for document in chunk]
+        yield from zip(chunk, keyed_generators(seed, epoch, stream, keys), strict=True)
 
 
 def random_document_pools(items: Iterable[T], pool_size: int) -> Iterator[tuple[T, Sequence[T]]]:
@@ -220,25 +288,33 @@ def random_document_pools(items: Iterable[T], pool_size: int) -> Iterator[tuple[
 
 
 def _labelled_pair(
-    chunk: list[Piece],
+    pieces: SentencePieces,
+    chunk_start: int,
+    chunk_stop: int,
     target: int | None,
     pool: Pool,
     rng: np.random.Generator,
     pair_task: str,
     random_probability: float,
-) -> tuple[tuple[Piece, Piece, int] | None, int]:
-    """((first, second, label) or None, number of chunk sentences left unused). A random
-    second segment fills A up to `target` tokens (None: a single sentence)."""
-    if len(chunk) >= 2:
-        a_end = int(rng.integers(1, len(chunk)))
-        a, b = _concat(chunk[:a_end]), _concat(chunk[a_end:])
-    elif len(chunk[0][0]) >= 2:
+) -> tuple[tuple[Segment, Segment, int] | None, int]:
+    """((first, second, label) or None, number of chunk sentences left unused) of the chunk
+    of pieces [chunk_start, chunk_stop). A random second segment fills A up to `target`
+    tokens (None: a single sentence)."""
+    starts, stops = pieces.starts, pieces.stops
+    count = chunk_stop - chunk_start
+    if count >= 2:
+        a_end = int(rng.integers(1, count))
+        split = chunk_start + a_end
+        a = (pieces, starts[chunk_start], stops[split - 1])
+        b = (pieces, starts[split], stops[chunk_stop - 1])
+    elif stops[chunk_start] - starts[chunk_start] >= 2:
         a_end = 1
-        cut = int(rng.integers(1, len(chunk[0][0])))
-        a, b = _cut(chunk[0], 0, cut), _cut(chunk[0], cut, len(chunk[0][0]))
+        start, stop = starts[chunk_start], stops[chunk_start]
+        cut = start + int(rng.integers(1, stop - start))
+        a, b = (pieces, start, cut), (pieces, cut, stop)
     else:
         return None, 0
-    b_tokens = 1 if target is None else target - len(a[0])
+    b_tokens = 1 if target is None else target - (a[2] - a[1])
     draw = rng.random()
     if pair_task == "sop":
         return ((b, a, 1) if draw < 0.5 else (a, b, 0)), 0
@@ -248,18 +324,19 @@ def _labelled_pair(
         if draw < 2 / 3:
             return (b, a, 1), 0
         if pool:
-            return (a, _random_segment(pool, rng, b_tokens), 2), len(chunk) - a_end
+            return (a, _random_segment(pool, rng, b_tokens), 2), count - a_end
         return (a, b, 0), 0
     if pair_task == "nsp" and pool and draw < random_probability:
-        return (a, _random_segment(pool, rng, b_tokens), 1), len(chunk) - a_end
+        return (a, _random_segment(pool, rng, b_tokens), 1), count - a_end
     return (a, b, 0 if pair_task == "nsp" else IGNORE_INDEX), 0
 
 
-def _random_segment(pool: Pool, rng: np.random.Generator, min_tokens: int) -> Piece:
+def _random_segment(pool: Pool, rng: np.random.Generator, min_tokens: int) -> Segment:
     """Contiguous sentences of a random pooled document, from a random sentence, until at
     least `min_tokens` tokens (or the document's end)."""
     other = pool[int(rng.integers(len(pool)))][1]
     start = int(rng.integers(len(other)))
-    lengths = np.cumsum([len(p[0]) for p in other[start:]])
-    stop = start + int(np.searchsorted(lengths, max(min_tokens, 1))) + 1
-    return _concat(other[start:stop])
+    first = other.starts[start]
+    # the first piece from `start` on whose end reaches min_tokens (pieces are contiguous)
+    last = bisect_left(other.stops, first + max(min_tokens, 1), lo=start)
+    return other, first, other.stops[min(last, len(other) - 1)]

@@ -3,12 +3,20 @@ and workers, whatever the order samples arrive in, and after a resume.
 
 `keyed_uniform` is a counter-based generator (splitmix64 over seed, epoch, stream, key and
 position), vectorised over a whole batch. `keyed_generator` gives a numpy Generator for
-per-sequence decisions that need more than uniforms (lengths, choices).
+per-sequence decisions that need more than uniforms (lengths, choices), and
+`keyed_generators` one per key of a batch: each is exactly
+`np.random.default_rng([seed, epoch, stream, key_hash(key)])`, but numpy's SeedSequence
+(its entropy mixing and `generate_state`, ~4/5 of the cost of building a Generator) is
+computed here vectorised over the keys and handed to PCG64 through numpy's `ISeedSequence`
+interface (checked against numpy once per process, else numpy seeds each key itself;
+`tests/unit/test_batched_draws.py` compares the draws on random inputs).
 """
 
 import hashlib
+from functools import lru_cache
 
 import numpy as np
+from numpy.random.bit_generator import ISeedSequence
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -54,5 +62,185 @@ def keyed_uniform(
 
 
 def keyed_generator(seed: int, epoch: int, stream: int, key: str) -> np.random.Generator:
-    """A numpy Generator seeded from (seed, epoch, stream, key)."""
+    """A numpy Generator seeded from (seed, epoch, stream, key): the one
+    `np.random.default_rng([seed, epoch, stream, key_hash(key)])` gives."""
     return np.random.default_rng([seed, epoch, stream, key_hash(key)])
+
+
+def keyed_generators(
+    seed: int, epoch: int, stream: int, keys: list[str]
+) -> list[np.random.Generator]:
+    """`keyed_generator(seed, epoch, stream, key)` for each of `keys`, the seeding
+    vectorised over the keys (one independent Generator each)."""
+    if not keys:
+        return []
+    if not _batched_seeding_works():
+        return [keyed_generator(seed, epoch, stream, key) for key in keys]
+    words = _seed_words([seed, epoch, stream], key_hashes(keys))
+    return [_generator(row) for row in words]
+
+
+@lru_cache(maxsize=1)
+def _batched_seeding_works() -> bool:
+    """Whether this numpy seeds `default_rng` as reproduced here (SeedSequence into PCG64),
+    checked once per process on a few keys."""
+    hashes = np.array([0, 1, 2**32 + 5, 2**64 - 1], np.uint64)
+    try:
+        ours = [_generator(words).random(3) for words in _seed_words([1234, 1, 3], hashes)]
+    except (TypeError, ValueError):
+        return False
+    theirs = [np.random.default_rng([1234, 1, 3, int(h)]).random(3) for h in hashes]
+    return all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+# numpy's SeedSequence (numpy/random/bit_generator.pyx, unchanged since numpy 1.17): the
+# entropy's 32-bit words are mixed into a pool of 4 words by `hashmix` and `mix`, each
+# hashmix call advancing a hash constant; `generate_state` draws the output words from the
+# pool the same way with another constant. All arithmetic is modulo 2**32; the functions
+# below take Python ints (constants) or uint32 arrays (a batch of keys) alike.
+_POOL_SIZE = 4
+_INIT_A, _MULT_A = 0x43B0D7E5, 0x931E8875
+_INIT_B, _MULT_B = 0x8B51F9DD, 0x58F38DED
+_MIX_MULT_L, _MIX_MULT_R = 0xCA01F9DD, 0x4973F715
+_MASK32 = 0xFFFFFFFF
+_OUTPUT_WORDS = 8  # generate_state(4, np.uint64): 8 words of 32 bits
+
+
+def _hash_constants(count: int, init: int, mult: int) -> list[tuple[int, int]]:
+    """(constant xored in, constant multiplied by) of the first `count` hash calls: the
+    running constant before and after its update. Data-independent."""
+    pairs, h = [], init
+    for _ in range(count):
+        after = (h * mult) & _MASK32
+        pairs.append((h, after))
+        h = after
+    return pairs
+
+
+_MIX_CONSTANTS = _hash_constants(_POOL_SIZE * _POOL_SIZE + _POOL_SIZE * 16, _INIT_A, _MULT_A)
+_OUTPUT_CONSTANTS = _hash_constants(_OUTPUT_WORDS, _INIT_B, _MULT_B)
+
+
+def _hashmix(value, call: int):
+    """SeedSequence's hashmix as its `call`-th call (0-based) makes it."""
+    xor, mult = _MIX_CONSTANTS[call]
+    value = ((value ^ xor) * mult) & _MASK32
+    return value ^ (value >> 16)
+
+
+def _mix(x, y):
+    result = (((_MIX_MULT_L * x) & _MASK32) - ((_MIX_MULT_R * y) & _MASK32)) & _MASK32
+    return result ^ (result >> 16)
+
+
+def _int_words(value: int) -> list[int]:
+    """A non-negative int as SeedSequence reads it: 32-bit words, least significant first
+    ([0] for 0)."""
+    if value < 0:
+        raise ValueError(f"seed entropy must be non-negative, got {value}")
+    words = [value & _MASK32]
+    value >>= 32
+    while value:
+        words.append(value & _MASK32)
+        value >>= 32
+    return words
+
+
+def _pool(words: list) -> list:
+    """SeedSequence's entropy pool (4 words) mixed from `words` (ints or uint32 arrays)."""
+    if len(words) > _POOL_SIZE + 16:
+        raise ValueError("seed entropy too long")
+    pool = [_hashmix(words[i] if i < len(words) else 0, i) for i in range(_POOL_SIZE)]
+    call = _POOL_SIZE
+    for src in range(_POOL_SIZE):
+        for dst in range(_POOL_SIZE):
+            if src != dst:
+                pool[dst] = _mix(pool[dst], _hashmix(pool[src], call))
+                call += 1
+    for src in range(_POOL_SIZE, len(words)):
+        for dst in range(_POOL_SIZE):
+            pool[dst] = _mix(pool[dst], _hashmix(words[src], call))
+            call += 1
+    return pool
+
+
+@lru_cache(maxsize=64)
+def _prefix_state(prefix: tuple[int, ...]) -> tuple[int, ...]:
+    """For entropy [*prefix, hash] whose prefix is 3 words: the pool words and hash values
+    that do not depend on the hash (`_keyed_pool`)."""
+    pool = [_hashmix(prefix[i], i) for i in range(3)]
+    constants = []
+    call = _POOL_SIZE
+    for src in range(3):
+        for dst in range(_POOL_SIZE):
+            if src != dst:
+                value = _hashmix(pool[src], call)
+                call += 1
+                if dst == 3:  # pool[3] holds the hash: mixed with this value later
+                    constants.append(value)
+                else:
+                    pool[dst] = _mix(pool[dst], value)
+    return (*pool, *constants)
+
+
+def _keyed_pool(prefix: tuple[int, ...], low: np.ndarray, high: np.ndarray) -> list:
+    """`_pool(prefix + [low] (+ [high] where high != 0))` for a 3-word prefix, the part that
+    does not depend on the hash taken from `_prefix_state`: low/high (n,) uint32 are the
+    hashes' 32-bit halves (a hash under 2**32 is one word)."""
+    p0, p1, p2, k0, k1, k2 = _prefix_state(prefix)
+    p3 = _mix(_mix(_mix(_hashmix(low, 3), k0), k1), k2)
+    pool = [_mix(p0, _hashmix(p3, 13)), _mix(p1, _hashmix(p3, 14)), _mix(p2, _hashmix(p3, 15)), p3]
+    two = high != 0
+    return [
+        np.where(two, _mix(pool[dst], _hashmix(high, 16 + dst)), pool[dst])
+        for dst in range(_POOL_SIZE)
+    ]
+
+
+def _output(pool: list):
+    """generate_state(4, np.uint64) from the pool: 4 uint64 words (ints or arrays)."""
+    out = []
+    for i, (xor, mult) in enumerate(_OUTPUT_CONSTANTS):
+        value = ((pool[i % _POOL_SIZE] ^ xor) * mult) & _MASK32
+        out.append(value ^ (value >> 16))
+    return [out[i] | (out[i + 1] << 32) for i in range(0, _OUTPUT_WORDS, 2)]
+
+
+def _seed_words(prefix: list[int], hashes: np.ndarray) -> np.ndarray:
+    """`np.random.SeedSequence([*prefix, h]).generate_state(4, np.uint64)` for each h of
+    `hashes` (n,) uint64: (n, 4) uint64."""
+    head = [w for value in prefix for w in _int_words(int(value))]
+    hashes = np.asarray(hashes, dtype=np.uint64)
+    low = (hashes & np.uint64(_MASK32)).astype(np.uint32)
+    high = (hashes >> np.uint64(32)).astype(np.uint32)
+    with np.errstate(over="ignore"):
+        if len(head) == 3:
+            pool = _keyed_pool(tuple(head), low, high)
+        else:  # a seed of 2**32 or more: rows of one-word and two-word hashes apart
+            two = high != 0
+            rows = [np.full(len(hashes), w, np.uint32) for w in head]
+            pool = [
+                np.where(two, with_high, without)
+                for with_high, without in zip(
+                    _pool([*rows, low, high]), _pool([*rows, low]), strict=True
+                )
+            ]
+        words = [w.astype(np.uint64) for w in _output([p.astype(np.uint64) for p in pool])]
+    return np.stack(words, axis=1)
+
+
+class _StateWords(ISeedSequence):
+    """The words a SeedSequence would generate for PCG64, handed to it as they are."""
+
+    def __init__(self, words: np.ndarray) -> None:
+        self.words = words
+
+    def generate_state(self, n_words: int, dtype=np.uint32) -> np.ndarray:
+        if n_words != 4 or np.dtype(dtype) != np.uint64:
+            raise ValueError("only PCG64's seeding (4 uint64 words) is precomputed")
+        return self.words
+
+
+def _generator(words: np.ndarray) -> np.random.Generator:
+    """A PCG64 Generator seeded from generate_state words (4,) uint64."""
+    return np.random.Generator(np.random.PCG64(_StateWords(np.ascontiguousarray(words))))

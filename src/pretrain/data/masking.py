@@ -181,37 +181,71 @@ def unit_start_index(unit_first: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.where(unit_first, positions, 0), axis=1)
 
 
-def row_units(unit_first: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first token, length in tokens) of each unit of one row, both (units,) int64. Units
-    are runs of candidates from one `unit_first` token to the next (seq,) flags."""
-    starts = np.flatnonzero(unit_first)
-    unit_of = np.cumsum(unit_first) - 1  # (seq,)
-    lengths = np.bincount(unit_of[candidates], minlength=len(starts)).astype(np.int64)
-    return starts.astype(np.int64), lengths
+def stable_row_order(keys: np.ndarray) -> np.ndarray:
+    """`np.argsort(keys, axis=1, kind="stable")` of keys (batch, n) in [0, 1]. When every
+    key is a multiple of 2**-53 (`keyed_uniform`'s, numpy's `random()`) and n < 1024, the
+    keys become the distinct integers key x 2**53 x n + column, which the faster unstable
+    sort puts in the same order."""
+    width = keys.shape[1]
+    scaled = keys * float(1 << 53)
+    if width >= 1024 or not np.array_equal(scaled, np.floor(scaled)):
+        return np.argsort(keys, axis=1, kind="stable")
+    unique = scaled.astype(np.int64) * width + np.arange(width)
+    return np.argsort(unique, axis=1)
 
 
-def fill_budget(lengths: np.ndarray, budget: int) -> np.ndarray:
-    """Accept units in the given order until `budget` tokens are covered; a unit that would
-    overshoot is skipped and later (shorter) ones are tried (BERT's create_pretraining_data).
-    At least the first unit is accepted when none fits. lengths (units,) in tokens; returns
-    (units,) bool."""
-    accepted = np.zeros(len(lengths), bool)
-    if len(lengths) == 0 or budget <= 0:
-        return accepted
-    fitting = int(np.searchsorted(np.cumsum(lengths), budget, side="right"))
-    accepted[:fitting] = True
-    covered = int(lengths[:fitting].sum())
-    position = fitting + 1
-    while covered < budget and position < len(lengths):  # one step per accepted unit
-        fits = np.flatnonzero(lengths[position:] <= budget - covered)
-        if len(fits) == 0:
-            break
-        position += int(fits[0])
-        accepted[position] = True
-        covered += int(lengths[position])
-        position += 1
-    if not accepted.any():
-        accepted[0] = True
+def batch_units(
+    unit_first: np.ndarray, candidates: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The units of every row: runs of candidates from one `unit_first` token to the next,
+    unit_first and candidates (batch, seq) bool. Returns (first token (batch, U) int64,
+    length in candidate tokens (batch, U) int64, units per row (batch,) int64, unit of each
+    token (batch, seq) int64, -1 before the row's first unit), U the most units of any row;
+    slots past a row's units hold first token 0 and length 0."""
+    batch = unit_first.shape[0]
+    unit_of = np.cumsum(unit_first, axis=1, dtype=np.int64) - 1
+    counts = unit_of[:, -1] + 1 if unit_first.shape[1] else np.zeros(batch, np.int64)
+    width = int(counts.max(initial=0))
+    starts = np.zeros((batch, width), np.int64)
+    rows, columns = np.nonzero(unit_first)
+    starts[rows, unit_of[rows, columns]] = columns
+    counted = candidates & (unit_of >= 0)
+    flat = (np.arange(batch)[:, None] * width + unit_of)[counted]
+    lengths = np.bincount(flat, minlength=batch * width).reshape(batch, width)
+    return starts, lengths.astype(np.int64), counts, unit_of
+
+
+def batch_fill_budget(lengths: np.ndarray, counts: np.ndarray, budgets: np.ndarray) -> np.ndarray:
+    """Accept each row's units in the given order until its budget (tokens) is covered; a
+    unit that would overshoot is skipped and later (shorter) ones are tried (BERT's
+    create_pretraining_data); at least the first unit is accepted when none fits. lengths
+    (batch, U) in tokens of each row's units in the order they are tried (the first
+    counts[row] of a row are its units), budgets (batch,); returns (batch, U) bool. The
+    part of a row that fits before its first overshoot is taken at once; then each pass
+    accepts, in every row still short of its budget, the next unit that fits (passes: the
+    most such units of any row)."""
+    batch, width = lengths.shape
+    columns = np.arange(width)
+    real = columns < counts[:, None]
+    sizes = np.where(real, lengths, np.int64(1) << 40)  # past a row's units: never fits
+    total = np.cumsum(sizes, axis=1)
+    fitting = (total <= budgets[:, None]).sum(axis=1)  # units accepted before an overshoot
+    accepted = columns < fitting[:, None]
+    rows = np.arange(batch)
+    covered = np.where(fitting > 0, total[rows, np.maximum(fitting - 1, 0)], 0)
+    position = fitting + 1  # the overshooting unit is skipped
+    active = (covered < budgets) & (position < counts) & (budgets > 0)
+    while active.any():
+        fits = (columns >= position[:, None]) & (sizes <= (budgets - covered)[:, None])
+        first = np.argmax(fits, axis=1)
+        active &= fits[rows, first]
+        take = rows[active]
+        accepted[take, first[take]] = True
+        covered[take] += sizes[take, first[take]]
+        position[take] = first[take] + 1
+        active &= (covered < budgets) & (position < counts)
+    none = (counts > 0) & (budgets > 0) & ~accepted.any(axis=1)
+    accepted[none, 0] = True  # at least the first unit when none fits
     return accepted
 
 
@@ -219,18 +253,24 @@ def select_whole_units(
     unit_first: np.ndarray, candidates: np.ndarray, uniform: np.ndarray, probability: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Whole-unit selection (whole-word masking, ERNIE's phrase/entity masking): units are
-    taken in a random order (ascending `uniform` at their first token) by `fill_budget` up to
-    `mask_budget` tokens per row. unit_first, candidates (batch, seq) bool, uniform (batch,
-    seq) in [0, 1). Returns (selected (batch, seq) bool, unit_start (batch, seq) int64)."""
-    selected = np.zeros(candidates.shape, bool)
+    taken in a random order (ascending `uniform` at their first token) by `batch_fill_budget`
+    up to `mask_budget` tokens per row.
+    unit_first, candidates (batch, seq) bool, uniform (batch, seq) in [0, 1). Returns
+    (selected (batch, seq) bool, unit_start (batch, seq) int64)."""
     budgets = mask_budget(candidates.sum(axis=1), probability)
-    for row in range(candidates.shape[0]):  # per row, vectorised over its units
-        starts, lengths = row_units(unit_first[row], candidates[row])
-        if len(starts) == 0:
-            continue
-        order = np.argsort(uniform[row, starts], kind="stable")
-        accepted = np.zeros(len(starts), bool)
-        accepted[order] = fill_budget(lengths[order], int(budgets[row]))
-        unit_of = np.cumsum(unit_first[row]) - 1
-        selected[row] = candidates[row] & accepted[np.maximum(unit_of, 0)] & (unit_of >= 0)
+    starts, lengths, counts, unit_of = batch_units(unit_first, candidates)
+    if starts.shape[1] == 0:  # no unit in any row
+        return np.zeros(candidates.shape, bool), unit_start_index(unit_first)
+    real = np.arange(starts.shape[1]) < counts[:, None]
+    keys = np.where(real, np.take_along_axis(uniform, starts, axis=1), 1.0)  # padding last
+    order = stable_row_order(keys)
+    accepted = np.zeros(starts.shape, bool)
+    np.put_along_axis(
+        accepted,
+        order,
+        batch_fill_budget(np.take_along_axis(lengths, order, axis=1), counts, budgets),
+        axis=1,
+    )
+    chosen = np.take_along_axis(accepted, np.maximum(unit_of, 0), axis=1)
+    selected = candidates & (unit_of >= 0) & chosen
     return selected, unit_start_index(unit_first)

@@ -3,9 +3,10 @@ al., 2019), on one sequence at a time.
 
 A sequence is `[CLS] body [SEP]` (the packed formats' shape, real tokens only); the noise
 touches the body and keeps [CLS] first and the final [SEP] last (fairseq keeps <s> and </s>).
-Every function takes a numpy Generator; `sequence_generator` keys it by (seed, epoch, stream,
-sample key), so noise is reproducible and independent of workers, ranks and batch order.
-Within a sequence the work is vectorised numpy; batches loop over rows.
+Every function takes a numpy Generator; the objectives key it by (seed, epoch, stream, sample
+key) (`keyed_rng`), so noise is reproducible and independent of workers, ranks and batch order.
+Within a sequence the work is vectorised numpy; batches loop over rows, their generators
+seeded for the whole batch at once (`keyed_rng.keyed_generators`).
 
 `apply_noise` composes them in fairseq's order: sentence permutation, token masking, token
 deletion, text infilling, document rotation.
@@ -16,16 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain.data.keyed_rng import keyed_generator
-
 # keyed_rng streams of this module (keyed_rng.py holds the pipeline's 1-12)
 STREAM_NOISE = 20
 STREAM_MASS = 21
-
-
-def sequence_generator(seed: int, epoch: int, stream: int, key: str) -> np.random.Generator:
-    """The Generator of one sequence's noise, keyed by (seed, epoch, stream, key)."""
-    return keyed_generator(seed, epoch, stream, key)
 
 
 def _split(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -86,23 +80,26 @@ def infill_text(
     body length) body tokens are each replaced by ONE [MASK]; a zero-length span inserts a
     [MASK]. Spans do not overlap; their order and the gaps between them are uniformly random.
     Returns (noised ids, the span lengths in body order)."""
-    first, body, last = _split(ids)
-    budget = round(probability * len(body))
+    body = len(ids) - 2
+    budget = round(probability * body)
     lengths = poisson_span_lengths(budget, poisson_lambda, rng)
     if len(lengths) == 0:
         return ids.copy(), lengths
     spans = len(lengths)
-    kept = len(body) - budget
-    # Lay out `kept` body tokens and `spans` spans in a random order (stars and bars):
+    slots = body - budget + spans
+    # Lay out the kept body tokens and the spans in a random order (stars and bars):
     # slot i of kept + spans is a span when it is among the chosen ones.
-    is_span = np.zeros(kept + spans, bool)
-    is_span[rng.choice(kept + spans, size=spans, replace=False)] = True
+    is_span = np.zeros(slots, bool)
+    is_span[rng.choice(slots, size=spans, replace=False)] = True
     # each slot's length in body tokens: 1 for a kept token, the span's length for a span
-    slot_lengths = np.ones(kept + spans, np.int64)
+    slot_lengths = np.ones(slots, np.int64)
     slot_lengths[is_span] = lengths
-    slot_starts = np.concatenate([[0], np.cumsum(slot_lengths)[:-1]])
-    out_body = np.where(is_span, mask_id, body[np.minimum(slot_starts, len(body) - 1)])
-    return np.concatenate([first, out_body.astype(ids.dtype), last]), lengths
+    slot_starts = np.cumsum(slot_lengths) - slot_lengths
+    out = np.empty(slots + 2, ids.dtype)
+    out[0], out[-1] = ids[0], ids[-1]
+    out[1:-1] = ids[1:-1][np.minimum(slot_starts, body - 1)]
+    out[1:-1][is_span] = mask_id
+    return out, lengths
 
 
 def permute_sentences(
@@ -111,18 +108,25 @@ def permute_sentences(
     """Sentence permutation: the body's sentences (split where `sentence_starts` is True;
     the body's first token always starts one) are shuffled; `fraction` of them
     (ceil(fraction x count)) take part, the rest keep their place. Keeps the token multiset."""
-    first, body, last = _split(ids)
-    if len(body) == 0 or fraction <= 0:
+    body = len(ids) - 2
+    if body <= 0 or fraction <= 0:
         return ids.copy()
     starts = np.flatnonzero(sentence_starts[1:-1])
-    starts = np.union1d([0], starts)
-    ends = np.append(starts[1:], len(body))
+    if len(starts) == 0 or starts[0] != 0:
+        starts = np.concatenate(([0], starts))
     count = len(starts)
     chosen = np.sort(rng.choice(count, size=math.ceil(fraction * count), replace=False))
     order = np.arange(count)
     order[chosen] = chosen[rng.permutation(len(chosen))]
-    pieces = [body[starts[i] : ends[i]] for i in order]
-    return np.concatenate([first, *pieces, last])
+    lengths = np.empty(count, np.int64)  # each sentence's length, then in the new order
+    lengths[:-1] = starts[1:] - starts[:-1]
+    lengths[-1] = body - starts[-1]
+    lengths = lengths[order]
+    # token t of the output body: its sentence's old start + its offset in the sentence
+    shift = np.repeat(starts[order] - (np.cumsum(lengths) - lengths), lengths)
+    out = ids.copy()
+    out[1:-1] = ids[1:-1][shift + np.arange(body)]
+    return out
 
 
 def rotate_document(ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:

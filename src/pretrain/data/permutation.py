@@ -93,12 +93,20 @@ def span_order(
     return Permutation(rank, targets)
 
 
-def perm_mask_from(permutation: Permutation) -> np.ndarray:
+def perm_mask_from(
+    permutation: Permutation, rows: slice = slice(None), columns: slice = slice(None)
+) -> np.ndarray:
     """(batch, seq, seq) bool, True = token i may not see token j: j is a target not before i.
     Context tokens (rank CONTEXT_RANK) see each other and no target; padding is left to the
-    attention mask."""
+    attention mask. Computed as rank'[j] >= rank[i] with rank' = rank at targets and, at
+    non-targets, a value below every rank (never blocked), in the narrowest integer type.
+    `rows`, `columns`: only that block of it (i in rows, j in columns)."""
     rank, targets = permutation.rank, permutation.targets
-    return targets[:, None, :] & (rank[:, None, :] >= rank[:, :, None])
+    below = min(int(rank.min(initial=0)), CONTEXT_RANK) - 1
+    top = int(rank.max(initial=0))
+    dtype = np.int16 if -(1 << 15) <= below and top < (1 << 15) else np.int64
+    blocking = np.where(targets[:, columns], rank[:, columns], below).astype(dtype)
+    return blocking[:, None, :] >= rank[:, rows].astype(dtype)[:, :, None]
 
 
 def target_mapping_from(

@@ -4,19 +4,22 @@ Both work on the words of each row (see `masking.word_start_flags`): a unit is a
 consecutive whole words inside one run of candidate tokens (never across [SEP] or padding),
 units never overlap, and units are added until `mask_budget` tokens are covered. Each row's
 draws come from `keyed_generator(seed, epoch, stream, key)`, so a sequence's mask depends
-only on (seed, epoch, sequence key). Loops run per unit of a row, never per token.
+only on (seed, epoch, sequence key). The words of every row, the lengths drawn and the
+masks are computed for the whole batch at once; what stays per row is its generator's draws
+and the greedy placement of its units (`_fill_ngrams`, `_fill_spans`), a loop per unit.
 """
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
-from pretrain.data.keyed_rng import keyed_generator
+from pretrain.data.keyed_rng import keyed_generators
 from pretrain.data.masking import (
     STREAM_MASK_NGRAM,
     STREAM_MASK_SPAN,
+    batch_units,
     mask_budget,
-    row_units,
     unit_start_index,
 )
 
@@ -28,15 +31,22 @@ def ngram_length_probabilities(max_ngram: int) -> np.ndarray:
     return weights / weights.sum()
 
 
+@lru_cache(maxsize=32)
+def _ngram_cdf(top: int) -> np.ndarray:
+    return np.cumsum(ngram_length_probabilities(top))[:-1]  # (top - 1,)
+
+
 def sample_ngram_lengths(uniform: np.ndarray, available: np.ndarray, max_ngram: int) -> np.ndarray:
     """N-gram lengths in words by inverse transform: p(n) proportional to 1/n over
     n = 1..min(max_ngram, available) (ALBERT renormalises over the n-grams that fit before the
-    sequence ends). uniform (k,) in [0, 1), available (k,) >= 1 words; returns (k,) int64."""
+    sequence ends). uniform (k,) in [0, 1), available (k,) >= 1 words; returns (k,) int64.
+    Elementwise: the draws of many rows may be given at once."""
     lengths = np.ones(len(uniform), np.int64)
+    tops = np.minimum(available, max_ngram)
     for top in range(2, max_ngram + 1):
-        rows = np.minimum(available, max_ngram) == top
-        cdf = np.cumsum(ngram_length_probabilities(top))[:-1]  # (top - 1,)
-        lengths[rows] = 1 + np.searchsorted(cdf, uniform[rows], side="right")
+        rows = tops == top
+        if rows.any():
+            lengths[rows] = 1 + np.searchsorted(_ngram_cdf(top), uniform[rows], side="right")
     return lengths
 
 
@@ -59,30 +69,49 @@ def sample_span_lengths(
     return 1 + np.searchsorted(cdf, rng.random(size), side="right").astype(np.int64)
 
 
-def _row_words(word_first: np.ndarray, candidates: np.ndarray) -> tuple[list, list, list]:
-    """Per word of one row: first token, length in tokens, and how many words from it on stay
-    inside its run of candidates (itself included); as Python lists for the per-unit loops."""
-    starts, lengths = row_units(word_first, candidates)
-    if len(starts) == 0:
-        return [], [], []
-    joined = np.append(starts[:-1] + lengths[:-1] == starts[1:], False)  # word w+1 follows w
-    run_last = np.flatnonzero(~joined)  # (runs,): the last word of each run
-    run_of = np.cumsum(np.concatenate(([0], ~joined[:-1])))  # (words,): run of each word
-    left = run_last[run_of] - np.arange(len(starts)) + 1
-    return starts.tolist(), lengths.tolist(), left.tolist()
+def batch_words(
+    word_first: np.ndarray, candidates: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The words of every row (see `masking.word_start_flags`): (first token, length in
+    tokens, how many words from it on stay inside its run of candidates, itself included),
+    each (batch, W) int64 with W the most words of any row, and the words per row (batch,);
+    slots past a row's words hold 0."""
+    starts, lengths, counts, _ = batch_units(word_first, candidates)
+    width = starts.shape[1]
+    columns = np.arange(width)
+    # word w+1 follows word w in the same run of candidates (never past a row's words)
+    joined = np.zeros(starts.shape, bool)
+    joined[:, :-1] = (starts[:, :-1] + lengths[:, :-1] == starts[:, 1:]) & (
+        columns[1:] < counts[:, None]
+    )
+    # the last word of each word's run: the first w' >= w that is not joined to the next
+    run_last = np.where(joined, width, columns)
+    run_last = np.minimum.accumulate(run_last[:, ::-1], axis=1)[:, ::-1]
+    left = np.where(columns < counts[:, None], run_last - columns + 1, 0)
+    return starts, lengths, left.astype(np.int64), counts
 
 
 def _spans_to_mask(
-    shape: tuple[int, int], rows_spans: Sequence[list[tuple[int, int]]]
+    shape: tuple[int, int], rows: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(selected, unit_start) of token spans [(first token, end token exclusive), ...] per row."""
-    selected = np.zeros(shape, bool)
+    """(selected, unit_start) of non-overlapping token spans [starts, ends) of rows `rows`,
+    all (spans,) int64."""
+    batch, length = shape
+    edges = np.zeros((batch, length + 1), np.int64)
+    np.add.at(edges, (rows, starts), 1)
+    np.add.at(edges, (rows, ends), -1)
+    selected = np.cumsum(edges[:, :-1], axis=1) > 0
     first = np.zeros(shape, bool)
-    for row, spans in enumerate(rows_spans):
-        for start, end in spans:
-            selected[row, start:end] = True
-            first[row, start] = True
+    first[rows, starts] = True
     return selected, unit_start_index(first)
+
+
+def _spans_arrays(rows_spans: Sequence[list[tuple[int, int]]]) -> tuple[np.ndarray, ...]:
+    """(rows, starts, ends) (spans,) int64 of per-row lists of (start, end) spans."""
+    rows = [row for row, spans in enumerate(rows_spans) for _ in spans]
+    flat = [span for spans in rows_spans for span in spans]
+    bounds = np.array(flat, np.int64).reshape(-1, 2)
+    return np.array(rows, np.int64), bounds[:, 0], bounds[:, 1]
 
 
 def select_ngrams(
@@ -100,17 +129,25 @@ def select_ngrams(
     shortened word by word (ALBERT), one that still overshoots or overlaps a chosen n-gram is
     skipped; at least one unit per row. word_first, candidates (batch, seq) bool; keys
     (batch,). Returns (selected (batch, seq) bool, unit_start (batch, seq) int64)."""
-    budgets = mask_budget(candidates.sum(axis=1), probability)
-    rows_spans = []
-    for row, key in enumerate(keys):
-        starts, lengths, left = _row_words(word_first[row], candidates[row])
-        rng = keyed_generator(seed, epoch, STREAM_MASK_NGRAM, key)
-        order = rng.permutation(len(starts)).tolist()
-        ngram = sample_ngram_lengths(
-            rng.random(len(starts)), np.array(left, np.int64), max_ngram
-        ).tolist()
-        rows_spans.append(_fill_ngrams(starts, lengths, order, ngram, int(budgets[row])))
-    return _spans_to_mask(candidates.shape, rows_spans)
+    budgets = mask_budget(candidates.sum(axis=1), probability).tolist()
+    starts, lengths, left, counts = batch_words(word_first, candidates)
+    counts = counts.tolist()
+    generators = keyed_generators(seed, epoch, STREAM_MASK_NGRAM, list(keys))
+    orders, uniforms = [], []
+    for rng, n in zip(generators, counts, strict=True):  # each row's draws, in their order
+        orders.append(rng.permutation(n).tolist())
+        uniforms.append(rng.random(n))
+    real = np.arange(starts.shape[1]) < np.array(counts)[:, None]
+    ngram = np.zeros(starts.shape, np.int64)
+    if real.any():
+        ngram[real] = sample_ngram_lengths(np.concatenate(uniforms), left[real], max_ngram)
+    rows_spans = [
+        _fill_ngrams(s[:n], w[:n], order, g[:n], budget)
+        for s, w, order, g, n, budget in zip(
+            starts.tolist(), lengths.tolist(), orders, ngram.tolist(), counts, budgets, strict=True
+        )
+    ]
+    return _spans_to_mask(candidates.shape, *_spans_arrays(rows_spans))
 
 
 def _fill_ngrams(
@@ -153,21 +190,29 @@ def select_spans(
     budget is covered; at least one per row. word_first, candidates (batch, seq) bool; keys
     (batch,). Returns (selected (batch, seq) bool, unit_start (batch, seq) int64), unit_start
     being the first token of each token's span."""
-    budgets = mask_budget(candidates.sum(axis=1), probability)
-    rows_spans = []
-    for row, key in enumerate(keys):
-        starts, lengths, left = _row_words(word_first[row], candidates[row])
-        rng = keyed_generator(seed, epoch, STREAM_MASK_SPAN, key)
-        draws = 2 * len(starts) + 8  # attempts; the budget is usually met after a handful
-        span_words = sample_span_lengths(rng, draws, geometric_p, max_span_words).tolist()
-        first_words = rng.integers(max(len(starts), 1), size=draws).tolist()
+    budgets = mask_budget(candidates.sum(axis=1), probability).tolist()
+    starts, lengths, left, counts = batch_words(word_first, candidates)
+    counts = counts.tolist()
+    generators = keyed_generators(seed, epoch, STREAM_MASK_SPAN, list(keys))
+    uniforms, first_words = [], []
+    for rng, n in zip(generators, counts, strict=True):  # each row's draws, in their order
+        draws = 2 * n + 8  # attempts; the budget is usually met after a handful
+        uniforms.append(rng.random(draws))
+        first_words.append(rng.integers(max(n, 1), size=draws).tolist())
+    cdf = np.cumsum(truncated_geometric_probabilities(geometric_p, max_span_words))[:-1]
+    span_words = 1 + np.searchsorted(cdf, np.concatenate(uniforms), side="right")
+    span_words = span_words.tolist()
+    rows_spans, offset = [], 0
+    rows = zip(starts.tolist(), lengths.tolist(), left.tolist(), counts, budgets, strict=True)
+    for row, (s, w, words_left, n, budget) in enumerate(rows):
+        draws = 2 * n + 8
         spans = []
-        if starts:
-            spans = _fill_spans(
-                starts, lengths, left, zip(first_words, span_words, strict=True), int(budgets[row])
-            )
+        if n:
+            attempts = zip(first_words[row], span_words[offset : offset + draws], strict=True)
+            spans = _fill_spans(s[:n], w[:n], words_left[:n], attempts, budget)
         rows_spans.append(spans)
-    return _spans_to_mask(candidates.shape, rows_spans)
+        offset += draws
+    return _spans_to_mask(candidates.shape, *_spans_arrays(rows_spans))
 
 
 def _fill_spans(

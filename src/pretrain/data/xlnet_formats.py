@@ -41,9 +41,9 @@ def to_xlnet_layout(sequence: dict) -> dict:
     out = dict(sequence)
     for name in PER_TOKEN:
         if name in out:
-            out[name] = np.roll(out[name], -1)
-    out["token_type_ids"] = out["token_type_ids"].copy()
-    out["token_type_ids"][-1] = CLS_TOKEN_TYPE
+            array = out[name]
+            out[name] = np.concatenate((array[1:], array[:1]))  # np.roll(array, -1), faster
+    out["token_type_ids"][-1] = CLS_TOKEN_TYPE  # (a new array)
     out["next_sentence_label"] = IGNORE_INDEX
     return out
 

@@ -21,15 +21,10 @@ import numpy as np
 import torch
 
 from pretrain.config import ObjectiveConfig, TrainConfig, settings_from
+from pretrain.data.keyed_rng import keyed_generators
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.noise import (
-    STREAM_NOISE,
-    NoiseSettings,
-    apply_noise,
-    sequence_generator,
-)
+from pretrain.data.noise import STREAM_NOISE, NoiseSettings, apply_noise
 from pretrain.data.prediction_budget import (
-    prediction_positions,
     sequence_width,
     sequence_widths,
 )
@@ -104,37 +99,13 @@ def pad_rows(
     return ids, mask
 
 
-def seq2seq_batch(
-    batch: dict,
-    encoder_rows: list[np.ndarray],
-    decoder_rows: list[np.ndarray],
-    label_rows: list[np.ndarray],
-    pad_id: int,
-    prediction_widths: tuple[int, ...] | None = None,
-    max_length: int | None = None,
-) -> dict:
-    """The model batch of an encoder-decoder objective: input_ids / attention_mask (encoder),
-    decoder_input_ids / decoder_attention_mask, labels (IGNORE_INDEX at padding and at
-    positions not predicted), plus the collated batch's keys and next_sentence_label; with
-    `prediction_widths`, also prediction_positions (batch, width) of the predicted labels.
-    Every length is bucketed up to `max_length` (`pad_rows`)."""
-    input_ids, attention_mask = pad_rows(encoder_rows, pad_id, max_length)
-    decoder_input_ids, decoder_attention_mask = pad_rows(decoder_rows, pad_id, max_length)
-    labels, _ = pad_rows(label_rows, IGNORE_INDEX, max_length)
-    extra = {}
-    if prediction_widths is not None:
-        extra["prediction_positions"] = prediction_positions(
-            labels != IGNORE_INDEX, prediction_widths
-        )
-    return extra | {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "decoder_input_ids": decoder_input_ids,
-        "decoder_attention_mask": decoder_attention_mask,
-        "labels": labels,
-        "next_sentence_label": batch["next_sentence_label"],
-        "keys": batch["keys"],
-    }
+def _fit(array: np.ndarray, width: int, fill) -> np.ndarray:
+    """(batch, seq) `array` cut or padded with `fill` to (batch, width)."""
+    if array.shape[1] >= width:
+        return array[:, :width]
+    out = np.full((array.shape[0], width), fill, array.dtype)
+    out[:, : array.shape[1]] = array
+    return out
 
 
 def real_rows(batch: dict) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -160,18 +131,33 @@ class DenoisingCorruption:
         return {"decoder": sequence_widths(max_seq_length)}
 
     def __call__(self, batch: dict, epoch: int) -> dict:
-        encoder_rows, decoder_rows, label_rows = [], [], []
-        for key, (ids, starts) in zip(batch["keys"], real_rows(batch), strict=True):
-            rng = sequence_generator(self.seed, epoch, STREAM_NOISE, key)
+        """Each row noised by its keyed generator (seeded for the batch at once); the
+        decoder inputs and labels, the original shifted right and the original, for the
+        whole batch."""
+        encoder_rows = []
+        generators = keyed_generators(self.seed, epoch, STREAM_NOISE, batch["keys"])
+        for rng, (ids, starts) in zip(generators, real_rows(batch), strict=True):
             noised = apply_noise(ids, starts, self.noise, self.mask_id, rng)
             if len(noised) > self.max_length:  # insertions made it longer: keep the last token
                 noised = np.concatenate([noised[: self.max_length - 1], noised[-1:]])
             encoder_rows.append(noised)
-            decoder_rows.append(np.concatenate([[self.start_id], ids[:-1]]))
-            label_rows.append(ids)
-        return seq2seq_batch(
-            batch, encoder_rows, decoder_rows, label_rows, self.pad_id, max_length=self.max_length
-        )
+        input_ids, attention_mask = pad_rows(encoder_rows, self.pad_id, self.max_length)
+        real = batch["attention_mask"].astype(bool)
+        width = sequence_width(int(real.sum(axis=1).max()), self.max_length)
+        ids = _fit(batch["input_ids"], width, self.pad_id)
+        real = _fit(real, width, False)
+        decoder_input_ids = np.full_like(ids, self.pad_id)
+        decoder_input_ids[:, 0] = self.start_id
+        decoder_input_ids[:, 1:] = np.where(real[:, 1:], ids[:, :-1], self.pad_id)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "decoder_input_ids": decoder_input_ids,
+            "decoder_attention_mask": real.astype(np.int64),
+            "labels": np.where(real, ids, IGNORE_INDEX),
+            "next_sentence_label": batch["next_sentence_label"],
+            "keys": batch["keys"],
+        }
 
 
 class DenoisingAutoencoder(PretrainingModule):

@@ -18,17 +18,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from pretrain.config import TrainConfig
+from pretrain.data.keyed_rng import keyed_generators
 from pretrain.data.masking import IGNORE_INDEX, replace_selected
-from pretrain.data.noise import STREAM_MASS, mass_fragment, sequence_generator
-from pretrain.data.prediction_budget import prediction_widths, sequence_widths
+from pretrain.data.noise import STREAM_MASS
+from pretrain.data.prediction_budget import (
+    prediction_positions,
+    prediction_widths,
+    sequence_width,
+    sequence_widths,
+)
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import require_unit_interval
-from pretrain.objectives.denoising import (
-    DenoisingAutoencoder,
-    Seq2SeqObjectiveConfig,
-    real_rows,
-    seq2seq_batch,
-)
+from pretrain.objectives.denoising import DenoisingAutoencoder, Seq2SeqObjectiveConfig
 from pretrain.objectives.mlm import require_replacement_split
 
 
@@ -76,28 +77,85 @@ class MassCorruption:
         return {"decoder": decoder, "predictions": self.prediction_widths(max_seq_length)}
 
     def __call__(self, batch: dict, epoch: int) -> dict:
-        encoder_rows, decoder_rows, label_rows = [], [], []
-        for key, (ids, _) in zip(batch["keys"], real_rows(batch), strict=True):
-            rng = sequence_generator(self.seed, epoch, STREAM_MASS, key)
-            _, decoder, fragment = mass_fragment(ids, self.fragment_fraction, self.mask_id, rng)
-            action = rng.random(len(ids))  # (seq,): the 80/10/10 decision per token
-            random_ids = rng.integers(self.vocab_size, size=len(ids))  # (seq,)
-            encoder, _ = replace_selected(
-                ids[None],
-                fragment[None],
-                action[None],
-                random_ids[None],
-                self.mask_id,
-                self.mask_token_probability,
-                self.random_token_probability,
-            )
-            encoder_rows.append(encoder[0].astype(ids.dtype))
-            decoder_rows.append(decoder)
-            label_rows.append(np.where(fragment, ids, IGNORE_INDEX))
-        widths = self.prediction_widths(self.max_length or batch["input_ids"].shape[1])
-        return seq2seq_batch(
-            batch, encoder_rows, decoder_rows, label_rows, self.pad_id, widths, self.max_length
-        )
+        """Each row's draws from its keyed generator, in `mass_fragment`'s order (the
+        fragment's start, then the 80/10/10 decision and a random id per token); the masks,
+        encoder and decoder inputs and labels for the whole batch at once (`mass_batch`)."""
+        lengths = batch["attention_mask"].sum(
+            axis=1
+        )  # (batch,) real tokens, [CLS] and [SEP] included
+        width = batch["input_ids"].shape[1]
+        starts = np.zeros(len(lengths), np.int64)
+        fragments = np.zeros(len(lengths), np.int64)
+        action = np.zeros((len(lengths), width))
+        random_ids = np.zeros((len(lengths), width), np.int64)
+        generators = keyed_generators(self.seed, epoch, STREAM_MASS, batch["keys"])
+        for row, (rng, n) in enumerate(zip(generators, lengths.tolist(), strict=True)):
+            fragments[row] = fragment_length(n - 2, self.fragment_fraction)
+            starts[row] = 1 + int(rng.integers(n - 2 - fragments[row] + 1))
+            action[row, :n] = rng.random(n)
+            random_ids[row, :n] = rng.integers(self.vocab_size, size=n)
+        widths = self.prediction_widths(self.max_length or width)
+        return mass_batch(self, batch, lengths, starts, fragments, action, random_ids, widths)
+
+
+def fragment_length(body: int, fraction: float) -> int:
+    """MASS's fragment length for a body of `body` tokens (`mass_fragment`)."""
+    return min(body, max(1, round(fraction * body)))
+
+
+def mass_batch(
+    corruption: MassCorruption,
+    batch: dict,
+    lengths: np.ndarray,
+    starts: np.ndarray,
+    fragments: np.ndarray,
+    action: np.ndarray,
+    random_ids: np.ndarray,
+    widths: tuple[int, ...],
+) -> dict:
+    """The encoder-decoder batch of `mass_fragment` + the 80/10/10 rule applied to every
+    row (fragment of row r: tokens starts[r] .. starts[r] + fragments[r] - 1; action and
+    random_ids (batch, seq) its draws); each side padded to the sequence bucket of the
+    longest row (`pad_rows`)."""
+    ids = batch["input_ids"]
+    positions = np.arange(ids.shape[1])
+    real = positions < lengths[:, None]
+    fragment = (positions >= starts[:, None]) & (positions < (starts + fragments)[:, None])
+    encoder, _ = replace_selected(
+        ids,
+        fragment,
+        action,
+        random_ids,
+        corruption.mask_id,
+        corruption.mask_token_probability,
+        corruption.random_token_probability,
+    )
+    previous = np.empty_like(ids)  # token t - 1 at position t
+    previous[:, 0] = corruption.mask_id
+    previous[:, 1:] = ids[:, :-1]
+    decoder = np.where(fragment, previous, corruption.mask_id)
+    decoder[np.arange(len(ids)), starts] = corruption.mask_id  # the fragment's first input
+    width = sequence_width(int(lengths.max()), corruption.max_length)
+    pad = corruption.pad_id
+
+    def padded(array: np.ndarray, fill: int) -> np.ndarray:
+        out = np.full((len(ids), width), fill, np.int64)
+        keep = min(width, array.shape[1])
+        out[:, :keep] = np.where(real, array, fill)[:, :keep]
+        return out
+
+    labels = padded(np.where(fragment, ids, IGNORE_INDEX), IGNORE_INDEX)
+    attention_mask = padded(np.ones_like(ids), 0)
+    return {
+        "prediction_positions": prediction_positions(labels != IGNORE_INDEX, widths),
+        "input_ids": padded(encoder, pad),
+        "attention_mask": attention_mask,
+        "decoder_input_ids": padded(decoder, pad),
+        "decoder_attention_mask": attention_mask.copy(),
+        "labels": labels,
+        "next_sentence_label": batch["next_sentence_label"],
+        "keys": batch["keys"],
+    }
 
 
 class MaskedSeq2Seq(DenoisingAutoencoder):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pretrain.data.keyed_rng import keyed_generator
+from pretrain.data.keyed_rng import keyed_generators
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.errors import require_unit_interval
@@ -72,6 +72,51 @@ def shuffle_trigrams(
     return shuffled, positions.ravel()
 
 
+def shuffle_batch_trigrams(
+    ids: np.ndarray,
+    free: np.ndarray,
+    fraction: float,
+    keys: list[str],
+    seed: int,
+    epoch: int,
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """`shuffle_trigrams` of every row of ids, free (batch, seq), row i with
+    `keyed_generator(seed, epoch, STREAM_TRIGRAMS, keys[i])`: the same draws, made only for
+    the rows that shuffle; the rest is done for the batch at once. Returns (shuffled ids
+    (batch, seq), (rows, columns) of the shuffled positions)."""
+    batch, length = ids.shape
+    if length < 3:
+        return ids, (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    triples = free[:, :-2] & free[:, 1:-1] & free[:, 2:]  # trigram starts inside free runs
+    wanted = np.rint(fraction * free.sum(axis=1) / 3).astype(np.int64)
+    counts = triples.sum(axis=1)
+    rows = np.flatnonzero((wanted > 0) & (counts > 0))
+    if len(rows) == 0:
+        return ids, (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    row_starts = np.split(np.nonzero(triples[rows])[1], np.cumsum(counts[rows])[:-1])
+    generators = keyed_generators(seed, epoch, STREAM_TRIGRAMS, [keys[r] for r in rows])
+    chosen_rows, chosen_starts, chosen_orders = [], [], []  # one entry per shuffling row
+    for row, starts, rng in zip(rows.tolist(), row_starts, generators, strict=True):
+        want = int(wanted[row])
+        chosen = np.sort(rng.choice(starts, size=min(2 * want, len(starts)), replace=False))
+        kept, last = [], -3
+        for start in chosen.tolist():  # per trigram: drop overlaps
+            if start - last >= 3:
+                kept.append(start)
+                last = start
+        chosen = rng.permutation(np.array(kept, chosen.dtype))[:want]
+        chosen_orders.append(rng.integers(len(PERMUTATIONS), size=len(chosen)))
+        chosen_starts.append(chosen)
+        chosen_rows.append(np.full(len(chosen), row))
+    starts = np.concatenate(chosen_starts)[:, None]
+    row_of = np.repeat(np.concatenate(chosen_rows), 3).reshape(-1, 3)
+    positions = starts + np.arange(3)  # (trigrams, 3)
+    order = starts + PERMUTATIONS[np.concatenate(chosen_orders)]
+    shuffled = ids.copy()
+    shuffled[row_of, positions] = ids[row_of, order]
+    return shuffled, (row_of.ravel(), positions.ravel())
+
+
 @dataclass(frozen=True)
 class StructBertCorruption(MaskedLMCorruption):
     shuffle_probability: float = 0.05
@@ -92,13 +137,11 @@ class StructBertCorruption(MaskedLMCorruption):
         candidates = batch["attention_mask"].astype(bool) & ~np.isin(original, self.special_ids)
         batch = super().__call__(batch, epoch)
         free = candidates & (batch["labels"] == IGNORE_INDEX)
+        batch["input_ids"], positions = shuffle_batch_trigrams(
+            batch["input_ids"], free, self.shuffle_probability, batch["keys"], self.seed, epoch
+        )
         shuffle_labels = np.full_like(original, IGNORE_INDEX)
-        for row, key in enumerate(batch["keys"]):
-            rng = keyed_generator(self.seed, epoch, STREAM_TRIGRAMS, key)
-            batch["input_ids"][row], positions = shuffle_trigrams(
-                batch["input_ids"][row], free[row], self.shuffle_probability, rng
-            )
-            shuffle_labels[row, positions] = original[row, positions]
+        shuffle_labels[positions] = original[positions]
         batch["shuffle_labels"] = shuffle_labels
         widths = self.shuffle_widths(self.max_seq_length or original.shape[1])
         batch["shuffle_positions"] = prediction_positions(shuffle_labels != IGNORE_INDEX, widths)

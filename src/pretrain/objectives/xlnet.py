@@ -149,9 +149,13 @@ class PermutationCorruption:
         part0 = self.order_of(candidates & first, keys, epoch)
         rest_keys = [f"{key}/non-reuse" for key in keys]
         part1 = self.order_of(candidates & ~first, rest_keys, epoch)
-        perm_mask = np.where(first[:, None], perm_mask_from(part0), perm_mask_from(part1))
-        perm_mask[:, :reuse, reuse:] = True  # the reuse part is blocked from the rest
-        perm_mask[:, reuse:, :reuse] = False  # the rest sees the whole reuse part
+        batch, length = candidates.shape
+        head, tail = slice(None, reuse), slice(reuse, None)
+        perm_mask = np.empty((batch, length, length), bool)
+        perm_mask[:, head, head] = perm_mask_from(part0, head, head)  # within each part: its
+        perm_mask[:, tail, tail] = perm_mask_from(part1, tail, tail)  # own order
+        perm_mask[:, head, tail] = True  # the reuse part is blocked from the rest
+        perm_mask[:, tail, head] = False  # the rest sees the whole reuse part
         rank = np.where(first, part0.rank, part1.rank)
         return Permutation(rank, part0.targets | part1.targets), perm_mask
 

@@ -1,0 +1,362 @@
+"""The training stream of every objective against `transformers`' collator, side by side in
+one process, one thread (issue 14 item 5). For each objective, on the same prepared corpus:
+
+- `stream`: one epoch of the training stream, tar shards -> masked batch as tensors (reading,
+  shuffling, the input format, collation, the objective's corruption), as one data-loader
+  worker runs it (batch 64 x 128 unless told);
+- `mask step`: collation + the objective's corruption + tensors alone (`collate`,
+  `corrupt_to_tensors`), on the same epoch's sequences already formatted;
+- `HF`: `transformers.DataCollatorForLanguageModeling` alone (padding to a multiple of 8,
+  15% masking, 80/10/10, torch tensors) on the same sequences as pre-tokenized lists with
+  their `special_tokens_mask` (HF's fastest documented input), in the same batches; and its
+  whole-word mode (`whole_word_mask=True`, words from `offset_mapping`, which this version of
+  transformers has in place of `DataCollatorForWholeWordMask`) as the masking baseline of the
+  whole-word objectives (wwm, ernie).
+
+Printed per objective: sequences/s of each, and two ratios: (a) stream / HF (target >= 1.0x)
+and (b) mask step / HF (the whole-word mode for wwm and ernie; target >= 5x). Times are CPU
+seconds of this process (`time.process_time`, one thread), the best of `--repeats` passes,
+the measurements interleaved, so a load that comes and goes hits them alike. xlnet_memory
+runs 32 rows a batch (one memory slot a row needs 8 documents; the built-in corpus has 485);
+distillation's corruption is MLM's, its row is `mlm`.
+
+    .venv/bin/python benchmarks/bench_stream_objectives.py data/builtin [--objectives mlm_nsp,ngram] \
+        [--repeats 3] [--profile ngram]
+
+`bench_stream.py --objectives ...` calls this module.
+"""
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from pretrain.config import compose_config  # noqa: E402
+from pretrain.data.reading import collate, corrupt_to_tensors  # noqa: E402
+from pretrain.data.stream import training_stream  # noqa: E402
+from pretrain.run import build_stream  # noqa: E402
+
+
+def clock() -> float:
+    """CPU seconds of this process (one thread): what each pass costs a core, less
+    disturbed than wall time by other processes on a shared machine."""
+    return time.process_time()
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    overrides: tuple[str, ...]
+    whole_word: bool = False  # masking baseline: the HF collator's whole-word mode
+    batch_size: int | None = None  # instead of --batch-size (a format that needs fewer rows)
+
+
+PAIR = ("data=segment_pair",)
+SINGLE = ("data=full_sentences",)
+CASES: dict[str, Case] = {
+    "mlm_nsp": Case("MLM + NSP (BERT)", ("objective=mlm_nsp", "model=bert_tiny", *PAIR)),
+    "mlm": Case("MLM, FULL-SENTENCES", ("objective=mlm", "model=roberta_tiny", *SINGLE)),
+    "wwm": Case("whole-word + NSP", ("objective=wwm", "model=bert_tiny", *PAIR), True),
+    "ernie": Case("ERNIE units + NSP", ("objective=ernie", "model=bert_tiny", *PAIR), True),
+    "span": Case("SpanBERT span + SBO", ("objective=span", "model=bert_tiny", *SINGLE)),
+    "ngram": Case(
+        "ALBERT n-gram + SOP",
+        ("objective=ngram", "objective.pair_task=sop", "model=albert_tiny", *PAIR),
+    ),
+    "structbert": Case("StructBERT", ("objective=structbert", "model=bert_tiny", *PAIR)),
+    "electra": Case(
+        "ELECTRA (MLM, 100% [MASK])", ("objective=electra", "model=electra_tiny", *PAIR)
+    ),
+    "bart": Case("BART infilling + permutation", ("objective=bart", "model=bart_tiny", *SINGLE)),
+    "mass": Case("MASS fragment", ("objective=mass", "model=bart_tiny", *SINGLE)),
+    "xlnet": Case(
+        "XLNet, xlnet_pair",
+        ("objective=xlnet", "model=xlnet_tiny", *SINGLE, "data.format=xlnet_pair"),
+    ),
+    "xlnet_memory": Case(  # one memory slot per row needs 8 documents: the built-in corpus
+        "XLNet, xlnet_memory",  # (485 documents) has enough for 32 rows, not 64
+        ("objective=xlnet", "model=xlnet_tiny", "data=xlnet_memory"),
+        batch_size=32,
+    ),
+    "gpt": Case("GPT causal LM", ("objective=causal_lm", "model=gpt_tiny", *SINGLE)),
+}
+# distillation's corruption is MaskedLMCorruption on full_sentences: the `mlm` row.
+NOT_SEPARATE = {"distillation": "mlm"}
+
+
+def build_spec(shards_dir: str, case: Case, batch_size: int, max_seq_length: int):
+    """The StreamSpec a training run of `case` on `shards_dir` has (one rank, no workers)."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        cfg = compose_config(
+            [
+                *case.overrides,
+                f"data.shards_dir={Path(shards_dir).resolve()}",
+                "data.holdout_shards=0",
+                f"data.batch_size={batch_size}",
+                f"data.max_seq_length={max_seq_length}",
+                "data.num_workers=0",
+                "logger=csv",
+                "trainer=cpu",
+                f"run_dir={run_dir}",
+            ]
+        )
+        _, spec, _ = build_stream(cfg)
+    return spec
+
+
+def formatted_batches(spec) -> list[tuple[list[dict], dict]]:
+    """The epoch's batches as the stream collates them: (sequences, extras), extras being
+    what the stream adds to the collated batch before the corruption (XLNet memory flags in
+    some versions). Recorded from one pass of the stream, so whatever the format."""
+    import pretrain.data.stream as stream
+
+    batches: list[tuple[list[dict], dict]] = []
+    real_collate, real_corrupt = stream.collate, stream.corrupt_to_tensors
+    collated: dict = {}
+
+    def recording_collate(sequences, *args, **kwargs):
+        batch = real_collate(sequences, *args, **kwargs)
+        batches.append((list(sequences), {}))
+        collated.clear()
+        collated.update(batch)
+        return batch
+
+    def recording_corrupt(batch, *args, **kwargs):
+        batches[-1][1].update({k: v for k, v in batch.items() if k not in collated})
+        return real_corrupt(batch, *args, **kwargs)
+
+    stream.collate, stream.corrupt_to_tensors = recording_collate, recording_corrupt
+    try:
+        for _ in training_stream(spec, 0):
+            pass
+    finally:
+        stream.collate, stream.corrupt_to_tensors = real_collate, real_corrupt
+    return batches
+
+
+def hf_tokenizer(tokenizer_dir: str):
+    from transformers import BertTokenizerFast
+
+    return BertTokenizerFast.from_pretrained(tokenizer_dir)
+
+
+def hf_examples(batches, special_ids, whole_word: bool) -> list[list[dict]]:
+    """Each batch's sequences as HF pre-tokenized examples (lists), with special_tokens_mask
+    and, for the whole-word mode, character offsets that join a word's tokens."""
+    out = []
+    for sequences, _ in batches:
+        examples = []
+        for s in sequences:
+            ids = s["input_ids"].tolist()
+            example = {
+                "input_ids": ids,
+                "special_tokens_mask": np.isin(s["input_ids"], special_ids).astype(int).tolist(),
+            }
+            if whole_word:  # a token not starting a word begins where the previous one ends
+                starts = np.cumsum(np.where(s["word_starts"], 2, 1)) * 4
+                ends = starts + 4
+                ends[:-1] = np.where(s["word_starts"][1:], ends[:-1], starts[1:])
+                example["offset_mapping"] = np.stack([starts, ends], axis=1).tolist()
+            examples.append(example)
+        out.append(examples)
+    return out
+
+
+def hf_collator(tokenizer, whole_word: bool):
+    from transformers import DataCollatorForLanguageModeling
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # whole-word mode: "random replacement not supported"
+        return DataCollatorForLanguageModeling(
+            tokenizer, mlm_probability=0.15, pad_to_multiple_of=8, whole_word_mask=whole_word
+        )
+
+
+def padded_offsets(collator):
+    """The whole-word collator, with `offset_mapping` padded first (the tokenizer's `pad`
+    leaves it ragged)."""
+
+    def collate_examples(examples: list[dict]) -> dict:
+        width = -(-max(len(e["input_ids"]) for e in examples) // 8) * 8
+        padded = []
+        for e in examples:
+            pad = width - len(e["offset_mapping"])
+            padded.append(e | {"offset_mapping": e["offset_mapping"] + [[0, 0]] * pad})
+        return collator(padded)
+
+    return collate_examples
+
+
+def time_stream(spec) -> tuple[float, int]:
+    start = clock()
+    rows = 0
+    for batch in training_stream(spec, 0):
+        rows += batch["input_ids"].shape[0]
+    return clock() - start, rows
+
+
+def time_mask_step(spec, batches) -> float:
+    start = clock()
+    for sequences, extras in batches:
+        batch = collate(sequences, spec.vocab.pad, spec.max_seq_length) | extras
+        corrupt_to_tensors(batch, spec, 0)
+    return clock() - start
+
+
+def time_hf(collate_examples, examples) -> float:
+    start = clock()
+    for batch in examples:
+        collate_examples(batch)
+    return clock() - start
+
+
+@dataclass
+class Row:
+    name: str
+    stream: float  # sequences/s
+    mask_step: float
+    hf: float
+    hf_whole_word: float | None
+    sequences: int
+
+    @property
+    def ratio_stream(self) -> float:
+        return self.stream / self.hf
+
+    @property
+    def ratio_mask(self) -> float:
+        return self.mask_step / (self.hf_whole_word or self.hf)
+
+
+def measure(shards_dir: str, name: str, args, tokenizer) -> Row:
+    case = CASES[name]
+    spec = build_spec(shards_dir, case, case.batch_size or args.batch_size, args.max_seq_length)
+    batches = formatted_batches(spec)
+    sequences = sum(len(s) for s, _ in batches)
+    special = np.array(spec.vocab.special_ids)
+    plain = hf_collator(tokenizer, whole_word=False)
+    plain_examples = hf_examples(batches, special, whole_word=False)
+    whole = ww_examples = None
+    if case.whole_word:
+        whole = padded_offsets(hf_collator(tokenizer, whole_word=True))
+        ww_examples = hf_examples(batches, special, whole_word=True)
+    time_mask_step(spec, batches[:2])  # warm-up
+    time_hf(plain, plain_examples[:2])
+    best = {"stream": np.inf, "mask": np.inf, "hf": np.inf, "ww": np.inf}
+    rows = 0
+    for _ in range(args.repeats):
+        seconds, rows = time_stream(spec)
+        best["stream"] = min(best["stream"], seconds)
+        best["mask"] = min(best["mask"], time_mask_step(spec, batches))
+        best["hf"] = min(best["hf"], time_hf(plain, plain_examples))
+        if whole is not None:
+            best["ww"] = min(best["ww"], time_hf(whole, ww_examples))
+    if rows != sequences:
+        raise RuntimeError(f"{name}: the stream gave {rows} sequences, the format {sequences}")
+    return Row(
+        name,
+        sequences / best["stream"],
+        sequences / best["mask"],
+        sequences / best["hf"],
+        sequences / best["ww"] if whole is not None else None,
+        sequences,
+    )
+
+
+def profile(shards_dir: str, name: str, args, lines: int = 25) -> None:
+    """cProfile of one epoch of `name`'s stream, by cumulative and by own time."""
+    case = CASES[name]
+    spec = build_spec(shards_dir, case, case.batch_size or args.batch_size, args.max_seq_length)
+    profiler = cProfile.Profile()
+    profiler.runcall(time_stream, spec)
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.sort_stats("cumulative").print_stats(lines)
+    stats.sort_stats("tottime").print_stats(lines)
+
+
+def print_table(rows: list[Row], file=sys.stdout) -> None:
+    print(
+        f"{'objective':<14}{'seqs':>6}{'stream/s':>10}{'mask/s':>10}{'HF/s':>9}{'HF wwm/s':>10}"
+        f"{'(a) stream/HF':>15}{'(b) mask/HF':>13}  what",
+        file=file,
+    )
+    for r in rows:
+        ww = f"{r.hf_whole_word:>10,.0f}" if r.hf_whole_word else f"{'-':>10}"
+        a = f"{r.ratio_stream:.2f}x" + (" " if r.ratio_stream >= 1.0 else "*")
+        b = f"{r.ratio_mask:.1f}x" + (" " if r.ratio_mask >= 5.0 else "*")
+        print(
+            f"{r.name:<14}{r.sequences:>6}{r.stream:>10,.0f}{r.mask_step:>10,.0f}{r.hf:>9,.0f}"
+            f"{ww}{a:>15}{b:>13}  {CASES[r.name].label}",
+            file=file,
+        )
+    print(
+        "(a) target >= 1.0x, (b) target >= 5x (whole-word objectives against HF's whole-word "
+        "mode); * = below target. " + ", ".join(f"{k}: as {v}" for k, v in NOT_SEPARATE.items()),
+        file=file,
+    )
+
+
+def run(shards_dir: str, names: list[str], args) -> list[Row]:
+    torch.set_num_threads(1)
+    tokenizer = hf_tokenizer(str(build_spec_tokenizer(shards_dir)))
+    rows = []
+    for name in names:
+        rows.append(measure(shards_dir, name, args, tokenizer))
+        print(f"  measured {name}", file=sys.stderr, flush=True)
+    return rows
+
+
+def build_spec_tokenizer(shards_dir: str) -> Path:
+    from pretrain.data.shard_format import load_manifest
+
+    return load_manifest(shards_dir).tokenizer_dir
+
+
+def parse_names(text: str) -> list[str]:
+    if text == "all":
+        return list(CASES)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = [NOT_SEPARATE.get(n, n) for n in names]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown objective(s) {unknown}; choose from {', '.join(CASES)}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--objectives",
+        default="all",
+        help=f"comma-separated, or all (default): {', '.join(CASES)}",
+    )
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-seq-length", type=int, default=128)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("shards_dir")
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many passes")
+    add_arguments(parser)
+    parser.add_argument("--profile", help="print a cProfile of this objective's stream instead")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.profile:
+        profile(args.shards_dir, parse_names(args.profile)[0], args)
+        return
+    print_table(run(args.shards_dir, parse_names(args.objectives), args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,678 @@
+"""The stream's batched code equals a straightforward per-row reference, draw for draw (issue
+14 item 5: the same masks, keyed as before). Each test runs the new code and the per-row
+reference it replaced (kept here) on random inputs and asserts equal outputs."""
+
+import math
+
+import numpy as np
+import pytest
+
+from pretrain.data import formats
+from pretrain.data.keyed_rng import (
+    _seed_words,
+    keyed_generator,
+    keyed_generators,
+)
+from pretrain.data.masking import (
+    IGNORE_INDEX,
+    STREAM_MASK_NGRAM,
+    STREAM_MASK_SPAN,
+    batch_units,
+    mask_budget,
+    phrase_unit_flags,
+    replace_selected,
+    select_whole_units,
+    stable_row_order,
+    unit_start_index,
+    word_start_flags,
+)
+from pretrain.data.noise import (
+    STREAM_MASS,
+    STREAM_NOISE,
+    NoiseSettings,
+    apply_noise,
+    infill_text,
+    mass_fragment,
+    permute_sentences,
+    poisson_span_lengths,
+)
+from pretrain.data.permutation import Permutation, perm_mask_from
+from pretrain.data.prediction_budget import prediction_positions, sequence_width
+from pretrain.data.span_masking import (
+    _fill_ngrams,
+    _fill_spans,
+    batch_words,
+    sample_ngram_lengths,
+    sample_span_lengths,
+    select_ngrams,
+    select_spans,
+)
+from pretrain.data.vocab import Vocabulary
+from pretrain.objectives.denoising import DenoisingCorruption, pad_rows
+from pretrain.objectives.mass import MassCorruption
+from pretrain.objectives.structbert import (
+    STREAM_TRIGRAMS,
+    shuffle_batch_trigrams,
+    shuffle_trigrams,
+)
+
+VOCAB = Vocabulary(size=9000, pad=0, unk=1, cls=2, sep=3, mask=4)
+
+
+def assert_same(a, b) -> None:
+    """Equal values, dtypes and (for dicts) keys in the same order."""
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    elif isinstance(a, (tuple, list)) and a and isinstance(a[0], np.ndarray):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    else:
+        assert a == b and type(a) is type(b)
+
+
+# ---------------------------------------------------------------- keyed generators
+
+
+def test_seed_words_equal_numpys_seed_sequence():
+    rng = np.random.default_rng(0)
+    for prefix in ([1234, 3, 21], [0, 0, 0], [2**40 + 3, 7, 11], [5, 2**33, 0], [2**64 - 1] * 3):
+        widths = rng.choice([0, 1, 20, 32, 33, 63, 64], size=200)
+        hashes = [int(rng.integers(0, 2**63)) >> (64 - int(w)) if w else 0 for w in widths]
+        hashes += [0, 1, 2**32 - 1, 2**32, 2**64 - 1]
+        got = _seed_words(prefix, np.array(hashes, np.uint64))
+        want = [np.random.SeedSequence([*prefix, h]).generate_state(4, np.uint64) for h in hashes]
+        np.testing.assert_array_equal(got, np.stack(want))
+
+
+def test_keyed_generators_draw_what_default_rng_draws():
+    keys = [f"doc_{i:05d}:{i % 9}" for i in range(150)] + ["", "x", "doc_1:0/backward"]
+    for seed, epoch, stream in ((1234, 0, 3), (0, 7, 21), (2**35, 2, 30)):
+        generators = keyed_generators(seed, epoch, stream, keys)
+        for key, rng in zip(keys, generators, strict=True):
+            reference = keyed_generator(seed, epoch, stream, key)
+            np.testing.assert_array_equal(rng.random(5), reference.random(5))
+            np.testing.assert_array_equal(rng.permutation(17), reference.permutation(17))
+            assert rng.poisson(3.0) == reference.poisson(3.0)
+    assert keyed_generators(1, 0, 3, []) == []
+
+
+# ---------------------------------------------------------------- formats
+
+
+def _reference_pieces(document: dict, max_tokens: int) -> list[tuple]:
+    phrases = document.get("phrases")
+    pieces = []
+    starts = np.concatenate(([0], document["sents"][:-1]))
+    for start, end in zip(starts.tolist(), document["sents"].tolist(), strict=True):
+        for cut in range(start, end, max_tokens):
+            stop = min(cut + max_tokens, end)
+            pieces.append(
+                (
+                    document["ids"][cut:stop],
+                    document["words"][cut:stop],
+                    np.zeros(stop - cut, np.uint8) if phrases is None else phrases[cut:stop],
+                )
+            )
+    return pieces
+
+
+def _concat(pieces: list[tuple]) -> tuple:
+    return tuple(np.concatenate([p[i] for p in pieces]) for i in range(3))
+
+
+def _reference_sequence(key, segments, vocab, label=IGNORE_INDEX, sentence_lengths=None):
+    ids, types = [np.array([vocab.cls])], [np.zeros(1, np.int64)]
+    words, phrases = [np.ones(1, bool)], [np.zeros(1, np.uint8)]
+    for segment_id, (seg_ids, seg_words, seg_phrases) in enumerate(segments):
+        ids += [seg_ids.astype(np.int64), np.array([vocab.sep])]
+        types.append(np.full(len(seg_ids) + 1, segment_id, np.int64))
+        words += [seg_words.astype(bool), np.ones(1, bool)]
+        phrases += [seg_phrases.astype(np.uint8), np.zeros(1, np.uint8)]
+    starts = np.zeros(1 + sum(len(s[0]) + 1 for s in segments), bool)
+    offsets = np.cumsum([1] + [len(s[0]) + 1 for s in segments[:-1]])
+    starts[offsets] = [len(s[0]) > 0 for s in segments]
+    if sentence_lengths is not None and len(segments) == 1:
+        within = np.cumsum([0, *sentence_lengths[:-1]])
+        starts[1 + within[np.asarray(sentence_lengths) > 0]] = True
+    return {
+        "key": key,
+        "input_ids": np.concatenate(ids),
+        "token_type_ids": np.concatenate(types),
+        "word_starts": np.concatenate(words),
+        "phrases": np.concatenate(phrases),
+        "next_sentence_label": label,
+        "sentence_starts": starts,
+    }
+
+
+def reference_pack_sentences(documents, max_seq_length, vocab, *, cross_documents):
+    budget = max_seq_length - 2
+    separator = (np.array([vocab.sep]), np.ones(1, bool), np.zeros(1, np.uint8))
+
+    def packed(key, pieces):
+        if pieces[-1] is separator:
+            pieces = pieces[:-1]
+        lengths = [len(p[0]) for p in pieces]
+        return _reference_sequence(key, [_concat(pieces)], vocab, sentence_lengths=lengths)
+
+    pieces, used, key = [], 0, ""
+    for document in documents:
+        for index, piece in enumerate(_reference_pieces(document, budget)):
+            if pieces and used + len(piece[0]) > budget:
+                yield packed(key, pieces)
+                pieces, used = [], 0
+            if not pieces:
+                key = f"{document['key']}:{index}"
+            pieces.append(piece)
+            used += len(piece[0])
+        if not cross_documents and pieces:
+            yield packed(key, pieces)
+            pieces, used = [], 0
+        elif pieces and used + 1 <= budget:
+            pieces.append(separator)
+            used += 1
+    if pieces:
+        yield packed(key, pieces)
+
+
+def reference_segment_pairs(
+    documents, max_seq_length, vocab, *, seed, epoch, pair_task, single_sentences,
+    short_seq_probability, random_probability, pool_size,
+):  # fmt: skip
+    max_tokens = max_seq_length - 3
+
+    def random_segment(pool, rng, min_tokens):
+        other = pool[int(rng.integers(len(pool)))][1]
+        start = int(rng.integers(len(other)))
+        lengths = np.cumsum([len(p[0]) for p in other[start:]])
+        stop = start + int(np.searchsorted(lengths, max(min_tokens, 1))) + 1
+        return _concat(other[start:stop])
+
+    def labelled_pair(chunk, target, pool, rng):
+        if len(chunk) >= 2:
+            a_end = int(rng.integers(1, len(chunk)))
+            a, b = _concat(chunk[:a_end]), _concat(chunk[a_end:])
+        elif len(chunk[0][0]) >= 2:
+            a_end = 1
+            cut = int(rng.integers(1, len(chunk[0][0])))
+            a, b = tuple(x[:cut] for x in chunk[0]), tuple(x[cut:] for x in chunk[0])
+        else:
+            return None, 0
+        b_tokens = 1 if target is None else target - len(a[0])
+        draw = rng.random()
+        if pair_task == "sop":
+            return ((b, a, 1) if draw < 0.5 else (a, b, 0)), 0
+        if pair_task == "three_way":
+            if draw < 1 / 3:
+                return (a, b, 0), 0
+            if draw < 2 / 3:
+                return (b, a, 1), 0
+            if pool:
+                return (a, random_segment(pool, rng, b_tokens), 2), len(chunk) - a_end
+            return (a, b, 0), 0
+        if pair_task == "nsp" and pool and draw < random_probability:
+            return (a, random_segment(pool, rng, b_tokens), 1), len(chunk) - a_end
+        return (a, b, 0 if pair_task == "nsp" else IGNORE_INDEX), 0
+
+    def truncate(piece, keep, rng):
+        surplus = len(piece[0]) - keep
+        if surplus <= 0:
+            return piece
+        front = int(rng.binomial(surplus, 0.5))
+        return tuple(x[front : front + keep] for x in piece)
+
+    split = ((d, _reference_pieces(d, max_tokens)) for d in documents)
+    for (document, sentences), pool in formats.random_document_pools(split, pool_size):
+        rng = keyed_generator(seed, epoch, formats.STREAM_FORMAT, document["key"])
+        short = rng.random() < short_seq_probability
+        target = int(rng.integers(2, max_tokens + 1)) if short else max_tokens
+        chunk_start, used, i = 0, 0, 0
+        while i < len(sentences):
+            used += len(sentences[i][0])
+            if i == len(sentences) - 1 or used >= target or (single_sentences and i > chunk_start):
+                b_target = None if single_sentences else target
+                pair, unused = labelled_pair(sentences[chunk_start : i + 1], b_target, pool, rng)
+                if pair is not None:
+                    first, second, label = pair
+                    keep_a, keep_b = formats.truncated_lengths(
+                        len(first[0]), len(second[0]), max_tokens
+                    )
+                    segments = [truncate(first, keep_a, rng), truncate(second, keep_b, rng)]
+                    yield _reference_sequence(
+                        f"{document['key']}:{chunk_start}", segments, vocab, label
+                    )
+                i -= unused
+                chunk_start, used = i + 1, 0
+            i += 1
+
+
+def random_documents(n: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    documents = []
+    for d in range(n):
+        lengths = rng.integers(0, 90, size=rng.integers(1, 15))  # empty and long sentences too
+        tokens = int(lengths.sum())
+        if tokens == 0:
+            continue
+        document = {
+            "key": f"doc_{d}",
+            "ids": rng.integers(5, VOCAB.size, tokens),
+            "sents": np.cumsum(lengths).astype(np.int32),
+            "words": rng.random(tokens) < 0.7,
+        }
+        if d % 2:
+            document["phrases"] = rng.integers(0, 4, tokens).astype(np.uint8)
+        documents.append(document)
+    return documents
+
+
+@pytest.mark.parametrize("max_seq_length", [16, 64, 128])
+def test_formats_equal_the_per_piece_reference(max_seq_length):
+    documents = random_documents(15 if max_seq_length < 64 else 40, seed=max_seq_length)
+    for cross in (True, False):
+        new = list(formats.pack_sentences(documents, max_seq_length, VOCAB, cross_documents=cross))
+        old = list(
+            reference_pack_sentences(documents, max_seq_length, VOCAB, cross_documents=cross)
+        )
+        assert len(new) == len(old)
+        for a, b in zip(new, old, strict=True):
+            assert_same(a, b)
+    for pair_task in ("nsp", "sop", "three_way", "none"):
+        for single, short, pool in ((False, 0.1, 100), (True, 0.5, 3), (False, 0.9, 1)):
+            settings = {
+                "seed": 7,
+                "epoch": 2,
+                "pair_task": pair_task,
+                "single_sentences": single,
+                "short_seq_probability": short,
+                "random_probability": 0.5,
+                "pool_size": pool,
+            }
+            new = list(formats.make_segment_pairs(documents, max_seq_length, VOCAB, **settings))
+            old = list(reference_segment_pairs(documents, max_seq_length, VOCAB, **settings))
+            assert len(new) == len(old)
+            for a, b in zip(new, old, strict=True):
+                assert_same(a, b)
+
+
+# ---------------------------------------------------------------- unit selection
+
+
+def reference_row_units(unit_first, candidates):
+    starts = np.flatnonzero(unit_first)
+    unit_of = np.cumsum(unit_first) - 1
+    lengths = np.bincount(unit_of[candidates], minlength=len(starts)).astype(np.int64)
+    return starts.astype(np.int64), lengths
+
+
+def reference_fill_budget(lengths, budget):
+    accepted = np.zeros(len(lengths), bool)
+    if len(lengths) == 0 or budget <= 0:
+        return accepted
+    fitting = int(np.searchsorted(np.cumsum(lengths), budget, side="right"))
+    accepted[:fitting] = True
+    covered = int(lengths[:fitting].sum())
+    position = fitting + 1
+    while covered < budget and position < len(lengths):
+        fits = np.flatnonzero(lengths[position:] <= budget - covered)
+        if len(fits) == 0:
+            break
+        position += int(fits[0])
+        accepted[position] = True
+        covered += int(lengths[position])
+        position += 1
+    if not accepted.any():
+        accepted[0] = True
+    return accepted
+
+
+def reference_whole_units(unit_first, candidates, uniform, probability):
+    selected = np.zeros(candidates.shape, bool)
+    budgets = mask_budget(candidates.sum(axis=1), probability)
+    for row in range(candidates.shape[0]):
+        starts, lengths = reference_row_units(unit_first[row], candidates[row])
+        if len(starts) == 0:
+            continue
+        order = np.argsort(uniform[row, starts], kind="stable")
+        accepted = np.zeros(len(starts), bool)
+        accepted[order] = reference_fill_budget(lengths[order], int(budgets[row]))
+        unit_of = np.cumsum(unit_first[row]) - 1
+        selected[row] = candidates[row] & accepted[np.maximum(unit_of, 0)] & (unit_of >= 0)
+    return selected, unit_start_index(unit_first)
+
+
+def random_rows(rng, rows=None, length=None):
+    batch = int(rng.integers(1, 10)) if rows is None else rows
+    length = int(rng.integers(1, 80)) if length is None else length
+    candidates = rng.random((batch, length)) < rng.uniform(0.2, 1.0)
+    if rng.random() < 0.2:
+        candidates[0] = False
+    word_starts = rng.random((batch, length)) < rng.uniform(0.05, 1.0)
+    return candidates, word_starts
+
+
+def test_whole_unit_selection_equals_the_per_row_reference():
+    rng = np.random.default_rng(0)
+    for trial in range(600):
+        candidates, word_starts = random_rows(rng)
+        if trial % 2:
+            phrases = rng.integers(0, 4, candidates.shape).astype(np.uint8)
+            phrases *= rng.random(candidates.shape) < 0.3
+            first = phrase_unit_flags(phrases, word_starts, candidates)
+        else:
+            first = word_start_flags(word_starts, candidates)
+        uniform = rng.random(candidates.shape)
+        if trial % 3 == 0:  # ties between units: the order stays the stable sort's
+            uniform = rng.integers(0, 4, candidates.shape) / 4
+        probability = float(rng.choice([0.01, 0.15, 0.5, 1.0]))
+        assert_same(
+            list(select_whole_units(first, candidates, uniform, probability)),
+            list(reference_whole_units(first, candidates, uniform, probability)),
+        )
+
+
+def test_stable_row_order_is_the_stable_argsort():
+    rng = np.random.default_rng(1)
+    for keys in (
+        rng.random((8, 50)),
+        rng.integers(0, 3, (8, 50)) / 2,  # ties
+        np.round(rng.random((8, 50)), 2),  # not multiples of 2**-53: the stable sort itself
+        rng.random((2, 1100)),  # too wide for the unique keys
+    ):
+        np.testing.assert_array_equal(
+            stable_row_order(keys), np.argsort(keys, axis=1, kind="stable")
+        )
+
+
+# ---------------------------------------------------------------- n-grams and spans
+
+
+def reference_row_words(word_first, candidates):
+    starts, lengths = reference_row_units(word_first, candidates)
+    if len(starts) == 0:
+        return [], [], []
+    joined = np.append(starts[:-1] + lengths[:-1] == starts[1:], False)
+    run_last = np.flatnonzero(~joined)
+    run_of = np.cumsum(np.concatenate(([0], ~joined[:-1])))
+    left = run_last[run_of] - np.arange(len(starts)) + 1
+    return starts.tolist(), lengths.tolist(), left.tolist()
+
+
+def reference_spans_to_mask(shape, rows_spans):
+    selected = np.zeros(shape, bool)
+    first = np.zeros(shape, bool)
+    for row, spans in enumerate(rows_spans):
+        for start, end in spans:
+            selected[row, start:end] = True
+            first[row, start] = True
+    return selected, unit_start_index(first)
+
+
+def reference_ngrams(word_first, candidates, keys, *, seed, epoch, probability, max_ngram):
+    budgets = mask_budget(candidates.sum(axis=1), probability)
+    rows_spans = []
+    for row, key in enumerate(keys):
+        starts, lengths, left = reference_row_words(word_first[row], candidates[row])
+        rng = keyed_generator(seed, epoch, STREAM_MASK_NGRAM, key)
+        order = rng.permutation(len(starts)).tolist()
+        ngram = sample_ngram_lengths(rng.random(len(starts)), np.array(left, np.int64), max_ngram)
+        rows_spans.append(_fill_ngrams(starts, lengths, order, ngram.tolist(), int(budgets[row])))
+    return reference_spans_to_mask(candidates.shape, rows_spans)
+
+
+def reference_spans(word_first, candidates, keys, *, seed, epoch, probability, p, max_words):
+    budgets = mask_budget(candidates.sum(axis=1), probability)
+    rows_spans = []
+    for row, key in enumerate(keys):
+        starts, lengths, left = reference_row_words(word_first[row], candidates[row])
+        rng = keyed_generator(seed, epoch, STREAM_MASK_SPAN, key)
+        draws = 2 * len(starts) + 8
+        span_words = sample_span_lengths(rng, draws, p, max_words).tolist()
+        first_words = rng.integers(max(len(starts), 1), size=draws).tolist()
+        spans = []
+        if starts:
+            attempts = zip(first_words, span_words, strict=True)
+            spans = _fill_spans(starts, lengths, left, attempts, int(budgets[row]))
+        rows_spans.append(spans)
+    return reference_spans_to_mask(candidates.shape, rows_spans)
+
+
+def test_batch_words_equal_the_per_row_words():
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        candidates, word_starts = random_rows(rng)
+        first = word_start_flags(word_starts, candidates)
+        starts, lengths, left, counts = batch_words(first, candidates)
+        for row in range(len(candidates)):
+            n = int(counts[row])
+            got = (starts[row, :n].tolist(), lengths[row, :n].tolist(), left[row, :n].tolist())
+            assert got == reference_row_words(first[row], candidates[row])
+        units = batch_units(first, candidates)
+        np.testing.assert_array_equal(units[2], counts)
+
+
+def test_ngram_and_span_selection_equal_the_per_row_reference():
+    rng = np.random.default_rng(3)
+    for trial in range(250):
+        candidates, word_starts = random_rows(rng)
+        first = word_start_flags(word_starts, candidates)
+        keys = [f"doc_{trial}:{row}" for row in range(len(candidates))]
+        probability = float(rng.choice([0.01, 0.15, 0.5, 1.0]))
+        seed, epoch = int(rng.integers(0, 10**6)), int(rng.integers(0, 5))
+        for max_ngram in (1, 3):
+            settings = {"seed": seed, "epoch": epoch, "probability": probability}
+            assert_same(
+                list(select_ngrams(first, candidates, keys, max_ngram=max_ngram, **settings)),
+                list(reference_ngrams(first, candidates, keys, max_ngram=max_ngram, **settings)),
+            )
+        for p, max_words in ((0.2, 10), (1.0, 1)):
+            new = select_spans(
+                first, candidates, keys, seed=seed, epoch=epoch, probability=probability,
+                geometric_p=p, max_span_words=max_words,
+            )  # fmt: skip
+            old = reference_spans(
+                first, candidates, keys, seed=seed, epoch=epoch, probability=probability,
+                p=p, max_words=max_words,
+            )  # fmt: skip
+            assert_same(list(new), list(old))
+
+
+# ---------------------------------------------------------------- StructBERT, XLNet
+
+
+def test_batched_trigram_shuffle_equals_the_per_row_shuffle():
+    rng = np.random.default_rng(4)
+    for trial in range(300):
+        free, _ = random_rows(rng)
+        ids = rng.integers(5, 1000, free.shape)
+        keys = [f"doc_{trial}:{row}" for row in range(len(ids))]
+        fraction = float(rng.choice([0.05, 0.2, 0.6]))
+        shuffled, (rows, columns) = shuffle_batch_trigrams(ids, free, fraction, keys, 9, 1)
+        reference = ids.copy()
+        positions = np.zeros(ids.shape, bool)
+        for row, key in enumerate(keys):
+            row_rng = keyed_generator(9, 1, STREAM_TRIGRAMS, key)
+            reference[row], shuffled_at = shuffle_trigrams(ids[row], free[row], fraction, row_rng)
+            positions[row, shuffled_at] = True
+        assert_same(shuffled, reference)
+        expected = np.zeros(ids.shape, bool)
+        expected[rows, columns] = True
+        assert_same(expected, positions)
+        assert len(rows) == positions.sum()  # each position once
+
+
+def test_perm_mask_equals_the_broadcast_definition():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        batch, length = int(rng.integers(1, 6)), int(rng.integers(1, 70))
+        rank = rng.integers(-3, length, (batch, length))
+        targets = rng.random((batch, length)) < 0.3
+        permutation = Permutation(rank, targets)
+        reference = targets[:, None, :] & (rank[:, None, :] >= rank[:, :, None])
+        assert_same(perm_mask_from(permutation), reference)
+        cut = int(rng.integers(0, length + 1))
+        head, tail = slice(None, cut), slice(cut, None)
+        assert_same(perm_mask_from(permutation, head, tail), reference[:, head, tail])
+        assert_same(perm_mask_from(permutation, tail, tail), reference[:, tail, tail])
+
+
+# ---------------------------------------------------------------- BART and MASS
+
+
+def reference_permute_sentences(ids, sentence_starts, fraction, rng):
+    first, body, last = ids[:1], ids[1:-1], ids[-1:]
+    if len(body) == 0 or fraction <= 0:
+        return ids.copy()
+    starts = np.union1d([0], np.flatnonzero(sentence_starts[1:-1]))
+    ends = np.append(starts[1:], len(body))
+    count = len(starts)
+    chosen = np.sort(rng.choice(count, size=math.ceil(fraction * count), replace=False))
+    order = np.arange(count)
+    order[chosen] = chosen[rng.permutation(len(chosen))]
+    return np.concatenate([first, *[body[starts[i] : ends[i]] for i in order], last])
+
+
+def reference_infill_text(ids, probability, mask_id, rng, poisson_lambda):
+    first, body, last = ids[:1], ids[1:-1], ids[-1:]
+    budget = round(probability * len(body))
+    lengths = poisson_span_lengths(budget, poisson_lambda, rng)
+    if len(lengths) == 0:
+        return ids.copy(), lengths
+    spans, kept = len(lengths), len(body) - budget
+    is_span = np.zeros(kept + spans, bool)
+    is_span[rng.choice(kept + spans, size=spans, replace=False)] = True
+    slot_lengths = np.ones(kept + spans, np.int64)
+    slot_lengths[is_span] = lengths
+    slot_starts = np.concatenate([[0], np.cumsum(slot_lengths)[:-1]])
+    out_body = np.where(is_span, mask_id, body[np.minimum(slot_starts, len(body) - 1)])
+    return np.concatenate([first, out_body.astype(ids.dtype), last]), lengths
+
+
+def test_noise_functions_equal_the_reference():
+    rng = np.random.default_rng(6)
+    for _ in range(2000):
+        length = int(rng.integers(2, 60))
+        ids = rng.integers(5, 1000, length).astype(rng.choice([np.int64, np.int32]))
+        starts = rng.random(length) < rng.uniform(0, 0.5)
+        fraction = float(rng.choice([1.0, 0.5, 0.01, 0.0]))
+        probability = float(rng.choice([0.3, 0.9, 0.0, 1.0]))
+        poisson_lambda = float(rng.choice([3.0, 0.5]))
+        seed = int(rng.integers(0, 1 << 30))
+        assert_same(
+            permute_sentences(ids, starts, fraction, np.random.default_rng(seed)),
+            reference_permute_sentences(ids, starts, fraction, np.random.default_rng(seed)),
+        )
+        assert_same(
+            list(infill_text(ids, probability, 4, np.random.default_rng(seed), poisson_lambda)),
+            list(
+                reference_infill_text(
+                    ids, probability, 4, np.random.default_rng(seed), poisson_lambda
+                )
+            ),
+        )
+
+
+def random_collated(rng, rows: int, max_length: int) -> dict:
+    lengths = rng.integers(3, max_length + 1, rows)
+    width = sequence_width(int(lengths.max()), max_length)
+    ids = np.zeros((rows, width), np.int64)
+    mask = np.zeros((rows, width), np.int64)
+    starts = np.zeros((rows, width), bool)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = np.r_[VOCAB.cls, rng.integers(5, VOCAB.size, n - 2), VOCAB.sep]
+        mask[row, :n] = 1
+        starts[row, 1 : n - 1] = rng.random(n - 2) < 0.1
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "sentence_starts": starts,
+        "next_sentence_label": np.full(rows, IGNORE_INDEX),
+        "keys": [f"doc_{row}:{int(n)}" for row, n in enumerate(lengths)],
+    }
+
+
+def reference_seq2seq(batch, encoder_rows, decoder_rows, label_rows, pad_id, widths, max_length):
+    input_ids, attention_mask = pad_rows(encoder_rows, pad_id, max_length)
+    decoder_input_ids, decoder_attention_mask = pad_rows(decoder_rows, pad_id, max_length)
+    labels, _ = pad_rows(label_rows, IGNORE_INDEX, max_length)
+    extra = {}
+    if widths is not None:
+        extra["prediction_positions"] = prediction_positions(labels != IGNORE_INDEX, widths)
+    return extra | {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "decoder_input_ids": decoder_input_ids,
+        "decoder_attention_mask": decoder_attention_mask,
+        "labels": labels,
+        "next_sentence_label": batch["next_sentence_label"],
+        "keys": batch["keys"],
+    }
+
+
+def rows_of(batch):
+    lengths = batch["attention_mask"].sum(axis=1)
+    return [
+        (batch["input_ids"][i, :n], batch["sentence_starts"][i, :n]) for i, n in enumerate(lengths)
+    ]
+
+
+@pytest.mark.parametrize(
+    "noise",
+    [
+        NoiseSettings(),
+        NoiseSettings(0.1, 0.1, 0.3, 3.0, 0.5, 0.5),
+        NoiseSettings(text_infilling=0.9, poisson_lambda=0.5, sentence_permutation=0.0),
+    ],
+)
+def test_denoising_batch_equals_the_per_row_reference(noise):
+    rng = np.random.default_rng(7)
+    for max_length in (16, 64, 128):
+        batch = random_collated(rng, 12, max_length)
+        corruption = DenoisingCorruption(3, VOCAB.pad, VOCAB.mask, VOCAB.sep, max_length, noise)
+        encoder_rows, decoder_rows, label_rows = [], [], []
+        for key, (ids, starts) in zip(batch["keys"], rows_of(batch), strict=True):
+            row_rng = keyed_generator(3, 2, STREAM_NOISE, key)
+            noised = apply_noise(ids, starts, noise, VOCAB.mask, row_rng)
+            if len(noised) > max_length:
+                noised = np.concatenate([noised[: max_length - 1], noised[-1:]])
+            encoder_rows.append(noised)
+            decoder_rows.append(np.concatenate([[VOCAB.sep], ids[:-1]]))
+            label_rows.append(ids)
+        reference = reference_seq2seq(
+            batch, encoder_rows, decoder_rows, label_rows, VOCAB.pad, None, max_length
+        )
+        assert_same(corruption(dict(batch), 2), reference)
+
+
+def test_mass_batch_equals_the_per_row_reference():
+    rng = np.random.default_rng(8)
+    for max_length in (16, 64, 128):
+        for probabilities in ((0.8, 0.1), (1.0, 0.0)):
+            batch = random_collated(rng, 12, max_length)
+            corruption = MassCorruption(
+                5, VOCAB.pad, VOCAB.mask, VOCAB.size, 0.5, *probabilities, max_length
+            )
+            encoder_rows, decoder_rows, label_rows = [], [], []
+            for key, (ids, _) in zip(batch["keys"], rows_of(batch), strict=True):
+                row_rng = keyed_generator(5, 1, STREAM_MASS, key)
+                _, decoder, fragment = mass_fragment(ids, 0.5, VOCAB.mask, row_rng)
+                action = row_rng.random(len(ids))
+                random_ids = row_rng.integers(VOCAB.size, size=len(ids))
+                encoder, _ = replace_selected(
+                    ids[None], fragment[None], action[None], random_ids[None], VOCAB.mask,
+                    *probabilities,
+                )  # fmt: skip
+                encoder_rows.append(encoder[0])
+                decoder_rows.append(decoder)
+                label_rows.append(np.where(fragment, ids, IGNORE_INDEX))
+            widths = corruption.prediction_widths(max_length)
+            reference = reference_seq2seq(
+                batch, encoder_rows, decoder_rows, label_rows, VOCAB.pad, widths, max_length
+            )
+            assert_same(corruption(dict(batch), 1), reference)
