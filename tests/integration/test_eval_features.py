@@ -1,6 +1,6 @@
 """Downstream evaluation, part 3: feature-based mode (frozen encoder) and what the head
-reads: the last, second-to-last or last four layers, a learned scalar mix; [CLS], XLNet's
-last token or the mean over real tokens."""
+reads: the last, second-to-last, last four or all layers, a learned scalar mix; [CLS],
+XLNet's last token or the mean over real tokens."""
 
 from pathlib import Path
 
@@ -29,6 +29,9 @@ def test_layer_choices_read_the_named_layers():
     concat = LayerSelection("concat_last4", 4, 3)
     assert concat.output_size == 12
     assert torch.equal(concat(hidden)[..., 3:6], hidden[1])
+    every = LayerSelection("concat_all", 3, 3)  # embeddings and 2 layers
+    assert every.output_size == 9
+    assert torch.equal(every(hidden[:3]), torch.cat(hidden[:3], dim=-1))
     mix = LayerSelection("scalar_mix", 4, 3)
     torch.testing.assert_close(mix(hidden), torch.stack(hidden).mean(0))  # equal weights at 0
     with torch.no_grad():
@@ -70,7 +73,12 @@ def encoder_weights(loaded) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(
     ("layers", "pooling"),
-    [("scalar_mix", "mean"), ("concat_last4", "cls"), ("second_to_last", "mean")],
+    [
+        ("scalar_mix", "mean"),
+        ("concat_last4", "cls"),
+        ("concat_all", "mean"),
+        ("second_to_last", "mean"),
+    ],
 )
 def test_features_mode_trains_the_head_and_leaves_the_encoder(
     tiny_encoder_checkpoint, order_task, layers, pooling

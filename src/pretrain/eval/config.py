@@ -9,7 +9,7 @@ from pretrain.errors import require, require_positive, require_unit_interval
 from pretrain.eval.tasks import TASK_KINDS
 
 # What a task head reads (pretrain.eval.heads; named here so the schema loads without torch)
-LAYER_CHOICES = ("last", "second_to_last", "concat_last4", "scalar_mix")
+LAYER_CHOICES = ("last", "second_to_last", "concat_last4", "concat_all", "scalar_mix")
 POOLINGS = ("cls", "mean")
 MODES = ("finetune", "features")  # every weight trained | the encoder frozen
 

@@ -1,6 +1,7 @@
 """What a task head reads from the encoder: which layers (the last, the second to last, the
-last four concatenated, a learned scalar mix of all) and, for a sequence-level task, how the
-tokens are pooled ([CLS], XLNet's last token, or the mean over real tokens)."""
+last four concatenated, all of them concatenated, a learned scalar mix of all) and, for a
+sequence-level task, how the tokens are pooled ([CLS], XLNet's last token, or the mean over
+real tokens)."""
 
 import torch
 from torch import nn
@@ -20,8 +21,10 @@ __all__ = [
 
 class LayerSelection(nn.Module):
     """Hidden states of every layer (num_states tensors (batch, seq, hidden), the embeddings
-    first) -> one tensor (batch, seq, output_size). `scalar_mix` is ELMo's gamma * sum_i
-    softmax(w)_i * h_i, with w and gamma learned (all layers, embeddings included)."""
+    first) -> one tensor (batch, seq, output_size). `concat_all` concatenates every state,
+    embeddings included (BERT's concatenated last layers for an encoder of fewer than four);
+    `scalar_mix` is ELMo's gamma * sum_i softmax(w)_i * h_i, with w and gamma learned (all
+    layers, embeddings included)."""
 
     def __init__(self, choice: str, num_states: int, hidden_size: int) -> None:
         super().__init__()
@@ -36,7 +39,8 @@ class LayerSelection(nn.Module):
                 f"{num_states} (embeddings + {num_states - 1} layers)"
             )
         self.choice = choice
-        self.output_size = hidden_size * (4 if choice == "concat_last4" else 1)
+        concatenated = {"concat_last4": 4, "concat_all": num_states}
+        self.output_size = hidden_size * concatenated.get(choice, 1)
         if choice == "scalar_mix":
             self.weights = nn.Parameter(torch.zeros(num_states))
             self.gamma = nn.Parameter(torch.ones(()))
@@ -48,6 +52,8 @@ class LayerSelection(nn.Module):
             return states[-2]
         if self.choice == "concat_last4":
             return torch.cat(states[-4:], dim=-1)  # (batch, seq, 4 * hidden)
+        if self.choice == "concat_all":
+            return torch.cat(states, dim=-1)  # (batch, seq, num_states * hidden)
         weights = torch.softmax(self.weights, dim=0)
         return self.gamma * torch.einsum("l,lbsh->bsh", weights, torch.stack(states))
 
