@@ -164,39 +164,6 @@ def _pool(words: list) -> list:
     return pool
 
 
-@lru_cache(maxsize=64)
-def _prefix_state(prefix: tuple[int, ...]) -> tuple[int, ...]:
-    """For entropy [*prefix, hash] whose prefix is 3 words: the pool words and hash values
-    that do not depend on the hash (`_keyed_pool`)."""
-    pool = [_hashmix(prefix[i], i) for i in range(3)]
-    constants = []
-    call = _POOL_SIZE
-    for src in range(3):
-        for dst in range(_POOL_SIZE):
-            if src != dst:
-                value = _hashmix(pool[src], call)
-                call += 1
-                if dst == 3:  # pool[3] holds the hash: mixed with this value later
-                    constants.append(value)
-                else:
-                    pool[dst] = _mix(pool[dst], value)
-    return (*pool, *constants)
-
-
-def _keyed_pool(prefix: tuple[int, ...], low: np.ndarray, high: np.ndarray) -> list:
-    """`_pool(prefix + [low] (+ [high] where high != 0))` for a 3-word prefix, the part that
-    does not depend on the hash taken from `_prefix_state`: low/high (n,) uint32 are the
-    hashes' 32-bit halves (a hash under 2**32 is one word)."""
-    p0, p1, p2, k0, k1, k2 = _prefix_state(prefix)
-    p3 = _mix(_mix(_mix(_hashmix(low, 3), k0), k1), k2)
-    pool = [_mix(p0, _hashmix(p3, 13)), _mix(p1, _hashmix(p3, 14)), _mix(p2, _hashmix(p3, 15)), p3]
-    two = high != 0
-    return [
-        np.where(two, _mix(pool[dst], _hashmix(high, 16 + dst)), pool[dst])
-        for dst in range(_POOL_SIZE)
-    ]
-
-
 def _output(pool: list):
     """generate_state(4, np.uint64) from the pool: 4 uint64 words (ints or arrays)."""
     out = []
@@ -213,18 +180,14 @@ def _seed_words(prefix: list[int], hashes: np.ndarray) -> np.ndarray:
     hashes = np.asarray(hashes, dtype=np.uint64)
     low = (hashes & np.uint64(_MASK32)).astype(np.uint32)
     high = (hashes >> np.uint64(32)).astype(np.uint32)
+    two = high != 0  # a hash of 2**32 or more is two words of entropy, a smaller one one
     with np.errstate(over="ignore"):
-        if len(head) == 3:
-            pool = _keyed_pool(tuple(head), low, high)
-        else:  # a seed of 2**32 or more: rows of one-word and two-word hashes apart
-            two = high != 0
-            rows = [np.full(len(hashes), w, np.uint32) for w in head]
-            pool = [
-                np.where(two, with_high, without)
-                for with_high, without in zip(
-                    _pool([*rows, low, high]), _pool([*rows, low]), strict=True
-                )
-            ]
+        pool = [
+            np.where(two, with_high, without)
+            for with_high, without in zip(
+                _pool([*head, low, high]), _pool([*head, low]), strict=True
+            )
+        ]
         words = [w.astype(np.uint64) for w in _output([p.astype(np.uint64) for p in pool])]
     return np.stack(words, axis=1)
 
