@@ -124,6 +124,7 @@ golden: $(STAMP)
 # re-describing a config (tests/unit/test_conf_tables.py fails while they are stale).
 conf-tables: $(STAMP)
 	$(PY) -m pretrain.conf_tables
+	$(PY) -m pretrain.param_counts --write-table
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src data_pipelines tests benchmarks

@@ -1,5 +1,6 @@
-"""The command-line tools answer `--help`, `--cfg job` and `pretrain-data info` without
-importing torch, Lightning, DeepSpeed, transformers, wandb or matplotlib (issue 14 item 6):
+"""The command-line tools answer `--help`, `--cfg job`, `pretrain-data info` and a shipped
+model's `pretrain-params` (`pretrain-info`) without importing torch, Lightning, DeepSpeed,
+transformers, wandb or matplotlib (issue 14 item 6):
 those load only when a run, an evaluation or a report needs them.
 
 One fresh interpreter runs every command in turn (its own modules, not this test process's)
@@ -36,6 +37,7 @@ from data_pipelines.cli import main as data
 call("pretrain", train, ["--help", "model=bert_base"])
 call("pretrain-eval", evaluate, ["--help"])
 call("pretrain-info", lambda: info(["--help"]), ["--help"])
+call("pretrain-info", lambda: info(["model=bert_base"]), ["model=bert_base"])  # stored counts
 call("pretrain-compare", lambda: compare(["--help"]), ["--help"])
 call("pretrain-data", lambda: data(["info", "--help"]), ["info", "--help"])
 call("pretrain-data", lambda: data(["info", shards_dir]), ["info", shards_dir])
@@ -64,6 +66,7 @@ def test_help_cfg_and_info_import_no_heavy_package(prepared_corpus: Path) -> Non
     assert "Exit statuses" in train_help
     assert "\neval: builtin_" in results["pretrain-eval --help"][1]  # the eval group listed
     assert "usage: pretrain-info" in results["pretrain-info --help"][1]
+    assert "paper count    109.48M  109,482,240" in results["pretrain-info model=bert_base"][1]
     assert "pretrain-data info <shards_dir>" in results["pretrain-data info --help"][1]
     assert f"documents          {300:,}" in results[f"pretrain-data info {prepared_corpus}"][1]
     assert "name: bert_mini" in results["pretrain --cfg job model=bert_mini"][1]

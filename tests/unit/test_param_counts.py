@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from pretrain.models.heads import NextSentenceHead
-from pretrain.param_counts import deprecated_main, main, model_info
+from pretrain.param_counts import deprecated_main, main, model_info, read_table, shipped_counts
 
 
 @pytest.mark.parametrize("name", ["bert_base", "bert_large"])
@@ -98,3 +98,19 @@ def test_old_name_still_works_and_says_so(capsys):
     out, err = capsys.readouterr()
     assert json.loads(out)["model"] == "bert_tiny"
     assert "pretrain-params" in err
+
+
+def test_stored_table_equals_a_fresh_count_of_every_shipped_model():
+    # param_counts.json answers the shipped configs without torch; it must be what a build gives
+    stored = read_table()
+    assert stored == shipped_counts(), "stale: run `python -m pretrain.param_counts --write-table`"
+    assert {"bert_base", "albert_xxlarge", "xlnet_large", "bart_large"} <= set(stored)
+
+
+def test_an_override_is_counted_not_read_from_the_table():
+    # half the layers: half the "rest" (each layer's weights), the embeddings unchanged
+    full, half = (
+        model_info(["model=bert_base"]),
+        model_info(["model=bert_base", "model.num_hidden_layers=6"]),
+    )
+    assert half["rest"] * 2 == full["rest"] and half["embeddings"] == full["embeddings"]
