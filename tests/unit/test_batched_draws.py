@@ -15,8 +15,6 @@ from pretrain.data.keyed_rng import (
 )
 from pretrain.data.masking import (
     IGNORE_INDEX,
-    STREAM_MASK_NGRAM,
-    STREAM_MASK_SPAN,
     batch_units,
     mask_budget,
     phrase_unit_flags,
@@ -38,15 +36,7 @@ from pretrain.data.noise import (
 )
 from pretrain.data.permutation import Permutation, perm_mask_from
 from pretrain.data.prediction_budget import prediction_positions, sequence_width
-from pretrain.data.span_masking import (
-    _fill_ngrams,
-    _fill_spans,
-    batch_words,
-    sample_ngram_lengths,
-    sample_span_lengths,
-    select_ngrams,
-    select_spans,
-)
+from pretrain.data.span_masking import batch_words
 from pretrain.data.vocab import Vocabulary
 from pretrain.objectives.denoising import DenoisingCorruption, pad_rows
 from pretrain.objectives.mass import MassCorruption
@@ -404,45 +394,6 @@ def reference_row_words(word_first, candidates):
     return starts.tolist(), lengths.tolist(), left.tolist()
 
 
-def reference_spans_to_mask(shape, rows_spans):
-    selected = np.zeros(shape, bool)
-    first = np.zeros(shape, bool)
-    for row, spans in enumerate(rows_spans):
-        for start, end in spans:
-            selected[row, start:end] = True
-            first[row, start] = True
-    return selected, unit_start_index(first)
-
-
-def reference_ngrams(word_first, candidates, keys, *, seed, epoch, probability, max_ngram):
-    budgets = mask_budget(candidates.sum(axis=1), probability)
-    rows_spans = []
-    for row, key in enumerate(keys):
-        starts, lengths, left = reference_row_words(word_first[row], candidates[row])
-        rng = keyed_generator(seed, epoch, STREAM_MASK_NGRAM, key)
-        order = rng.permutation(len(starts)).tolist()
-        ngram = sample_ngram_lengths(rng.random(len(starts)), np.array(left, np.int64), max_ngram)
-        rows_spans.append(_fill_ngrams(starts, lengths, order, ngram.tolist(), int(budgets[row])))
-    return reference_spans_to_mask(candidates.shape, rows_spans)
-
-
-def reference_spans(word_first, candidates, keys, *, seed, epoch, probability, p, max_words):
-    budgets = mask_budget(candidates.sum(axis=1), probability)
-    rows_spans = []
-    for row, key in enumerate(keys):
-        starts, lengths, left = reference_row_words(word_first[row], candidates[row])
-        rng = keyed_generator(seed, epoch, STREAM_MASK_SPAN, key)
-        draws = 2 * len(starts) + 8
-        span_words = sample_span_lengths(rng, draws, p, max_words).tolist()
-        first_words = rng.integers(max(len(starts), 1), size=draws).tolist()
-        spans = []
-        if starts:
-            attempts = zip(first_words, span_words, strict=True)
-            spans = _fill_spans(starts, lengths, left, attempts, int(budgets[row]))
-        rows_spans.append(spans)
-    return reference_spans_to_mask(candidates.shape, rows_spans)
-
-
 def test_batch_words_equal_the_per_row_words():
     rng = np.random.default_rng(2)
     for _ in range(300):
@@ -455,32 +406,6 @@ def test_batch_words_equal_the_per_row_words():
             assert got == reference_row_words(first[row], candidates[row])
         units = batch_units(first, candidates)
         np.testing.assert_array_equal(units[2], counts)
-
-
-def test_ngram_and_span_selection_equal_the_per_row_reference():
-    rng = np.random.default_rng(3)
-    for trial in range(250):
-        candidates, word_starts = random_rows(rng)
-        first = word_start_flags(word_starts, candidates)
-        keys = [f"doc_{trial}:{row}" for row in range(len(candidates))]
-        probability = float(rng.choice([0.01, 0.15, 0.5, 1.0]))
-        seed, epoch = int(rng.integers(0, 10**6)), int(rng.integers(0, 5))
-        for max_ngram in (1, 3):
-            settings = {"seed": seed, "epoch": epoch, "probability": probability}
-            assert_same(
-                list(select_ngrams(first, candidates, keys, max_ngram=max_ngram, **settings)),
-                list(reference_ngrams(first, candidates, keys, max_ngram=max_ngram, **settings)),
-            )
-        for p, max_words in ((0.2, 10), (1.0, 1)):
-            new = select_spans(
-                first, candidates, keys, seed=seed, epoch=epoch, probability=probability,
-                geometric_p=p, max_span_words=max_words,
-            )  # fmt: skip
-            old = reference_spans(
-                first, candidates, keys, seed=seed, epoch=epoch, probability=probability,
-                p=p, max_words=max_words,
-            )  # fmt: skip
-            assert_same(list(new), list(old))
 
 
 # ---------------------------------------------------------------- StructBERT, XLNet

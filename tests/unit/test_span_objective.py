@@ -23,7 +23,7 @@ from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX, word_start_flags
 from pretrain.data.span_masking import (
-    sample_span_lengths,
+    sample_lengths,
     select_spans,
     truncated_geometric_probabilities,
 )
@@ -52,14 +52,15 @@ def test_span_lengths_are_truncated_geometric():
     assert law[-1] == pytest.approx(0.0301, abs=1e-4)
     np.testing.assert_allclose(truncated_geometric_probabilities(P, MAX_WORDS), law)
     n = 100_000
-    lengths = sample_span_lengths(np.random.default_rng(0), n, P, MAX_WORDS)
+    lengths = sample_lengths(np.random.default_rng(0).random(n), law)
     assert lengths.min() == 1 and lengths.max() == MAX_WORDS
     counts = np.bincount(lengths, minlength=MAX_WORDS + 1)[1:]
     expected = law * n
     assert ((counts - expected) ** 2 / expected).sum() < 27.88  # chi-square 9 dof, 99.9%
     variance = float((np.arange(1, MAX_WORDS + 1) ** 2 * law).sum() - mean**2)
     assert abs(lengths.mean() - mean) < 4 * np.sqrt(variance / n)
-    assert sample_span_lengths(np.random.default_rng(0), 1000, 1.0, MAX_WORDS).max() == 1
+    uniform = np.random.default_rng(0).random(1000)
+    assert sample_lengths(uniform, truncated_geometric_probabilities(1.0, MAX_WORDS)).max() == 1
 
 
 def span_units(selected: np.ndarray, unit_start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -110,8 +111,9 @@ def test_mean_span_length_matches_the_truncated_geometric():
     n_rows, length = 300, 1024
     candidates = np.ones((n_rows, length), bool)
     candidates[:, [0, -1]] = False
+    keys = key_hashes([f"r{i}" for i in range(n_rows)])
     selected, unit_start = select_spans(
-        candidates, candidates, [f"r{i}" for i in range(n_rows)], seed=3, epoch=0, probability=0.15
+        candidates, candidates, keys, seed=3, epoch=0, probability=0.15
     )
     first, _ = span_units(selected, unit_start)
     realized = selected.sum() / first.sum()  # words per span

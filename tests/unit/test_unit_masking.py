@@ -9,7 +9,7 @@ from data_pipelines.prepare_config import PhraseSettings
 from pretrain.config import compose_config
 from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX, word_start_flags
-from pretrain.data.span_masking import ngram_length_probabilities, sample_ngram_lengths
+from pretrain.data.span_masking import ngram_length_probabilities, sample_lengths
 from pretrain.data.stream import training_stream
 from pretrain.objectives.ernie import ErnieCorruption
 from pretrain.objectives.ngram import NgramCorruption
@@ -177,17 +177,18 @@ def test_whole_words_are_chosen_uniformly_over_positions():
     assert selected.sum() / candidates.sum() == pytest.approx(0.15, abs=0.003)
 
 
-@pytest.mark.parametrize("available", [3, 2, 1])
-def test_ngram_lengths_follow_inverse_n(available):
-    uniform = np.random.default_rng(available).random(60_000)
-    lengths = sample_ngram_lengths(uniform, np.full(len(uniform), available), max_ngram=3)
-    # p(n) proportional to 1/n, renormalised over the n-grams that fit
-    expected = 1 / np.arange(1, available + 1)
+@pytest.mark.parametrize("max_ngram", [3, 2, 1])
+def test_ngram_lengths_follow_inverse_n(max_ngram):
+    uniform = np.random.default_rng(max_ngram).random(60_000)
+    law = ngram_length_probabilities(max_ngram)
+    lengths = sample_lengths(uniform, law)
+    # p(n) proportional to 1/n, n = 1..max_ngram
+    expected = 1 / np.arange(1, max_ngram + 1)
     expected = expected / expected.sum() * len(uniform)
-    counts = np.bincount(lengths, minlength=available + 1)[1:]
-    assert len(counts) == available
-    if available > 1:
-        assert ((counts - expected) ** 2 / expected).sum() < CHI2_999[available - 1]
+    counts = np.bincount(lengths, minlength=max_ngram + 1)[1:]
+    assert len(counts) == max_ngram
+    if max_ngram > 1:
+        assert ((counts - expected) ** 2 / expected).sum() < CHI2_999[max_ngram - 1]
     else:
         assert (lengths == 1).all()
     np.testing.assert_allclose(ngram_length_probabilities(3), [6 / 11, 3 / 11, 2 / 11])

@@ -2,19 +2,18 @@
 
 Both work on the words of each row (see `masking.word_start_flags`): a unit is a run of
 consecutive whole words inside one run of candidate tokens (never across [SEP] or padding),
-units never overlap, and units are added until `mask_budget` tokens are covered. Each row's
-draws come from `keyed_generator(seed, epoch, stream, key)`, so a sequence's mask depends
-only on (seed, epoch, sequence key). The words of every row, the lengths drawn and the
-masks are computed for the whole batch at once; what stays per row is its generator's draws
-and the greedy placement of its units (`_fill_ngrams`, `_fill_spans`), a loop per unit.
+units never overlap, and units are added until `mask_budget` tokens are covered
+(`select_units`). Every draw is a `keyed_uniform` of (seed, epoch, stream, sequence key,
+counter), made for the whole batch at once, so a sequence's mask depends only on (seed,
+epoch, sequence key), never on the other rows of its batch; the placement is vectorised over
+the batch (a renewal tiling of each row's words, then a random order cut at the budget).
 """
 
-from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
 
-from pretrain.data.keyed_rng import keyed_generators
+from pretrain.data.keyed_rng import keyed_uniform
 from pretrain.data.masking import (
     STREAM_MASK_NGRAM,
     STREAM_MASK_SPAN,
@@ -31,25 +30,6 @@ def ngram_length_probabilities(max_ngram: int) -> np.ndarray:
     return weights / weights.sum()
 
 
-@lru_cache(maxsize=32)
-def _ngram_cdf(top: int) -> np.ndarray:
-    return np.cumsum(ngram_length_probabilities(top))[:-1]  # (top - 1,)
-
-
-def sample_ngram_lengths(uniform: np.ndarray, available: np.ndarray, max_ngram: int) -> np.ndarray:
-    """N-gram lengths in words by inverse transform: p(n) proportional to 1/n over
-    n = 1..min(max_ngram, available) (ALBERT renormalises over the n-grams that fit before the
-    sequence ends). uniform (k,) in [0, 1), available (k,) >= 1 words; returns (k,) int64.
-    Elementwise: the draws of many rows may be given at once."""
-    lengths = np.ones(len(uniform), np.int64)
-    tops = np.minimum(available, max_ngram)
-    for top in range(2, max_ngram + 1):
-        rows = tops == top
-        if rows.any():
-            lengths[rows] = 1 + np.searchsorted(_ngram_cdf(top), uniform[rows], side="right")
-    return lengths
-
-
 def truncated_geometric_probabilities(p: float, max_length: int) -> np.ndarray:
     """SpanBERT's span-length law: Geometric(p) on 1, 2, ... truncated to 1..max_length and
     renormalised, p(k) = p (1-p)^(k-1) / sum_{j=1}^{max_length} p (1-p)^(j-1) (SpanBERT's
@@ -60,13 +40,19 @@ def truncated_geometric_probabilities(p: float, max_length: int) -> np.ndarray:
     return weights / weights.sum()
 
 
-def sample_span_lengths(
-    rng: np.random.Generator, size: int, p: float, max_length: int
-) -> np.ndarray:
-    """SpanBERT span lengths in words, by inverse transform from
-    `truncated_geometric_probabilities(p, max_length)`. Returns (size,) int64 in 1..max_length."""
-    cdf = np.cumsum(truncated_geometric_probabilities(p, max_length))[:-1]  # (max_length - 1,)
-    return 1 + np.searchsorted(cdf, rng.random(size), side="right").astype(np.int64)
+def sample_lengths(uniform: np.ndarray, law: np.ndarray) -> np.ndarray:
+    """Unit lengths by inverse transform: n with probability law[n-1], n = 1..len(law).
+    uniform any shape in [0, 1); returns int64 of its shape."""
+    return 1 + np.searchsorted(np.cumsum(law)[:-1], uniform, side="right")
+
+
+@lru_cache(maxsize=32)
+def _delay_cdf(law: tuple[float, ...]) -> np.ndarray:
+    """CDF (without its last entry) of the stationary delay of tiles of L ~ `law` words plus
+    one word of gap: P(D = k) = P(L >= k) / (E[L] + 1), k = 0..len(law)."""
+    law_array = np.array(law)
+    at_least = np.concatenate(([1.0], law_array[::-1].cumsum()[::-1]))  # P(L >= k), k = 0..m
+    return np.cumsum(at_least / at_least.sum())[:-1]
 
 
 def batch_words(
@@ -76,7 +62,12 @@ def batch_words(
     tokens, how many words from it on stay inside its run of candidates, itself included),
     each (batch, W) int64 with W the most words of any row, and the words per row (batch,);
     slots past a row's words hold 0."""
-    starts, lengths, counts, _ = batch_units(word_first, candidates)
+    return _batch_words(word_first, candidates)[:4]
+
+
+def _batch_words(word_first: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`batch_words` and the word of each token (batch, seq), -1 before a row's first."""
+    starts, lengths, counts, word_of = batch_units(word_first, candidates)
     width = starts.shape[1]
     columns = np.arange(width)
     # word w+1 follows word w in the same run of candidates (never past a row's words)
@@ -88,93 +79,147 @@ def batch_words(
     run_last = np.where(joined, width, columns)
     run_last = np.minimum.accumulate(run_last[:, ::-1], axis=1)[:, ::-1]
     left = np.where(columns < counts[:, None], run_last - columns + 1, 0)
-    return starts, lengths, left.astype(np.int64), counts
+    return starts, lengths, left, counts, word_of
 
 
-def _spans_to_mask(
-    shape: tuple[int, int], rows: np.ndarray, starts: np.ndarray, ends: np.ndarray
+def select_units(
+    word_first: np.ndarray,
+    candidates: np.ndarray,
+    hashes: np.ndarray,
+    law: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    stream: int,
+    probability: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(selected, unit_start) of non-overlapping token spans [starts, ends) of rows `rows`,
-    all (spans,) int64."""
-    batch, length = shape
-    edges = np.zeros((batch, length + 1), np.int64)
-    np.add.at(edges, (rows, starts), 1)
-    np.add.at(edges, (rows, ends), -1)
-    selected = np.cumsum(edges[:, :-1], axis=1) > 0
-    first = np.zeros(shape, bool)
-    first[rows, starts] = True
-    return selected, unit_start_index(first)
+    """Units of whole words (n-grams, spans) of lengths drawn from `law` (entry n-1: p(n)
+    words), `mask_budget(probability)` candidate tokens per row, keyed per row.
+
+    Each row's words are tiled, from a random first word, by units of n ~ law words each
+    followed by one free word (a renewal process started in its stationary state, so every
+    word starts a unit equally often); a unit stops at the end of its run of candidates.
+    The units are then taken in a random order while they fit the row's budget; the first
+    that would overshoot keeps the whole words that fit (at least one word when it is the
+    row's first unit), and later units whose first word fits the room left are taken the
+    same way until the budget is covered. Units never overlap nor touch, and their lengths
+    follow `law` but for the cuts at run ends and at the budget (as in SpanBERT and ALBERT).
+    Draws: `keyed_uniform(seed, epoch, stream, hashes)`, counter 0 for the first word,
+    2i+1 for unit i's length and 2i+2 for its rank, so a row's units depend only on its own
+    key and words, never on the rest of the batch. word_first, candidates (batch, seq) bool,
+    hashes (batch,) uint64. Returns (selected (batch, seq) bool, unit_start (batch, seq)
+    int64: the first token of each token's unit)."""
+    batch, length = candidates.shape
+    rows = np.arange(batch)[:, None]
+    words_before = np.zeros((batch, length + 1), np.int64)  # word starts before each token
+    np.cumsum(word_first, axis=1, out=words_before[:, 1:])
+    counts = words_before[:, -1]
+    width = int(counts.max(initial=0))
+    if width == 0:
+        return np.zeros(candidates.shape, bool), np.zeros(candidates.shape, np.int64)
+    word_of = words_before[:, 1:] - 1  # (batch, seq), -1 before a row's first word
+    starts = np.full((batch, width + 1), length)  # first token of each word, then `length`
+    at_row, at_token = np.nonzero(word_first)
+    starts[at_row, word_of[at_row, at_token]] = at_token
+    tokens_before = np.zeros((batch, length + 1), np.int64)  # candidates before each token
+    np.cumsum(candidates, axis=1, out=tokens_before[:, 1:])
+    positions = np.arange(length)
+    run_end = np.minimum.accumulate(np.where(candidates, length, positions)[:, ::-1], axis=1)
+    run_end = np.append(run_end[:, ::-1], np.full((batch, 1), length), axis=1)  # (batch, seq+1)
+
+    tiles = width // 2 + 2  # enough for any row: a tile is at least 2 words, gap included
+    uniform = keyed_uniform(seed, epoch, stream, hashes, 2 * tiles + 1)
+    size = sample_lengths(uniform[:, 1::2], law)  # (batch, tiles) words
+    delay = np.searchsorted(_delay_cdf(tuple(law)), uniform[:, 0], side="right")
+    first = np.cumsum(size + 1, axis=1) - (size + 1) + (delay % np.maximum(counts, 1))[:, None]
+    valid = first < counts[:, None]
+    first = np.minimum(first, width)
+    start_token = starts[rows, first]
+    last = np.minimum(first + size, words_before[rows, run_end[rows, start_token]])  # run's end
+    before = tokens_before[rows, start_token]
+    cost = np.where(valid, tokens_before[rows, starts[rows, last]] - before, 0)
+    budgets = mask_budget(tokens_before[:, -1], probability)
+
+    # units in ascending rank while they fit; then the overshooting one and later ones cut
+    order = np.argsort(np.where(valid, uniform[:, 2::2], 2.0), axis=1, kind="stable")
+    taken = np.cumsum(cost[rows, order], axis=1)
+    accepted_sorted = (taken <= budgets[:, None]) & valid[rows, order]
+    accepted = np.zeros(valid.shape, bool)
+    accepted[rows, order] = accepted_sorted
+    position = accepted_sorted.sum(axis=1)
+    room = budgets - np.where(position > 0, taken[rows[:, 0], position - 1], 0)
+    first_cost = np.where(
+        valid, tokens_before[rows, starts[rows, np.minimum(first + 1, width)]] - before, 1 << 40
+    )
+    first_cost = first_cost[rows, order]
+    first_cost[:, 0] = np.where(
+        position == 0, 0, first_cost[:, 0]
+    )  # the row's first: at least a word
+    columns = np.arange(tiles)
+    steps = np.arange(1, len(law) + 1)
+    words_in = last - first  # (batch, tiles)
+    active = room > 0
+    while active.any():
+        fits = (columns >= position[:, None]) & (first_cost <= room[:, None])
+        pick = np.argmax(fits, axis=1)
+        active &= fits[rows[:, 0], pick]
+        at = np.flatnonzero(active)
+        tile = order[at, pick[at]]
+        reach = tokens_before[
+            at[:, None], starts[at[:, None], np.minimum(first[at, tile, None] + steps, width)]
+        ]
+        words = (reach - before[at, tile, None] <= room[at, None]) & (
+            steps <= words_in[at, tile, None]
+        )
+        kept = np.maximum(words.sum(axis=1), 1)
+        last[at, tile] = first[at, tile] + kept
+        accepted[at, tile] = True
+        room[at] -= reach[np.arange(len(at)), kept - 1] - before[at, tile]
+        position[at] = pick[at] + 1
+        active &= room > 0
+    return _units_to_mask(candidates, starts, word_of, first, last, accepted)
 
 
-def _spans_arrays(rows_spans: Sequence[list[tuple[int, int]]]) -> tuple[np.ndarray, ...]:
-    """(rows, starts, ends) (spans,) int64 of per-row lists of (start, end) spans."""
-    rows = [row for row, spans in enumerate(rows_spans) for _ in spans]
-    flat = [span for spans in rows_spans for span in spans]
-    bounds = np.array(flat, np.int64).reshape(-1, 2)
-    return np.array(rows, np.int64), bounds[:, 0], bounds[:, 1]
+def _units_to_mask(candidates, starts, word_of, first, last, accepted):
+    """(selected, unit_start) (batch, seq) of the accepted units of words [first, last)
+    ((batch, tiles) each); units neither overlap nor touch, so their edges are distinct."""
+    batch, width = starts.shape
+    at_row = np.broadcast_to(np.arange(batch)[:, None], first.shape)[accepted]
+    edges = np.zeros((batch, width), np.int8)
+    edges[at_row, first[accepted]] = 1
+    edges[at_row, last[accepted]] = -1
+    covered = np.cumsum(edges, axis=1, dtype=np.int8) > 0  # (batch, W + 1), last column False
+    selected = candidates & covered[np.arange(batch)[:, None], word_of]
+    unit_first = np.zeros(candidates.shape, bool)
+    unit_first[at_row, starts[at_row, first[accepted]]] = True
+    return selected, unit_start_index(unit_first)
 
 
 def select_ngrams(
     word_first: np.ndarray,
     candidates: np.ndarray,
-    keys: Sequence[str],
+    hashes: np.ndarray,
     *,
     seed: int,
     epoch: int,
     probability: float,
     max_ngram: int = 3,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """ALBERT's n-gram masking. Start words are visited in a uniformly random order; each
-    draws n by `sample_ngram_lengths`; an n-gram that would overshoot the row's budget is
-    shortened word by word (ALBERT), one that still overshoots or overlaps a chosen n-gram is
-    skipped; at least one unit per row. word_first, candidates (batch, seq) bool; keys
-    (batch,). Returns (selected (batch, seq) bool, unit_start (batch, seq) int64)."""
-    budgets = mask_budget(candidates.sum(axis=1), probability).tolist()
-    starts, lengths, left, counts = batch_words(word_first, candidates)
-    counts = counts.tolist()
-    generators = keyed_generators(seed, epoch, STREAM_MASK_NGRAM, list(keys))
-    orders, uniforms = [], []
-    for rng, n in zip(generators, counts, strict=True):  # each row's draws, in their order
-        orders.append(rng.permutation(n).tolist())
-        uniforms.append(rng.random(n))
-    real = np.arange(starts.shape[1]) < np.array(counts)[:, None]
-    ngram = np.zeros(starts.shape, np.int64)
-    if real.any():
-        ngram[real] = sample_ngram_lengths(np.concatenate(uniforms), left[real], max_ngram)
-    rows_spans = [
-        _fill_ngrams(s[:n], w[:n], order, g[:n], budget)
-        for s, w, order, g, n, budget in zip(
-            starts.tolist(), lengths.tolist(), orders, ngram.tolist(), counts, budgets, strict=True
-        )
-    ]
-    return _spans_to_mask(candidates.shape, *_spans_arrays(rows_spans))
-
-
-def _fill_ngrams(
-    starts: list, lengths: list, order: list, ngram: list, budget: int
-) -> list[tuple[int, int]]:
-    covered = [False] * len(starts)
-    spans, remaining = [], budget
-    for w in order:
-        if remaining <= 0:
-            break
-        n = ngram[w]
-        tokens = sum(lengths[w : w + n])
-        while n > 1 and tokens > remaining:
-            n -= 1
-            tokens -= lengths[w + n]
-        if (tokens > remaining and spans) or any(covered[w : w + n]):
-            continue
-        covered[w : w + n] = [True] * n
-        spans.append((starts[w], starts[w] + tokens))
-        remaining -= tokens
-    return spans
+    """ALBERT's n-gram masking: `select_units` with p(n) proportional to 1/n, n = 1..max_ngram
+    words (`ngram_length_probabilities`); like ALBERT, the n-gram that would overshoot the
+    budget is shortened word by word. word_first, candidates (batch, seq) bool; hashes
+    (batch,) uint64 (`key_hashes`). Returns (selected (batch, seq) bool, unit_start
+    (batch, seq) int64)."""
+    return select_units(
+        word_first, candidates, hashes, ngram_length_probabilities(max_ngram),
+        seed=seed, epoch=epoch, stream=STREAM_MASK_NGRAM, probability=probability,
+    )  # fmt: skip
 
 
 def select_spans(
     word_first: np.ndarray,
     candidates: np.ndarray,
-    keys: Sequence[str],
+    hashes: np.ndarray,
     *,
     seed: int,
     epoch: int,
@@ -182,58 +227,15 @@ def select_spans(
     geometric_p: float = 0.2,
     max_span_words: int = 10,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """SpanBERT's span masking. Each span draws a length in words from
-    `sample_span_lengths` and a start word uniformly among the row's words (redrawn when the
-    word is already masked); it then extends over whole words until its length, the end of
-    its run of candidates, an already masked word or the row's budget stops it (SpanBERT
-    also cuts the last span at the budget, there at any token). Spans are added until the
-    budget is covered; at least one per row. word_first, candidates (batch, seq) bool; keys
-    (batch,). Returns (selected (batch, seq) bool, unit_start (batch, seq) int64), unit_start
-    being the first token of each token's span."""
-    budgets = mask_budget(candidates.sum(axis=1), probability).tolist()
-    starts, lengths, left, counts = batch_words(word_first, candidates)
-    counts = counts.tolist()
-    generators = keyed_generators(seed, epoch, STREAM_MASK_SPAN, list(keys))
-    uniforms, first_words = [], []
-    for rng, n in zip(generators, counts, strict=True):  # each row's draws, in their order
-        draws = 2 * n + 8  # attempts; the budget is usually met after a handful
-        uniforms.append(rng.random(draws))
-        first_words.append(rng.integers(max(n, 1), size=draws).tolist())
-    cdf = np.cumsum(truncated_geometric_probabilities(geometric_p, max_span_words))[:-1]
-    span_words = 1 + np.searchsorted(cdf, np.concatenate(uniforms), side="right")
-    span_words = span_words.tolist()
-    rows_spans, offset = [], 0
-    rows = zip(starts.tolist(), lengths.tolist(), left.tolist(), counts, budgets, strict=True)
-    for row, (s, w, words_left, n, budget) in enumerate(rows):
-        draws = 2 * n + 8
-        spans = []
-        if n:
-            attempts = zip(first_words[row], span_words[offset : offset + draws], strict=True)
-            spans = _fill_spans(s[:n], w[:n], words_left[:n], attempts, budget)
-        rows_spans.append(spans)
-        offset += draws
-    return _spans_to_mask(candidates.shape, *_spans_arrays(rows_spans))
-
-
-def _fill_spans(
-    starts: list, lengths: list, left: list, draws, budget: int
-) -> list[tuple[int, int]]:
-    covered = [False] * len(starts)
-    spans, remaining = [], budget
-    for w, n_words in draws:
-        if remaining <= 0:
-            break
-        if covered[w] or (lengths[w] > remaining and spans):
-            continue
-        end, tokens = w + 1, lengths[w]  # end: first word after the span
-        limit = w + min(n_words, left[w])
-        while end < limit and not covered[end] and tokens + lengths[end] <= remaining:
-            tokens += lengths[end]
-            end += 1
-        covered[w:end] = [True] * (end - w)
-        spans.append((starts[w], starts[w] + tokens))
-        remaining -= tokens
-    return spans
+    """SpanBERT's span masking: `select_units` with lengths in words from
+    `truncated_geometric_probabilities(geometric_p, max_span_words)`; like SpanBERT, the
+    span that reaches the budget is cut there (at a word's end). word_first, candidates
+    (batch, seq) bool; hashes (batch,) uint64 (`key_hashes`). Returns (selected (batch,
+    seq) bool, unit_start (batch, seq) int64, the first token of each token's span)."""
+    return select_units(
+        word_first, candidates, hashes, truncated_geometric_probabilities(geometric_p, max_span_words),
+        seed=seed, epoch=epoch, stream=STREAM_MASK_SPAN, probability=probability,
+    )  # fmt: skip
 
 
 def span_boundaries(

@@ -46,7 +46,7 @@ class NgramCorruption(MaskedLMCorruption):
         return select_ngrams(
             word_start_flags(batch["word_starts"], candidates),
             candidates,
-            batch["keys"],
+            hashes,
             seed=self.seed,
             epoch=epoch,
             probability=self.mlm_probability,

@@ -92,7 +92,7 @@ class SpanCorruption(MaskedLMCorruption):
         selected, unit_start = select_spans(
             word_start_flags(batch["word_starts"], candidates),
             candidates,
-            batch["keys"],
+            hashes,
             seed=self.seed,
             epoch=epoch,
             probability=self.mlm_probability,

@@ -1,0 +1,102 @@
+"""Spans and n-grams drawn from keyed uniforms (`span_masking.select_units`, issue 14 item 5):
+a row's units depend only on (seed, epoch, key) and its own tokens, never on the rows it is
+batched with; without a budget to cut them, unit lengths follow the law and every word
+starts a unit equally often."""
+
+import numpy as np
+import pytest
+from test_unit_masking import CHI2_999
+
+from pretrain.data.keyed_rng import key_hashes
+from pretrain.data.masking import STREAM_MASK_SPAN, mask_budget, word_start_flags
+from pretrain.data.span_masking import (
+    ngram_length_probabilities,
+    select_ngrams,
+    select_spans,
+    select_units,
+    truncated_geometric_probabilities,
+)
+
+
+def random_rows(rng, rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(word_first, candidates) (rows, length): runs of candidates, words of 1+ tokens."""
+    candidates = rng.random((rows, length)) < rng.uniform(0.5, 1.0)
+    word_starts = rng.random((rows, length)) < rng.uniform(0.3, 1.0)
+    return word_start_flags(word_starts, candidates), candidates
+
+
+@pytest.mark.parametrize("select", [select_spans, select_ngrams])
+def test_a_rows_units_do_not_depend_on_its_batch(select):
+    rng = np.random.default_rng(0)
+    for trial in range(150):
+        rows, length = int(rng.integers(2, 10)), int(rng.integers(1, 140))
+        first, candidates = random_rows(rng, rows, length)
+        hashes = key_hashes([f"doc_{trial}:{row}" for row in range(rows)])
+        probability = float(rng.choice([0.05, 0.15, 0.5]))
+        settings = {"seed": 5, "epoch": trial % 3, "probability": probability}
+        selected, unit_start = select(first, candidates, hashes, **settings)
+        budgets = mask_budget(candidates.sum(axis=1), probability)
+        units = (selected & (unit_start == np.arange(length))).sum(axis=1)
+        assert ((selected.sum(axis=1) <= budgets) | (units == 1)).all()
+        assert ((units > 0) == (budgets > 0)).all()  # at least one unit where any candidate
+        # the same rows in another batch: a permuted subset, padded wider
+        subset = rng.permutation(rows)[: int(rng.integers(1, rows + 1))]
+        pad = ((0, 0), (0, int(rng.integers(0, 30))))
+        again, again_start = select(
+            np.pad(first[subset], pad), np.pad(candidates[subset], pad), hashes[subset], **settings
+        )
+        np.testing.assert_array_equal(again[:, :length], selected[subset])
+        assert not again[:, length:].any()
+        np.testing.assert_array_equal(
+            np.where(again[:, :length], again_start[:, :length], -1),
+            np.where(selected[subset], unit_start[subset], -1),
+        )
+
+
+def test_units_change_with_the_epoch_and_the_seed():
+    first, candidates = random_rows(np.random.default_rng(1), 64, 128)
+    hashes = key_hashes([f"r{i}" for i in range(64)])
+    base = select_spans(first, candidates, hashes, seed=1, epoch=0, probability=0.15)[0]
+    for other in ({"seed": 1, "epoch": 1}, {"seed": 2, "epoch": 0}):
+        changed = select_spans(first, candidates, hashes, probability=0.15, **other)[0]
+        assert (changed != base).any(axis=1).mean() > 0.9
+
+
+def unit_runs(selected: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, first token, length) of each maximal run of selected tokens."""
+    padded = np.pad(selected, ((0, 0), (1, 1))).astype(np.int8)
+    change = np.diff(padded, axis=1)
+    rows, starts = np.nonzero(change == 1)
+    _, ends = np.nonzero(change == -1)
+    return rows, starts, ends - starts
+
+
+@pytest.mark.parametrize(
+    "law",
+    [truncated_geometric_probabilities(0.2, 10), ngram_length_probabilities(3)],
+    ids=["spanbert", "albert"],
+)
+def test_without_a_budget_units_follow_the_law_and_start_anywhere_alike(law):
+    # probability 1: every unit is kept whole, only the row's end cuts one; one-token words
+    rows, length = 400, 200
+    candidates = np.ones((rows, length), bool)
+    hashes = key_hashes([f"row{i}" for i in range(rows)])
+    selected, unit_start = select_units(
+        candidates, candidates, hashes, law, seed=4, epoch=0, stream=STREAM_MASK_SPAN,
+        probability=1.0,
+    )  # fmt: skip
+    row, start, size = unit_runs(selected)
+    np.testing.assert_array_equal(unit_start[row, start], start)  # a run is one unit
+    assert (np.bincount(row, minlength=rows) > 0).all()
+    whole = size[start + size < length]  # not cut by the row's end
+    counts = np.bincount(whole, minlength=len(law) + 1)[1:]
+    assert len(counts) == len(law)
+    expected = law * len(whole)
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < {2: CHI2_999[2], 9: CHI2_999[9]}[len(law) - 1], counts
+    # a unit starts at any word alike (the tiling starts in its stationary state): one in
+    # E[n] + 1 words, the gap included, in each tenth of the row
+    rate = 1 / ((np.arange(1, len(law) + 1) * law).sum() + 1)
+    per_tenth = np.bincount(start * 10 // length, minlength=10)
+    expected = rate * rows * length / 10
+    assert ((per_tenth - expected) ** 2 / expected).sum() < CHI2_999[9], per_tenth
