@@ -40,11 +40,6 @@ from pretrain.data.span_masking import batch_words
 from pretrain.data.vocab import Vocabulary
 from pretrain.objectives.denoising import DenoisingCorruption, pad_rows
 from pretrain.objectives.mass import MassCorruption
-from pretrain.objectives.structbert import (
-    STREAM_TRIGRAMS,
-    shuffle_batch_trigrams,
-    shuffle_trigrams,
-)
 
 VOCAB = Vocabulary(size=9000, pad=0, unk=1, cls=2, sep=3, mask=4)
 
@@ -408,28 +403,7 @@ def test_batch_words_equal_the_per_row_words():
         np.testing.assert_array_equal(units[2], counts)
 
 
-# ---------------------------------------------------------------- StructBERT, XLNet
-
-
-def test_batched_trigram_shuffle_equals_the_per_row_shuffle():
-    rng = np.random.default_rng(4)
-    for trial in range(300):
-        free, _ = random_rows(rng)
-        ids = rng.integers(5, 1000, free.shape)
-        keys = [f"doc_{trial}:{row}" for row in range(len(ids))]
-        fraction = float(rng.choice([0.05, 0.2, 0.6]))
-        shuffled, (rows, columns) = shuffle_batch_trigrams(ids, free, fraction, keys, 9, 1)
-        reference = ids.copy()
-        positions = np.zeros(ids.shape, bool)
-        for row, key in enumerate(keys):
-            row_rng = keyed_generator(9, 1, STREAM_TRIGRAMS, key)
-            reference[row], shuffled_at = shuffle_trigrams(ids[row], free[row], fraction, row_rng)
-            positions[row, shuffled_at] = True
-        assert_same(shuffled, reference)
-        expected = np.zeros(ids.shape, bool)
-        expected[rows, columns] = True
-        assert_same(expected, positions)
-        assert len(rows) == positions.sum()  # each position once
+# ---------------------------------------------------------------- XLNet
 
 
 def test_perm_mask_equals_the_broadcast_definition():

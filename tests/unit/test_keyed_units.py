@@ -1,7 +1,7 @@
 """Spans and n-grams drawn from keyed uniforms (`span_masking.select_units`, issue 14 item 5):
 a row's units depend only on (seed, epoch, key) and its own tokens, never on the rows it is
 batched with; without a budget to cut them, unit lengths follow the law and every word
-starts a unit equally often."""
+starts a unit equally often; StructBERT's trigram shuffle likewise."""
 
 import numpy as np
 import pytest
@@ -16,6 +16,7 @@ from pretrain.data.span_masking import (
     select_units,
     truncated_geometric_probabilities,
 )
+from pretrain.objectives.structbert import shuffle_batch_trigrams
 
 
 def random_rows(rng, rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -99,4 +100,47 @@ def test_without_a_budget_units_follow_the_law_and_start_anywhere_alike(law):
     rate = 1 / ((np.arange(1, len(law) + 1) * law).sum() + 1)
     per_tenth = np.bincount(start * 10 // length, minlength=10)
     expected = rate * rows * length / 10
+    assert ((per_tenth - expected) ** 2 / expected).sum() < CHI2_999[9], per_tenth
+
+
+def test_a_rows_trigram_shuffle_does_not_depend_on_its_batch():
+    rng = np.random.default_rng(2)
+    for trial in range(150):
+        rows, length = int(rng.integers(2, 10)), int(rng.integers(1, 140))
+        free = rng.random((rows, length)) < rng.uniform(0.5, 1.0)
+        ids = rng.integers(5, 1000, (rows, length))
+        hashes = key_hashes([f"doc_{trial}:{row}" for row in range(rows)])
+        fraction = float(rng.choice([0.05, 0.2]))
+        shuffled, (at_row, at_column) = shuffle_batch_trigrams(ids, free, fraction, hashes, 3, 1)
+        moved = np.zeros(ids.shape, bool)
+        moved[at_row, at_column] = True
+        assert moved.sum() == len(at_row) and free[moved].all()
+        wanted = np.rint(fraction * free.sum(axis=1) / 3)
+        assert (moved.sum(axis=1) <= 3 * wanted).all()
+        subset = rng.permutation(rows)[: int(rng.integers(1, rows + 1))]
+        pad = ((0, 0), (0, int(rng.integers(0, 30))))
+        again, (again_row, again_column) = shuffle_batch_trigrams(
+            np.pad(ids[subset], pad), np.pad(free[subset], pad), fraction, hashes[subset], 3, 1
+        )
+        np.testing.assert_array_equal(again[:, :length], shuffled[subset])
+        again_moved = np.zeros(again.shape, bool)
+        again_moved[again_row, again_column] = True
+        np.testing.assert_array_equal(again_moved[:, :length], moved[subset])
+
+
+def test_trigram_shuffles_fill_their_rate_and_start_anywhere_alike():
+    rows, length, fraction = 2000, 128, 0.05
+    free = np.random.default_rng(3).random((rows, length)) < 0.85
+    ids = np.arange(rows * length).reshape(rows, length)
+    hashes = key_hashes([f"row{i}" for i in range(rows)])
+    _, (at_row, at_column) = shuffle_batch_trigrams(ids, free, fraction, hashes, 3, 0)
+    wanted = np.rint(fraction * free.sum(axis=1) / 3).astype(int)
+    np.testing.assert_array_equal(np.bincount(at_row, minlength=rows), 3 * wanted)
+    starts = at_column[::3]  # each trigram's first position
+    in_run = free[:, :-2] & free[:, 1:-1] & free[:, 2:]
+    # starts are spread over the row like the trigrams that fit (tenths of the row)
+    per_tenth = np.bincount(starts * 10 // (length - 2), minlength=10)
+    room = in_run.sum(axis=0)
+    expected = np.bincount(np.arange(length - 2) * 10 // (length - 2), weights=room, minlength=10)
+    expected = expected / expected.sum() * len(starts)
     assert ((per_tenth - expected) ** 2 / expected).sum() < CHI2_999[9], per_tenth

@@ -7,7 +7,8 @@ import pytest
 from test_masking import make_batch
 
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.objectives.structbert import StructBertCorruption, shuffle_trigrams
+from pretrain.data.keyed_rng import key_hashes
+from pretrain.objectives.structbert import StructBertCorruption, shuffle_batch_trigrams
 
 SPECIAL = (0, 1, 2, 3, 4)
 
@@ -25,8 +26,11 @@ def test_trigrams_are_permuted_in_place():
     rng = np.random.default_rng(0)
     ids = np.arange(100, 400)
     free = rng.random(300) < 0.9
-    shuffled, positions = shuffle_trigrams(ids, free, 0.1, rng)
-    assert len(positions) % 3 == 0 and len(positions) > 0
+    shuffled, (_, positions) = shuffle_batch_trigrams(
+        ids[None], free[None], 0.1, key_hashes(["row"]), seed=1, epoch=0
+    )
+    shuffled = shuffled[0]
+    assert len(positions) == 3 * round(0.1 * free.sum() / 3)  # exactly the wanted trigrams
     triples = positions.reshape(-1, 3)
     assert (np.diff(triples, axis=1) == 1).all() and len(set(positions.tolist())) == len(positions)
     assert free[positions].all()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pretrain.data.keyed_rng import keyed_generators
+from pretrain.data.keyed_rng import key_hashes, keyed_uniform
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.errors import require_unit_interval
@@ -33,6 +33,7 @@ from pretrain.objectives.predictions import (
 )
 
 STREAM_TRIGRAMS = 30
+STREAM_TRIGRAM_ORDER = 31
 # The five orders of three positions other than the identity.
 PERMUTATIONS = np.array([(0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)])
 
@@ -49,69 +50,48 @@ class StructBertConfig(MaskedLMConfig):
         require_unit_interval("objective.shuffle_probability", self.shuffle_probability)
 
 
-def shuffle_trigrams(
-    ids: np.ndarray, free: np.ndarray, fraction: float, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Shuffle non-overlapping trigrams of `free` tokens of one row covering about `fraction`
-    of them. Returns (shuffled ids (seq,), positions that were shuffled (n,))."""
-    starts = np.flatnonzero(free[:-2] & free[1:-1] & free[2:])  # trigram starts inside free runs
-    wanted = int(round(fraction * free.sum() / 3))
-    if wanted == 0 or len(starts) == 0:
-        return ids, np.zeros(0, np.int64)
-    chosen = np.sort(rng.choice(starts, size=min(2 * wanted, len(starts)), replace=False))
-    keep = np.ones(len(chosen), bool)
-    last = -3
-    for i, start in enumerate(chosen.tolist()):  # per trigram: drop overlaps
-        keep[i] = start - last >= 3
-        last = start if keep[i] else last
-    chosen = rng.permutation(chosen[keep])[:wanted]
-    positions = chosen[:, None] + np.arange(3)  # (trigrams, 3)
-    order = chosen[:, None] + PERMUTATIONS[rng.integers(len(PERMUTATIONS), size=len(chosen))]
-    shuffled = ids.copy()
-    shuffled[positions] = ids[order]
-    return shuffled, positions.ravel()
-
-
 def shuffle_batch_trigrams(
     ids: np.ndarray,
     free: np.ndarray,
     fraction: float,
-    keys: list[str],
+    hashes: np.ndarray,
     seed: int,
     epoch: int,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """`shuffle_trigrams` of every row of ids, free (batch, seq), row i with
-    `keyed_generator(seed, epoch, STREAM_TRIGRAMS, keys[i])`: the same draws, made only for
-    the rows that shuffle; the rest is done for the batch at once. Returns (shuffled ids
-    (batch, seq), (rows, columns) of the shuffled positions)."""
+    """Shuffle round(fraction x free tokens / 3) non-overlapping trigrams of `free` tokens per
+    row (fewer when the row has no room for them), each by one of the five non-identity
+    permutations. ids, free (batch, seq); hashes (batch,) uint64 (`key_hashes`). A trigram
+    start (three free tokens from it) ranks by `keyed_uniform(seed, epoch, STREAM_TRIGRAMS)`
+    at its position; a start ranked first among the starts up to 2 tokens either side of it
+    is eligible (so eligible trigrams never overlap) and the row's first-ranked eligible ones
+    are shuffled, by the permutation `keyed_uniform(seed, epoch, STREAM_TRIGRAM_ORDER)` picks
+    at the same position: a row's shuffle depends only on (seed, epoch, key) and its tokens.
+    Returns (shuffled ids (batch, seq), (rows, columns) of the shuffled positions)."""
     batch, length = ids.shape
-    if length < 3:
-        return ids, (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    triples = free[:, :-2] & free[:, 1:-1] & free[:, 2:]  # trigram starts inside free runs
     wanted = np.rint(fraction * free.sum(axis=1) / 3).astype(np.int64)
-    counts = triples.sum(axis=1)
-    rows = np.flatnonzero((wanted > 0) & (counts > 0))
-    if len(rows) == 0:
+    if length < 3 or not wanted.any():
         return ids, (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    row_starts = np.split(np.nonzero(triples[rows])[1], np.cumsum(counts[rows])[:-1])
-    generators = keyed_generators(seed, epoch, STREAM_TRIGRAMS, [keys[r] for r in rows])
-    chosen_rows, chosen_starts, chosen_orders = [], [], []  # one entry per shuffling row
-    for row, starts, rng in zip(rows.tolist(), row_starts, generators, strict=True):
-        want = int(wanted[row])
-        chosen = np.sort(rng.choice(starts, size=min(2 * want, len(starts)), replace=False))
-        kept, last = [], -3
-        for start in chosen.tolist():  # per trigram: drop overlaps
-            if start - last >= 3:
-                kept.append(start)
-                last = start
-        chosen = rng.permutation(np.array(kept, chosen.dtype))[:want]
-        chosen_orders.append(rng.integers(len(PERMUTATIONS), size=len(chosen)))
-        chosen_starts.append(chosen)
-        chosen_rows.append(np.full(len(chosen), row))
-    starts = np.concatenate(chosen_starts)[:, None]
-    row_of = np.repeat(np.concatenate(chosen_rows), 3).reshape(-1, 3)
-    positions = starts + np.arange(3)  # (trigrams, 3)
-    order = starts + PERMUTATIONS[np.concatenate(chosen_orders)]
+    starts = free[:, :-2] & free[:, 1:-1] & free[:, 2:]  # (batch, seq - 2)
+    rank = np.full((batch, length + 2), 2.0)  # two columns of 2.0 on each side
+    rank[:, 2:-2] = np.where(
+        starts, keyed_uniform(seed, epoch, STREAM_TRIGRAMS, hashes, length - 2), 2.0
+    )
+    mine = rank[:, 2:-2]
+    eligible = (
+        starts
+        & (mine < rank[:, :-4])
+        & (mine < rank[:, 1:-3])
+        & (mine < rank[:, 3:-1])
+        & (mine < rank[:, 4:])
+    )
+    score = np.where(eligible, mine, 2.0)
+    kth = np.sort(score, axis=1)[np.arange(batch), np.clip(wanted - 1, 0, length - 3)]
+    rows, chosen = np.nonzero(eligible & (score <= kth[:, None]) & (wanted > 0)[:, None])
+    permutation = keyed_uniform(seed, epoch, STREAM_TRIGRAM_ORDER, hashes, length - 2)
+    which = (permutation[rows, chosen] * len(PERMUTATIONS)).astype(np.int64)
+    positions = chosen[:, None] + np.arange(3)  # (trigrams, 3)
+    order = chosen[:, None] + PERMUTATIONS[which]
+    row_of = np.repeat(rows, 3).reshape(-1, 3)
     shuffled = ids.copy()
     shuffled[row_of, positions] = ids[row_of, order]
     return shuffled, (row_of.ravel(), positions.ravel())
@@ -138,7 +118,12 @@ class StructBertCorruption(MaskedLMCorruption):
         batch = super().__call__(batch, epoch)
         free = candidates & (batch["labels"] == IGNORE_INDEX)
         batch["input_ids"], positions = shuffle_batch_trigrams(
-            batch["input_ids"], free, self.shuffle_probability, batch["keys"], self.seed, epoch
+            batch["input_ids"],
+            free,
+            self.shuffle_probability,
+            key_hashes(batch["keys"]),
+            self.seed,
+            epoch,
         )
         shuffle_labels = np.full_like(original, IGNORE_INDEX)
         shuffle_labels[positions] = original[positions]
