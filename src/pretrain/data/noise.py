@@ -1,12 +1,12 @@
-"""BART's noise functions (Lewis et al., 2020, §2.2) and MASS's fragment masking (Song et
-al., 2019), on one sequence at a time.
+"""BART's noise functions (Lewis et al., 2020, §2.2) and MASS's draws (Song et al., 2019),
+vectorised over a batch.
 
-A sequence is `[CLS] body [SEP]` (the packed formats' shape, real tokens only); the noise
-touches the body and keeps [CLS] first and the final [SEP] last (fairseq keeps <s> and </s>).
-Every function takes a numpy Generator; the objectives key it by (seed, epoch, stream, sample
-key) (`keyed_rng`), so noise is reproducible and independent of workers, ranks and batch order.
-Within a sequence the work is vectorised numpy; batches loop over rows, their generators
-seeded for the whole batch at once (`keyed_rng.keyed_generators`).
+A row is `[CLS] body [SEP]` (the packed formats' shape) in a padded (batch, width) array
+with its real length; the noise touches the body and keeps [CLS] first and the final [SEP]
+last (fairseq keeps <s> and </s>). Every draw is a counter-based keyed uniform
+(`keyed_rng.keyed_uniform`) indexed by (seed, epoch, stream, the row's key hash, a counter
+that belongs to the row: a sentence, span, slot or token index), so a row's noise depends
+on its key only, never on the other rows of its batch, their number or their order.
 
 `apply_noise` composes them in fairseq's order: sentence permutation, token masking, token
 deletion, text infilling, document rotation.
@@ -14,127 +14,230 @@ deletion, text infilling, document rotation.
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-# keyed_rng streams of this module (keyed_rng.py holds the pipeline's 1-12)
-STREAM_NOISE = 20
-STREAM_MASS = 21
+from pretrain.data.keyed_rng import keyed_uniform
+
+# keyed_uniform streams of this module (keyed_rng.py holds the pipeline's 1-12)
+STREAM_SENTENCE_CHOICE = 60
+STREAM_SENTENCE_ORDER = 61
+STREAM_TOKEN_MASKING = 62
+STREAM_TOKEN_DELETION = 63
+STREAM_INFILLING = 64  # span i's length and slot i's sort key from counter i
+STREAM_ROTATION = 66  # counter 0: whether to rotate, 1: where
+STREAM_MASS_START = 67
+STREAM_MASS_ACTION = 68
+STREAM_MASS_RANDOM_TOKEN = 69
 
 
-def _split(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(first token, body, last token) of a [CLS] body [SEP] sequence."""
-    return ids[:1], ids[1:-1], ids[-1:]
+@dataclass(frozen=True)
+class RowDraws:
+    """Keyed uniforms of a batch's rows: `uniform(stream, n)` is (batch, n) floats in [0, 1),
+    entry (i, t) a function of (seed, epoch, stream, hashes[i], t) only."""
+
+    seed: int
+    epoch: int
+    hashes: np.ndarray  # (batch,) uint64 key hashes
+
+    def uniform(self, stream: int, n: int) -> np.ndarray:
+        return keyed_uniform(self.seed, self.epoch, stream, self.hashes, max(n, 1))
+
+
+def smallest(values: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """(batch, n) bool: each row's `count[i]` smallest `values` (a uniform random subset of
+    that size when the values are keyed uniforms; set a value above 1 to exclude it)."""
+    order = np.argsort(values, axis=1)  # keyed uniforms: ties have probability ~2**-53
+    take = np.arange(values.shape[1]) < count[:, None]
+    chosen = np.zeros(values.shape, bool)
+    chosen[np.nonzero(take)[0], order[take]] = True
+    return chosen
+
+
+def _body(lengths: np.ndarray, width: int) -> np.ndarray:
+    """(batch, width) bool: the body positions 1 .. length - 2 of each row."""
+    positions = np.arange(width)
+    return (positions >= 1) & (positions < (lengths - 1)[:, None])
+
+
+def _tokens_by_uniform(
+    lengths: np.ndarray, probability: float, stream: int, draws: RowDraws, width: int
+) -> np.ndarray:
+    """(batch, width) bool: round(probability x body length) uniformly chosen body tokens
+    (token t's uniform at counter t - 1)."""
+    body = lengths - 2
+    u = draws.uniform(stream, width - 1)[:, : width - 1]  # body token t at counter t - 1
+    u = np.where(np.arange(width - 1) < body[:, None], u, 2.0)
+    chosen = np.zeros((len(lengths), width), bool)
+    chosen[:, 1:] = smallest(u, np.rint(probability * body).astype(np.int64))
+    return chosen
 
 
 def mask_tokens(
-    ids: np.ndarray, probability: float, mask_id: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Token masking: round(probability x body length) random body tokens become [MASK]."""
-    out = ids.copy()
-    body = len(ids) - 2
-    count = round(probability * body)
-    if count > 0:
-        out[1 + rng.choice(body, size=count, replace=False)] = mask_id
-    return out
+    ids: np.ndarray, lengths: np.ndarray, probability: float, mask_id: int, draws: RowDraws
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token masking: round(probability x body length) random body tokens become [MASK].
+    Returns (ids, lengths)."""
+    chosen = _tokens_by_uniform(lengths, probability, STREAM_TOKEN_MASKING, draws, ids.shape[1])
+    return np.where(chosen, mask_id, ids), lengths
 
 
-def delete_tokens(ids: np.ndarray, probability: float, rng: np.random.Generator) -> np.ndarray:
-    """Token deletion: round(probability x body length) random body tokens are removed."""
-    body = len(ids) - 2
-    count = round(probability * body)
-    if count == 0:
-        return ids.copy()
-    keep = np.ones(len(ids), bool)
-    keep[1 + rng.choice(body, size=count, replace=False)] = False
-    return ids[keep]
+def delete_tokens(
+    ids: np.ndarray, lengths: np.ndarray, probability: float, draws: RowDraws
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token deletion: round(probability x body length) random body tokens are removed.
+    Returns (ids, lengths) with the survivors moved left."""
+    deleted = _tokens_by_uniform(lengths, probability, STREAM_TOKEN_DELETION, draws, ids.shape[1])
+    keep = (np.arange(ids.shape[1]) < lengths[:, None]) & ~deleted
+    new_lengths = keep.sum(axis=1)
+    out = np.zeros_like(ids)
+    out[np.arange(ids.shape[1]) < new_lengths[:, None]] = ids[keep]  # row-major compaction
+    return out, new_lengths
 
 
-def poisson_span_lengths(
-    budget: int, poisson_lambda: float, rng: np.random.Generator
-) -> np.ndarray:
-    """Span lengths (tokens) drawn from Poisson(poisson_lambda) until they cover `budget`
-    tokens; the last one is cut so that they sum to exactly `budget`. Zero-length spans are
-    kept (each becomes an inserted [MASK]). Returns an int64 array (empty when budget is 0)."""
-    if budget <= 0:
-        return np.zeros(0, np.int64)
-    draws = max(8, int(2 * budget / max(poisson_lambda, 1e-3)) + 8)
-    lengths = rng.poisson(poisson_lambda, size=draws)
-    while lengths.sum() < budget:  # rare: draw more
-        lengths = np.concatenate([lengths, rng.poisson(poisson_lambda, size=draws)])
-    total = np.cumsum(lengths)
-    last = int(np.searchsorted(total, budget))  # first index with cumulative sum >= budget
-    lengths = lengths[: last + 1].copy()
-    lengths[-1] -= total[last] - budget
-    return lengths.astype(np.int64)
+@lru_cache(maxsize=8)
+def poisson_cdf(poisson_lambda: float) -> np.ndarray:
+    """P(X <= k) of Poisson(poisson_lambda) for k = 0, 1, ... until it reaches 1 in float64
+    (the last entry set to 1): the inverse-CDF table of `poisson_lengths`."""
+    pmf, k, cdf = math.exp(-poisson_lambda), 0, []
+    total = 0.0
+    while total < 1.0 - 1e-16 and k < 1000:
+        total += pmf
+        cdf.append(total)
+        k += 1
+        pmf *= poisson_lambda / k
+    cdf[-1] = 1.0
+    return np.array(cdf)
+
+
+def poisson_lengths(u: np.ndarray, poisson_lambda: float) -> np.ndarray:
+    """Poisson(poisson_lambda) draws by inverse CDF of uniforms `u` (any shape), int64."""
+    return np.searchsorted(poisson_cdf(poisson_lambda), u, side="right").astype(np.int64)
+
+
+def gather(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """values[i, index[i, j]] for every (i, j): `np.take_along_axis` on axis 1, flat."""
+    offsets = np.arange(0, values.size, values.shape[1])[:, None]
+    return np.ascontiguousarray(values).ravel()[index + offsets]
+
+
+def span_draws(budgets: np.ndarray, body: np.ndarray, poisson_lambda: float, draws: RowDraws):
+    """The keyed uniforms of text infilling, counter i holding both span i's length (its low
+    27 bits, by inverse CDF) and slot i's sort key (the uniform itself): (uniforms (batch, n),
+    span lengths (batch, n) int64, spans (batch,)). Span lengths are Poisson(poisson_lambda)
+    draws until they cover the row's budget, the last one cut so that they sum to exactly
+    the budget; zero-length spans are kept (each becomes an inserted [MASK]); a row's first
+    `spans` entries are its spans (0 where the budget is 0). n covers every row's slots
+    (kept tokens + spans) and one more."""
+    # k draws sum to Poisson(lambda k), 5 standard deviations above the largest budget
+    needed = int(((5 + math.sqrt(25 + 4 * budgets.max(initial=0))) / 2) ** 2 / poisson_lambda) + 2
+    while True:  # a row's draws do not depend on how many are made: make more if short
+        u = draws.uniform(STREAM_INFILLING, int((body - budgets).max(initial=0)) + needed + 1)
+        lengths = poisson_lengths((u[:, :needed] * (1 << 26)) % 1.0, poisson_lambda)
+        total = np.cumsum(lengths, axis=1)
+        if (total[:, -1] >= budgets).all():
+            break
+        needed *= 2
+    last = np.argmax(total >= budgets[:, None], axis=1)  # first span reaching the budget
+    spans = np.where(budgets > 0, last + 1, 0)
+    batch = np.arange(len(budgets))
+    lengths[batch, last] -= total[batch, last] - budgets  # (a row without spans: unread)
+    return u, lengths, spans
 
 
 def infill_text(
     ids: np.ndarray,
+    lengths: np.ndarray,
     probability: float,
     mask_id: int,
-    rng: np.random.Generator,
+    draws: RowDraws,
     poisson_lambda: float = 3.0,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Text infilling: spans with Poisson(poisson_lambda) lengths covering round(probability x
     body length) body tokens are each replaced by ONE [MASK]; a zero-length span inserts a
-    [MASK]. Spans do not overlap; their order and the gaps between them are uniformly random.
-    Returns (noised ids, the span lengths in body order)."""
-    body = len(ids) - 2
-    budget = round(probability * body)
-    lengths = poisson_span_lengths(budget, poisson_lambda, rng)
-    if len(lengths) == 0:
-        return ids.copy(), lengths
-    spans = len(lengths)
-    slots = body - budget + spans
-    # Lay out the kept body tokens and the spans in a random order (stars and bars):
-    # slot i of kept + spans is a span when it is among the chosen ones.
-    is_span = np.zeros(slots, bool)
-    is_span[rng.choice(slots, size=spans, replace=False)] = True
-    # each slot's length in body tokens: 1 for a kept token, the span's length for a span
-    slot_lengths = np.ones(slots, np.int64)
-    slot_lengths[is_span] = lengths
-    slot_starts = np.cumsum(slot_lengths) - slot_lengths
-    out = np.empty(slots + 2, ids.dtype)
-    out[0], out[-1] = ids[0], ids[-1]
-    out[1:-1] = ids[1:-1][np.minimum(slot_starts, body - 1)]
-    out[1:-1][is_span] = mask_id
-    return out, lengths
+    [MASK]. Spans do not overlap; their order and the gaps between them are uniformly random
+    (the spans take a uniform subset of the slots of kept tokens + spans, `span_draws`).
+    Returns (ids, lengths, span lengths (batch, n): a row's first `spans` entries, in body
+    order)."""
+    body = lengths - 2
+    budgets = np.rint(probability * body).astype(np.int64)
+    u, span_lengths, spans = span_draws(budgets, body, poisson_lambda, draws)
+    slots = body - budgets + spans  # (batch,) kept tokens + spans
+    width = int(slots.max(initial=0)) + 1  # the last slot holds the final token
+    u = np.where(np.arange(width) < slots[:, None], u[:, :width], 2.0)
+    threshold = gather(np.sort(u, axis=1), np.maximum(spans - 1, 0)[:, None])
+    is_span = (u <= threshold) & (spans > 0)[:, None]  # each row's `spans` smallest uniforms
+    span = np.maximum(np.cumsum(is_span, axis=1) - 1, 0)  # a span slot's index among the spans
+    slot_lengths = np.where(is_span, gather(span_lengths, span), 1)
+    # a kept slot reads the token after those of the slots before it; past the row's slots
+    # that is its final token, then padding (a span slot's source is not read)
+    source = np.minimum(np.cumsum(slot_lengths, axis=1) - slot_lengths + 1, ids.shape[1] - 1)
+    out = np.empty((len(ids), width + 1), ids.dtype)
+    out[:, 0] = ids[:, 0]
+    out[:, 1:] = np.where(is_span, mask_id, gather(ids, source))
+    return out, slots + 2, span_lengths
 
 
 def permute_sentences(
-    ids: np.ndarray, sentence_starts: np.ndarray, fraction: float, rng: np.random.Generator
-) -> np.ndarray:
-    """Sentence permutation: the body's sentences (split where `sentence_starts` is True;
-    the body's first token always starts one) are shuffled; `fraction` of them
-    (ceil(fraction x count)) take part, the rest keep their place. Keeps the token multiset."""
-    body = len(ids) - 2
-    if body <= 0 or fraction <= 0:
-        return ids.copy()
-    starts = np.flatnonzero(sentence_starts[1:-1])
-    if len(starts) == 0 or starts[0] != 0:
-        starts = np.concatenate(([0], starts))
-    count = len(starts)
-    chosen = np.sort(rng.choice(count, size=math.ceil(fraction * count), replace=False))
-    order = np.arange(count)
-    order[chosen] = chosen[rng.permutation(len(chosen))]
-    lengths = np.empty(count, np.int64)  # each sentence's length, then in the new order
-    lengths[:-1] = starts[1:] - starts[:-1]
-    lengths[-1] = body - starts[-1]
-    lengths = lengths[order]
-    # token t of the output body: its sentence's old start + its offset in the sentence
-    shift = np.repeat(starts[order] - (np.cumsum(lengths) - lengths), lengths)
-    out = ids.copy()
-    out[1:-1] = ids[1:-1][shift + np.arange(body)]
-    return out
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    sentence_starts: np.ndarray,
+    fraction: float,
+    draws: RowDraws,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sentence permutation: each row's body sentences (split where `sentence_starts` is
+    True; the body's first token always starts one) are shuffled; ceil(fraction x count) of
+    them, a uniform subset (sentence s's uniform at counter s), take part in a uniform order
+    (likewise), the rest keep their place. Keeps the token multiset. Returns (ids, lengths)."""
+    batch, width = ids.shape
+    body = _body(lengths, width)
+    starts = sentence_starts & body
+    starts[:, 1] |= body[:, 1]
+    sentence = np.cumsum(starts, axis=1)  # (batch, width) a body token's sentence, from 1
+    count = sentence[:, -1]
+    most = int(count.max(initial=0))
+    if most == 0:
+        return ids.copy(), lengths
+    valid = np.arange(most) < count[:, None]  # (batch, most): the row's sentences
+    chosen = valid
+    if fraction < 1:
+        u = np.where(valid, draws.uniform(STREAM_SENTENCE_CHOICE, most), 2.0)
+        chosen = smallest(u, np.ceil(fraction * count).astype(np.int64))
+    # the chosen places, left to right, get the chosen sentences in the order of their
+    # uniforms: order[p] is the sentence at place p
+    u = np.where(chosen, draws.uniform(STREAM_SENTENCE_ORDER, most), 2.0)
+    order = np.broadcast_to(np.arange(most), u.shape).copy()
+    order[chosen] = np.argsort(u, axis=1)[np.arange(most) < chosen.sum(axis=1)[:, None]]
+    # sentence lengths (batch, most + 1), column 0 counting what is not body
+    flat = np.where(body, sentence, 0) + np.arange(0, batch * (most + 1), most + 1)[:, None]
+    size = np.bincount(flat.ravel(), minlength=batch * (most + 1)).reshape(batch, most + 1)
+    size = size[:, 1:]
+    old_start = 1 + np.cumsum(size, axis=1) - size
+    moved = gather(size, order)
+    new_start = np.empty_like(old_start)
+    np.put_along_axis(new_start, order, 1 + np.cumsum(moved, axis=1) - moved, axis=1)
+    shift = np.zeros((batch, most + 1), np.int64)  # by sentence, from 1; 0: not body
+    shift[:, 1:] = new_start - old_start
+    destination = np.arange(width) + gather(shift, np.where(body, sentence, 0))
+    out = np.empty_like(ids)
+    out.ravel()[destination + np.arange(0, ids.size, width)[:, None]] = ids
+    return out, lengths
 
 
-def rotate_document(ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Document rotation: the body is rotated to begin at a uniformly chosen body token."""
-    first, body, last = _split(ids)
-    if len(body) == 0:
-        return ids.copy()
-    return np.concatenate([first, np.roll(body, -int(rng.integers(len(body)))), last])
+def rotate_document(
+    ids: np.ndarray, lengths: np.ndarray, probability: float, draws: RowDraws
+) -> tuple[np.ndarray, np.ndarray]:
+    """Document rotation: with `probability`, a row's body is rotated to begin at a uniformly
+    chosen body token. Returns (ids, lengths)."""
+    body = lengths - 2
+    u = draws.uniform(STREAM_ROTATION, 2)
+    offset = np.where(u[:, 0] < probability, np.floor(u[:, 1] * body).astype(np.int64), 0)
+    positions = np.arange(ids.shape[1])
+    inside = _body(lengths, ids.shape[1])
+    rotated = 1 + (positions - 1 + offset[:, None]) % np.maximum(body, 1)[:, None]
+    source = np.where(inside, rotated, positions)
+    return np.take_along_axis(ids, source, axis=1), lengths
 
 
 @dataclass(frozen=True)
@@ -153,47 +256,41 @@ class NoiseSettings:
 
 def apply_noise(
     ids: np.ndarray,
+    lengths: np.ndarray,
     sentence_starts: np.ndarray,
     settings: NoiseSettings,
     mask_id: int,
-    rng: np.random.Generator,
-) -> np.ndarray:
-    """One [CLS] body [SEP] sequence -> its noised version (length may change), applying the
-    enabled noise functions in fairseq's order."""
-    if len(ids) < 3:
-        return ids.copy()
+    draws: RowDraws,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Padded rows (batch, width) of real `lengths` -> their noised versions (ids (batch,
+    width'), lengths (batch,)), the enabled noise functions applied in fairseq's order.
+    Every row holds at least [CLS] and [SEP]; one without a body is left as it is."""
     if settings.sentence_permutation > 0:
-        ids = permute_sentences(ids, sentence_starts, settings.sentence_permutation, rng)
+        ids, lengths = permute_sentences(
+            ids, lengths, sentence_starts, settings.sentence_permutation, draws
+        )
     if settings.token_masking > 0:
-        ids = mask_tokens(ids, settings.token_masking, mask_id, rng)
+        ids, lengths = mask_tokens(ids, lengths, settings.token_masking, mask_id, draws)
     if settings.token_deletion > 0:
-        ids = delete_tokens(ids, settings.token_deletion, rng)
+        ids, lengths = delete_tokens(ids, lengths, settings.token_deletion, draws)
     if settings.text_infilling > 0:
-        ids, _ = infill_text(ids, settings.text_infilling, mask_id, rng, settings.poisson_lambda)
-    if settings.document_rotation > 0 and rng.random() < settings.document_rotation:
-        ids = rotate_document(ids, rng)
-    return ids
+        ids, lengths, _ = infill_text(
+            ids, lengths, settings.text_infilling, mask_id, draws, settings.poisson_lambda
+        )
+    if settings.document_rotation > 0:
+        ids, lengths = rotate_document(ids, lengths, settings.document_rotation, draws)
+    return ids, lengths
 
 
-def mass_fragment(
-    ids: np.ndarray,
-    fraction: float,
-    mask_id: int,
-    rng: np.random.Generator,
-    start_id: int | None = None,
+def mass_draws(
+    lengths: np.ndarray, fragments: np.ndarray, vocab_size: int, draws: RowDraws, width: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """MASS: a contiguous fragment of round(fraction x body length) body tokens (at least 1),
-    at a uniform start. Returns (encoder ids: the fragment replaced by [MASK]; decoder ids:
-    the fragment shifted right (at its first position `start_id`, by default [MASK] as in the
-    paper's figure 1) with [MASK] elsewhere; a bool mask of the fragment, the positions that
-    are predicted). All three have the input's length."""
-    body = len(ids) - 2
-    length = min(body, max(1, round(fraction * body)))
-    start = 1 + int(rng.integers(body - length + 1))
-    fragment = np.zeros(len(ids), bool)
-    fragment[start : start + length] = True
-    encoder = np.where(fragment, mask_id, ids)
-    previous = np.concatenate([[mask_id], ids[:-1]])  # token t - 1 at position t
-    decoder = np.where(fragment, previous, mask_id)
-    decoder[start] = mask_id if start_id is None else start_id
-    return encoder.astype(ids.dtype), decoder.astype(ids.dtype), fragment
+    """MASS's draws for rows of `lengths` tokens whose fragments are `fragments` body tokens
+    long: (fragment starts (batch,), uniform in 1 .. length - 1 - fragment; action (batch,
+    width) uniforms for the 80/10/10 rule; random ids (batch, width) uniform in
+    [0, vocab_size)), token t's at counter t."""
+    start_u = draws.uniform(STREAM_MASS_START, 1)[:, 0]
+    starts = 1 + np.floor(start_u * (lengths - 1 - fragments)).astype(np.int64)
+    action = draws.uniform(STREAM_MASS_ACTION, width)
+    random_u = draws.uniform(STREAM_MASS_RANDOM_TOKEN, width)
+    return starts, action, np.floor(random_u * vocab_size).astype(np.int64)

@@ -1,9 +1,10 @@
 """BART's objective (Lewis et al., 2020): reconstruct a document from a noised copy, and the
 Transformer (Vaswani et al., 2017) trained the same way.
 
-Corruption (data-loader workers, numpy): each packed `[CLS] body [SEP]` sequence is noised
-by `pretrain.data.noise.apply_noise` (default: text infilling of 30% of the tokens with
-Poisson(3) spans + sentence permutation), keyed by (seed, epoch, sequence key). The encoder
+Corruption (data-loader workers, numpy): the packed `[CLS] body [SEP]` sequences of a batch
+are noised together by `pretrain.data.noise.apply_noise` (default: text infilling of 30% of
+the tokens with Poisson(3) spans + sentence permutation), each row's draws keyed by (seed,
+epoch, sequence key) only. The encoder
 reads the noised sequence; the decoder reads the original shifted right after a start token
 ([SEP], as BART starts with </s>) and predicts the original. Both sides are padded to the
 run's sequence buckets (`prediction_budget.sequence_widths`).
@@ -21,9 +22,9 @@ import numpy as np
 import torch
 
 from pretrain.config import ObjectiveConfig, TrainConfig, settings_from
-from pretrain.data.keyed_rng import keyed_generators
+from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.noise import STREAM_NOISE, NoiseSettings, apply_noise
+from pretrain.data.noise import NoiseSettings, RowDraws, apply_noise
 from pretrain.data.prediction_budget import (
     sequence_width,
     sequence_widths,
@@ -85,21 +86,7 @@ class DenoisingConfig(Seq2SeqObjectiveConfig):
         )
 
 
-def pad_rows(
-    rows: list[np.ndarray], pad_id: int, max_length: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad 1-D int arrays to the longest, rounded up to its sequence bucket up to
-    `max_length` (`sequence_width`; a multiple of 8 without one): returns (ids (batch, L)
-    int64, attention mask (batch, L) int64, 1 = real)."""
-    length = sequence_width(max(len(r) for r in rows), max_length)
-    ids = np.full((len(rows), length), pad_id, np.int64)
-    mask = np.zeros((len(rows), length), np.int64)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)], mask[i, : len(row)] = row, 1
-    return ids, mask
-
-
-def _fit(array: np.ndarray, width: int, fill) -> np.ndarray:
+def fit_width(array: np.ndarray, width: int, fill) -> np.ndarray:
     """(batch, seq) `array` cut or padded with `fill` to (batch, width)."""
     if array.shape[1] >= width:
         return array[:, :width]
@@ -108,11 +95,23 @@ def _fit(array: np.ndarray, width: int, fill) -> np.ndarray:
     return out
 
 
-def real_rows(batch: dict) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(token ids, sentence starts) of each collated row, without its padding."""
-    lengths = batch["attention_mask"].sum(axis=1)
-    starts = batch.get("sentence_starts", np.zeros_like(batch["input_ids"], dtype=bool))
-    return [(batch["input_ids"][i, :n], starts[i, :n]) for i, n in enumerate(lengths)]
+def pad_noised(
+    ids: np.ndarray, lengths: np.ndarray, pad_id: int, max_length: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Noised rows (batch, width) of real `lengths` -> (ids, attention mask) (batch, L) int64
+    padded with `pad_id` to the sequence bucket of the longest (`sequence_width`); a row that
+    insertions made longer than `max_length` keeps its first max_length - 1 tokens and its
+    last."""
+    cut = np.minimum(lengths, max_length)
+    width = sequence_width(int(cut.max()), max_length)
+    if ids.shape[1] < width:
+        ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
+    real = np.arange(width) < cut[:, None]
+    out = np.where(real, ids[:, :width], pad_id)
+    long = np.flatnonzero(lengths > max_length)
+    if len(long):  # rare: keep their last token
+        out[long, max_length - 1] = ids[long, lengths[long] - 1]
+    return out.astype(np.int64, copy=False), real.astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -131,21 +130,19 @@ class DenoisingCorruption:
         return {"decoder": sequence_widths(max_seq_length)}
 
     def __call__(self, batch: dict, epoch: int) -> dict:
-        """Each row noised by its keyed generator (seeded for the batch at once); the
-        decoder inputs and labels, the original shifted right and the original, for the
-        whole batch."""
-        encoder_rows = []
-        generators = keyed_generators(self.seed, epoch, STREAM_NOISE, batch["keys"])
-        for rng, (ids, starts) in zip(generators, real_rows(batch), strict=True):
-            noised = apply_noise(ids, starts, self.noise, self.mask_id, rng)
-            if len(noised) > self.max_length:  # insertions made it longer: keep the last token
-                noised = np.concatenate([noised[: self.max_length - 1], noised[-1:]])
-            encoder_rows.append(noised)
-        input_ids, attention_mask = pad_rows(encoder_rows, self.pad_id, self.max_length)
+        """The rows noised together (`apply_noise`, keyed uniforms per row); the decoder
+        inputs and labels, the original shifted right and the original."""
+        lengths = batch["attention_mask"].sum(axis=1)
+        starts = batch.get("sentence_starts", np.zeros_like(batch["input_ids"], dtype=bool))
+        draws = RowDraws(self.seed, epoch, key_hashes(batch["keys"]))
+        noised, noised_lengths = apply_noise(
+            batch["input_ids"], lengths, starts, self.noise, self.mask_id, draws
+        )
+        input_ids, attention_mask = pad_noised(noised, noised_lengths, self.pad_id, self.max_length)
         real = batch["attention_mask"].astype(bool)
-        width = sequence_width(int(real.sum(axis=1).max()), self.max_length)
-        ids = _fit(batch["input_ids"], width, self.pad_id)
-        real = _fit(real, width, False)
+        width = sequence_width(int(lengths.max()), self.max_length)
+        ids = fit_width(batch["input_ids"], width, self.pad_id)
+        real = fit_width(real, width, False)
         decoder_input_ids = np.full_like(ids, self.pad_id)
         decoder_input_ids[:, 0] = self.start_id
         decoder_input_ids[:, 1:] = np.where(real[:, 1:], ids[:, :-1], self.pad_id)

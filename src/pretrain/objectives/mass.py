@@ -6,8 +6,8 @@ with `mask_token_probability` (0.8), a uniformly random token of the vocabulary 
 `random_token_probability` (0.1), else unchanged (1 and 0: the whole fragment [MASK]); the
 decoder reads the fragment shifted right
 (its first position a [MASK], as in the paper's figure 1) with every other position [MASK],
-and predicts the fragment only (`pretrain.data.noise.mass_fragment`), keyed by (seed, epoch,
-sequence key); the fragment's positions are the batch's `prediction_positions`, a static
+and predicts the fragment only (`mass_batch`), each row's draws keyed uniforms of (seed,
+epoch, sequence key) (`pretrain.data.noise.mass_draws`); the fragment's positions are the batch's `prediction_positions`, a static
 budget whose base is ceil(fragment_fraction x data.max_seq_length)
 (`pretrain.data.prediction_budget`). Model and loss are the denoising autoencoder's
 (`denoising.py`).
@@ -18,18 +18,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from pretrain.config import TrainConfig
-from pretrain.data.keyed_rng import keyed_generators
-from pretrain.data.masking import IGNORE_INDEX, replace_selected
-from pretrain.data.noise import STREAM_MASS
+from pretrain.data.keyed_rng import key_hashes
+from pretrain.data.masking import replace_selected
+from pretrain.data.noise import RowDraws, mass_draws
 from pretrain.data.prediction_budget import (
-    prediction_positions,
     prediction_widths,
     sequence_width,
     sequence_widths,
+    width_for,
 )
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import require_unit_interval
-from pretrain.objectives.denoising import DenoisingAutoencoder, Seq2SeqObjectiveConfig
+from pretrain.objectives.denoising import (
+    DenoisingAutoencoder,
+    Seq2SeqObjectiveConfig,
+    fit_width,
+)
 from pretrain.objectives.mlm import require_replacement_split
 
 
@@ -77,30 +81,22 @@ class MassCorruption:
         return {"decoder": decoder, "predictions": self.prediction_widths(max_seq_length)}
 
     def __call__(self, batch: dict, epoch: int) -> dict:
-        """Each row's draws from its keyed generator, in `mass_fragment`'s order (the
-        fragment's start, then the 80/10/10 decision and a random id per token); the masks,
-        encoder and decoder inputs and labels for the whole batch at once (`mass_batch`)."""
-        lengths = batch["attention_mask"].sum(
-            axis=1
-        )  # (batch,) real tokens, [CLS] and [SEP] included
-        width = batch["input_ids"].shape[1]
-        starts = np.zeros(len(lengths), np.int64)
-        fragments = np.zeros(len(lengths), np.int64)
-        action = np.zeros((len(lengths), width))
-        random_ids = np.zeros((len(lengths), width), np.int64)
-        generators = keyed_generators(self.seed, epoch, STREAM_MASS, batch["keys"])
-        for row, (rng, n) in enumerate(zip(generators, lengths.tolist(), strict=True)):
-            fragments[row] = fragment_length(n - 2, self.fragment_fraction)
-            starts[row] = 1 + int(rng.integers(n - 2 - fragments[row] + 1))
-            action[row, :n] = rng.random(n)
-            random_ids[row, :n] = rng.integers(self.vocab_size, size=n)
-        widths = self.prediction_widths(self.max_length or width)
+        """Every row's draws as keyed uniforms (`noise.mass_draws`: the fragment's start, the
+        80/10/10 decision and a random id per token); the masks, encoder and decoder inputs
+        and labels for the whole batch at once (`mass_batch`)."""
+        lengths = batch["attention_mask"].sum(axis=1)  # (batch,) [CLS] and [SEP] included
+        width = sequence_width(int(lengths.max()), self.max_length)
+        fragments = fragment_length(lengths - 2, self.fragment_fraction)
+        draws = RowDraws(self.seed, epoch, key_hashes(batch["keys"]))
+        starts, action, random_ids = mass_draws(lengths, fragments, self.vocab_size, draws, width)
+        widths = self.prediction_widths(self.max_length or batch["input_ids"].shape[1])
         return mass_batch(self, batch, lengths, starts, fragments, action, random_ids, widths)
 
 
-def fragment_length(body: int, fraction: float) -> int:
-    """MASS's fragment length for a body of `body` tokens (`mass_fragment`)."""
-    return min(body, max(1, round(fraction * body)))
+def fragment_length(body: np.ndarray, fraction: float) -> np.ndarray:
+    """MASS's fragment lengths (batch,) for bodies of `body` tokens: round(fraction x body),
+    at least 1, at most the body."""
+    return np.minimum(body, np.maximum(1, np.rint(fraction * body))).astype(np.int64)
 
 
 def mass_batch(
@@ -113,15 +109,17 @@ def mass_batch(
     random_ids: np.ndarray,
     widths: tuple[int, ...],
 ) -> dict:
-    """The encoder-decoder batch of `mass_fragment` + the 80/10/10 rule applied to every
+    """The encoder-decoder batch of MASS's fragment + the 80/10/10 rule applied to every
     row (fragment of row r: tokens starts[r] .. starts[r] + fragments[r] - 1; action and
-    random_ids (batch, seq) its draws); each side padded to the sequence bucket of the
-    longest row (`pad_rows`)."""
-    ids = batch["input_ids"]
-    positions = np.arange(ids.shape[1])
+    random_ids (batch, width) its draws, width the sequence bucket of the longest row);
+    each side padded to that width."""
+    width = action.shape[1]
+    ids = fit_width(batch["input_ids"], width, corruption.pad_id)
+    positions = np.arange(width)
     real = positions < lengths[:, None]
-    fragment = (positions >= starts[:, None]) & (positions < (starts + fragments)[:, None])
-    encoder, _ = replace_selected(
+    inside = positions - starts[:, None]  # (batch, width) offset in the fragment
+    fragment = (inside >= 0) & (inside < fragments[:, None])
+    encoder, labels = replace_selected(
         ids,
         fragment,
         action,
@@ -133,26 +131,21 @@ def mass_batch(
     previous = np.empty_like(ids)  # token t - 1 at position t
     previous[:, 0] = corruption.mask_id
     previous[:, 1:] = ids[:, :-1]
-    decoder = np.where(fragment, previous, corruption.mask_id)
-    decoder[np.arange(len(ids)), starts] = corruption.mask_id  # the fragment's first input
-    width = sequence_width(int(lengths.max()), corruption.max_length)
+    # the decoder reads the fragment shifted right, [MASK] at its first position and outside
+    decoder = np.where(fragment & (inside > 0), previous, corruption.mask_id)
     pad = corruption.pad_id
-
-    def padded(array: np.ndarray, fill: int) -> np.ndarray:
-        out = np.full((len(ids), width), fill, np.int64)
-        keep = min(width, array.shape[1])
-        out[:, :keep] = np.where(real, array, fill)[:, :keep]
-        return out
-
-    labels = padded(np.where(fragment, ids, IGNORE_INDEX), IGNORE_INDEX)
-    attention_mask = padded(np.ones_like(ids), 0)
+    count = width_for(int(fragments.max(initial=0)), widths)
+    offsets = np.arange(count)  # the fragment's positions, then -1
+    attention_mask = real.astype(np.int64)
     return {
-        "prediction_positions": prediction_positions(labels != IGNORE_INDEX, widths),
-        "input_ids": padded(encoder, pad),
+        "prediction_positions": np.where(
+            offsets < fragments[:, None], starts[:, None] + offsets, -1
+        ),
+        "input_ids": np.where(real, encoder, pad).astype(np.int64, copy=False),
         "attention_mask": attention_mask,
-        "decoder_input_ids": padded(decoder, pad),
+        "decoder_input_ids": np.where(real, decoder, pad).astype(np.int64, copy=False),
         "decoder_attention_mask": attention_mask.copy(),
-        "labels": labels,
+        "labels": labels.astype(np.int64, copy=False),
         "next_sentence_label": batch["next_sentence_label"],
         "keys": batch["keys"],
     }
