@@ -115,3 +115,38 @@ def test_target_mapping_and_labels():
     rows, slots = np.nonzero(used)
     np.testing.assert_array_equal(labels[rows, slots], ids[rows, positions[rows, slots]])
     np.testing.assert_array_equal(mapping[rows, slots, positions[rows, slots]], 1.0)
+
+
+def test_two_part_order_gives_each_part_its_own_uniform_kth():
+    """XLNet's memory layout (`reuse`): the first part wholly before the second in the order,
+    each part with round(n / K) targets uniform over its positions, and a row's order the
+    same alone as in its batch."""
+    batch, seq, reuse = 3000, 24, 10
+    candidates = np.ones((batch, seq), bool)
+    candidates[:, 0] = False
+    hashes = key_hashes([f"d{i}" for i in range(batch)])
+    perm = uniform_order(candidates, hashes, seed=7, epoch=0, k=3.0, reuse=reuse)
+    head, tail = perm.targets[:, :reuse], perm.targets[:, reuse:]
+    assert (head.sum(1) == 3).all() and (tail.sum(1) == 5).all()  # 9 / 3, 14 / 3 rounded
+    assert (perm.rank[:, :reuse].max(1) < perm.rank[:, reuse:][tail].reshape(batch, 5).min(1)).all()
+    for counts, positions in ((head.sum(0)[1:], 9), (tail.sum(0), 14)):
+        expected = counts.sum() / positions
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 3.5 * positions, chi2  # ~p < 0.001 at 8-13 degrees of freedom
+    alone = uniform_order(candidates[7:8], hashes[7:8], seed=7, epoch=0, k=3.0, reuse=reuse)
+    np.testing.assert_array_equal(alone.rank[0], perm.rank[7])
+
+
+def test_scalar_keyed_uniform_equals_keyed_uniform():
+    from pretrain.data.keyed_rng import key_hash, keyed_uniform
+    from pretrain.data.xlnet_formats import scalar_keyed_uniform
+
+    for seed, epoch, stream, key in [
+        (0, 0, 3, "a"),
+        (1234, 7, 3, "doc@64"),
+        (2**40 + 7, 2, 9, "x"),
+    ]:
+        expected = keyed_uniform(seed, epoch, stream, np.array([key_hash(key)], np.uint64), 6)
+        np.testing.assert_array_equal(
+            scalar_keyed_uniform(seed, epoch, stream, key, 6), expected[0]
+        )

@@ -43,16 +43,26 @@ def num_targets(candidates: np.ndarray, k: float) -> np.ndarray:
 
 
 def uniform_order(
-    candidates: np.ndarray, hashes: np.ndarray, *, seed: int, epoch: int, k: float
+    candidates: np.ndarray, hashes: np.ndarray, *, seed: int, epoch: int, k: float, reuse: int = 0
 ) -> Permutation:
     """A uniform random order of each row's candidates (its last 1/K are the targets),
-    vectorised: the order sorts keyed uniforms (a uniform random permutation)."""
-    uniform = keyed_uniform(seed, epoch, STREAM_PERMUTATION, hashes, candidates.shape[1])
+    vectorised: the order sorts keyed uniforms (a uniform random permutation). With `reuse`
+    (XLNet's memory layout), the first `reuse` positions and the rest are ordered as two
+    parts, the first part wholly before the second, each with its own last 1/K as targets."""
+    seq = candidates.shape[1]
+    uniform = keyed_uniform(seed, epoch, STREAM_PERMUTATION, hashes, seq)
+    first = np.arange(seq) < reuse  # (seq,)
+    if reuse:
+        uniform = uniform + 2.0 * ~first  # the second part after the first
     uniform = np.where(candidates, uniform, -1.0)  # non-candidates sort first
-    order = np.argsort(uniform, axis=1, kind="stable")  # (batch, seq) positions by rank
+    order = np.argsort(uniform, axis=1)  # (batch, seq) positions by rank (ties: only at -1)
     rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(order.shape[1])[None, :], axis=1)
-    targets = rank >= order.shape[1] - num_targets(candidates, k)[:, None]
+    np.put_along_axis(rank, order, np.arange(seq)[None, :], axis=1)
+    head = candidates & first
+    end = seq - (candidates & ~first).sum(axis=1)  # (batch,) rank after the first part
+    targets = rank >= seq - num_targets(candidates & ~first, k)[:, None]
+    if reuse:
+        targets |= head & (rank >= (end - num_targets(head, k))[:, None])
     return Permutation(np.where(targets, rank, CONTEXT_RANK), targets)
 
 
@@ -99,12 +109,17 @@ def perm_mask_from(
     """(batch, seq, seq) bool, True = token i may not see token j: j is a target not before i.
     Context tokens (rank CONTEXT_RANK) see each other and no target; padding is left to the
     attention mask. Computed as rank'[j] >= rank[i] with rank' = rank at targets and, at
-    non-targets, a value below every rank (never blocked), in the narrowest integer type.
+    non-targets, a value below every rank (never blocked), in the narrowest integer type
+    (int8 up to 128 tokens).
     `rows`, `columns`: only that block of it (i in rows, j in columns)."""
     rank, targets = permutation.rank, permutation.targets
     below = min(int(rank.min(initial=0)), CONTEXT_RANK) - 1
     top = int(rank.max(initial=0))
-    dtype = np.int16 if -(1 << 15) <= below and top < (1 << 15) else np.int64
+    dtype = next(
+        t
+        for t in (np.int8, np.int16, np.int64)
+        if np.iinfo(t).min <= below and top <= np.iinfo(t).max
+    )
     blocking = np.where(targets[:, columns], rank[:, columns], below).astype(dtype)
     return blocking[:, None, :] >= rank[:, rows].astype(dtype)[:, :, None]
 

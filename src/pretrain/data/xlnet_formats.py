@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from pretrain.data.formats import make_segment_pairs, random_document_pools
-from pretrain.data.keyed_rng import STREAM_FORMAT, keyed_generator
+from pretrain.data.keyed_rng import STREAM_FORMAT, key_hash
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 
@@ -112,18 +112,42 @@ def reversed_document(document: dict) -> dict:
     return backward
 
 
-def _random_b(other: dict, length: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+def _random_b(other: dict, length: int, uniform: float) -> tuple[np.ndarray, ...]:
     """(ids, word starts, phrase flags) of up to `length` tokens of document `other` from a
     sentence start: a uniform token position (one that leaves `length` tokens when the
-    document is long enough) moved back to its sentence's start, as data_utils.py does."""
+    document is long enough; `uniform` in [0, 1) picks it) moved back to its sentence's
+    start, as data_utils.py does."""
     ids = other["ids"]
-    position = int(rng.integers(max(1, len(ids) - length + 1)))
+    position = int(uniform * max(1, len(ids) - length + 1))
     starts = np.r_[0, np.asarray(other["sents"])[:-1]]
     start = int(starts[np.searchsorted(starts, position, side="right") - 1])
     stop = min(len(ids), start + length)
     phrases = other.get("phrases")
     phrases = np.zeros(len(ids), np.uint8) if phrases is None else phrases
     return ids[start:stop], other["words"][start:stop], phrases[start:stop]
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def scalar_keyed_uniform(seed: int, epoch: int, stream: int, key: str, length: int) -> list:
+    """`keyed_rng.keyed_uniform(seed, epoch, stream, [key_hash(key)], length)[0]` as Python
+    floats, in plain integer arithmetic: one key's few draws without numpy's per-call cost
+    (a memory segment's cut and random-B choice)."""
+    base = seed ^ _splitmix64(epoch ^ _splitmix64(stream))
+    row = _splitmix64(key_hash(key) ^ _splitmix64(base))
+    golden = 0x9E3779B97F4A7C15
+    return [
+        (_splitmix64(row ^ ((t * golden) & _MASK64)) >> 11) * (1.0 / (1 << 53))
+        for t in range(length)
+    ]
 
 
 def memory_segment(
@@ -141,7 +165,8 @@ def memory_segment(
     None when the document is used up). reuse part = up to reuse_len tokens (fewer at the
     document's end, leaving 2 for A and B), then A [SEP] B [SEP] [CLS] from the next
     max_seq_length - reuse - 3 tokens, cut at a keyed random point; with
-    `random_probability` B is as many tokens of a document of `pool` instead (`_random_b`)."""
+    `random_probability` B is as many tokens of a document of `pool` instead (`_random_b`).
+    The draws are keyed uniforms of (seed, epoch, document key @ offset)."""
     ids, words = document["ids"], document["words"]
     phrases = document.get("phrases")
     if phrases is None:
@@ -151,12 +176,12 @@ def memory_segment(
     pair_end = min(len(ids), offset + max_seq_length - 3)  # room for [SEP] [SEP] [CLS]
     pair_len = pair_end - offset - reuse
     key = f"{document['key']}@{offset}"
-    rng = keyed_generator(seed, epoch, STREAM_FORMAT, key)
-    a_end = offset + reuse + int(rng.integers(1, pair_len))  # A: at least 1 token, B too
+    cut, use_random, which, where = scalar_keyed_uniform(seed, epoch, STREAM_FORMAT, key, 4)
+    a_end = offset + reuse + 1 + int(cut * (pair_len - 1))  # A: at least 1 token, B too
     b = ids[a_end:pair_end], words[a_end:pair_end], phrases[a_end:pair_end]
-    random_b = random_probability > 0 and len(pool) > 0 and rng.random() < random_probability
+    random_b = random_probability > 0 and len(pool) > 0 and use_random < random_probability
     if random_b:
-        b = _random_b(pool[int(rng.integers(len(pool)))], pair_end - a_end, rng)
+        b = _random_b(pool[int(which * len(pool))], pair_end - a_end, where)
     sep, cls = np.array([vocab.sep]), np.array([vocab.cls])
     input_ids = np.concatenate([ids[offset:a_end], sep, b[0], sep, cls])
     types = np.concatenate(

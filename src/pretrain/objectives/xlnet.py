@@ -126,16 +126,40 @@ class PermutationCorruption:
         """The batch axes this corruption sizes (`prediction_budget.shape_set`)."""
         return {"predictions": self.prediction_widths(max_seq_length)}
 
-    def order_of(self, candidates: np.ndarray, keys: list[str], epoch: int) -> Permutation:
-        """The factorization order of each row's `candidates` (batch, seq) bool."""
+    def order_of(
+        self, candidates: np.ndarray, keys: list[str], epoch: int, reuse: int = 0
+    ) -> Permutation:
+        """The factorization order of each row's `candidates` (batch, seq) bool; with
+        `reuse`, the first `reuse` positions and the rest as two parts (`two_part_order`)."""
         k = self.partial_prediction_k
         if self.order == "uniform":
             hashes = key_hashes(keys)
-            return uniform_order(candidates, hashes, seed=self.seed, epoch=epoch, k=k)
-        return span_order(
-            candidates, keys, seed=self.seed, epoch=epoch, k=k,
-            max_span_length=self.max_span_length,
-        )  # fmt: skip
+            return uniform_order(candidates, hashes, seed=self.seed, epoch=epoch, k=k, reuse=reuse)
+        orders = [
+            span_order(
+                part,
+                part_keys,
+                seed=self.seed,
+                epoch=epoch,
+                k=k,
+                max_span_length=self.max_span_length,
+            )  # fmt: skip
+            for part, part_keys in self._parts(candidates, keys, reuse)
+        ]
+        if len(orders) == 1:
+            return orders[0]
+        first = np.arange(candidates.shape[1]) < reuse
+        rank = np.where(first, orders[0].rank, orders[1].rank)
+        return Permutation(rank, orders[0].targets | orders[1].targets)
+
+    @staticmethod
+    def _parts(candidates: np.ndarray, keys: list[str], reuse: int) -> list:
+        """(candidates, keys) of each part: the whole row, or with `reuse` the first `reuse`
+        positions and the rest (keyed apart)."""
+        if not reuse:
+            return [(candidates, keys)]
+        first = np.arange(candidates.shape[1]) < reuse
+        return [(candidates & first, keys), (candidates & ~first, [f"{k}/non-reuse" for k in keys])]
 
     def two_part_order(
         self, candidates: np.ndarray, keys: list[str], epoch: int, reuse: int
@@ -145,23 +169,17 @@ class PermutationCorruption:
         separately, each with its own 1/K of targets; the reuse part may not see the rest,
         the rest sees all of the reuse part. Returns (the joint order, perm_mask (batch, seq,
         seq))."""
-        first = np.arange(candidates.shape[1]) < reuse  # (seq,)
-        part0 = self.order_of(candidates & first, keys, epoch)
-        rest_keys = [f"{key}/non-reuse" for key in keys]
-        part1 = self.order_of(candidates & ~first, rest_keys, epoch)
-        batch, length = candidates.shape
-        head, tail = slice(None, reuse), slice(reuse, None)
-        perm_mask = np.empty((batch, length, length), bool)
-        perm_mask[:, head, head] = perm_mask_from(part0, head, head)  # within each part: its
-        perm_mask[:, tail, tail] = perm_mask_from(part1, tail, tail)  # own order
-        perm_mask[:, head, tail] = True  # the reuse part is blocked from the rest
-        perm_mask[:, tail, head] = False  # the rest sees the whole reuse part
-        rank = np.where(first, part0.rank, part1.rank)
-        return Permutation(rank, part0.targets | part1.targets), perm_mask
+        perm = self.order_of(candidates, keys, epoch, reuse)
+        perm_mask = perm_mask_from(perm)  # within each part: its own order
+        perm_mask[:, :reuse, reuse:] = True  # the reuse part is blocked from the rest
+        perm_mask[:, reuse:, :reuse] = False  # the rest sees the whole reuse part
+        return perm, perm_mask
 
     def __call__(self, batch: dict, epoch: int) -> dict:
         ids = batch["input_ids"]
-        candidates = batch["attention_mask"].astype(bool) & ~np.isin(ids, self.special_ids)
+        candidates = batch["attention_mask"].astype(bool)
+        for special in self.special_ids:
+            candidates &= ids != special
         if "new_document" in batch:  # xlnet_memory: the stream's reuse part comes first
             reuse = self.reuse_len or (self.max_seq_length or ids.shape[1]) // 2  # as the stream
             perm, batch["perm_mask"] = self.two_part_order(candidates, batch["keys"], epoch, reuse)
