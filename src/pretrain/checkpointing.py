@@ -264,6 +264,7 @@ RELAUNCH_KEYS = (
     "trainer.tf32",  # speed switches: the same model and data either way
     "trainer.pin_memory",
     "trainer.compile",
+    "trainer.compile_backend",
     "trainer.val_*",
     "logger.*",
     "data.num_workers",

@@ -200,6 +200,7 @@ def component_config(group: str, values: Any) -> Any:
         raise ConfigError(f"{group}.{error.full_key}: {error.msg}") from error
 
 
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # trainer.compile_backend
 DEFAULT_STREAM_PARTITIONS = 64  # data.stream_partitions: null, for formats without memory
 
 
@@ -413,6 +414,9 @@ class TrainerConfig:
     # torch.compile the objective module in place (nn.Module.compile: checkpoint and export
     # names unchanged); the first steps of each batch shape are slower while it compiles.
     compile: bool = False
+    # torch.compile's backend: inductor (generated kernels), or aot_eager / eager (tracing
+    # only, no code generated: to check that a model compiles, in seconds, or to debug).
+    compile_backend: str = "inductor"
     # A non-finite loss or gradient on any rank: skip the optimizer step (counted in
     # train/skipped_steps) or stop the run with an error.
     nonfinite: str = "skip"
@@ -453,6 +457,12 @@ class TrainerConfig:
             "trainer.nonfinite",
             self.nonfinite,
             "must be 'skip' or 'stop'",
+        )
+        require(
+            self.compile_backend in COMPILE_BACKENDS,
+            "trainer.compile_backend",
+            self.compile_backend,
+            f"must be one of {', '.join(COMPILE_BACKENDS)}",
         )
         require(
             self.peak_tflops is None or self.peak_tflops > 0,

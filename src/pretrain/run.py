@@ -99,7 +99,7 @@ def use_speed_switches(run: TrainConfig, module: PretrainingModule) -> None:
     if run.trainer.tf32:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if run.trainer.compile:
-        module.compile()
+        module.compile(backend=run.trainer.compile_backend)
 
 
 def train(cfg: DictConfig) -> Path:

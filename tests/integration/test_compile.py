@@ -1,0 +1,109 @@
+"""`trainer.compile`: every model family's objective module compiles in place (torch.compile)
+and trains its golden loss curve; a compiled run checkpoints, resumes and exports under the
+eager parameter names.
+
+With the `eager` backend TorchDynamo captures each family's forward pass (no graph may fail
+to trace) and runs the captured graphs as they are, dropout draws included, so a compiled
+run gives the stored eager golden curve (tests/golden, relative tolerance 1e-5). `aot_eager`
+also traces the backward pass (AOTAutograd); it may order dropout's draws differently, so
+it is compared with an eager run without dropout. Inductor's generated kernels draw dropout
+from their own generator and take about a minute of CPU per model here: they are timed on a
+GPU by `benchmarks/gpu_check.sh` (compile on/off)."""
+
+import csv
+import json
+
+import pytest
+import torch
+import transformers
+from test_golden import (  # noqa: F401 (golden_corpus, teacher_checkpoint: fixtures)
+    CASES,
+    GOLDEN_DIR,
+    RELATIVE_TOLERANCE,
+    assert_close,
+    golden_corpus,
+    logged_losses,
+    run_case,
+    teacher_checkpoint,
+)
+
+from pretrain.export import export_checkpoint
+
+COMPILED = ("trainer.compile=true", "trainer.compile_backend=eager")
+# one golden case per model family, and SpanBERT's SBO head
+FAMILY_CASES = (
+    "mlm_nsp",  # BERT
+    "mlm",  # RoBERTa
+    "ngram",  # ALBERT
+    "span",  # BERT + SBO
+    "electra",
+    "distillation",  # DistilBERT
+    "xlnet",
+    "bart",
+    "mass",
+    "transformer",
+    "causal_lm",  # GPT
+)
+NO_DROPOUT = {
+    "mlm_nsp": ("model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"),
+    "bart": ("model.dropout=0",),
+}
+
+
+def golden_losses(case: str) -> dict:
+    return json.loads((GOLDEN_DIR / f"{case}.json").read_text())["losses"]
+
+
+def case_overrides(case: str, request) -> tuple:
+    """(corpus, overrides) of the golden `case`, its teacher's path filled in."""
+    fixture, overrides = CASES[case]
+    if "{teacher}" in " ".join(overrides):
+        teacher = request.getfixturevalue("teacher_checkpoint")
+        overrides = tuple(o.replace("{teacher}", str(teacher)) for o in overrides)
+    return request.getfixturevalue(fixture), overrides
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_a_compiled_run_gives_the_golden_curve(case, request, tmp_path):
+    corpus, overrides = case_overrides(case, request)
+    torch._dynamo.reset()
+    losses = logged_losses(run_case(corpus, tmp_path / case, (*overrides, *COMPILED)))
+    assert_close(case, losses, golden_losses(case))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(NO_DROPOUT))
+def test_aot_autograd_gives_the_eager_losses_without_dropout(case, request, tmp_path):
+    corpus, overrides = case_overrides(case, request)
+    overrides = (*overrides, *NO_DROPOUT[case])
+    eager = logged_losses(run_case(corpus, tmp_path / "eager", overrides))
+    torch._dynamo.reset()
+    aot = ("trainer.compile=true", "trainer.compile_backend=aot_eager")
+    compiled = logged_losses(run_case(corpus, tmp_path / "aot", (*overrides, *aot)))
+    assert_close(case, compiled, eager)
+    assert eager != logged_losses(run_case(corpus, tmp_path / "dropout", CASES[case][1]))
+
+
+def step_losses(run_dir) -> dict[int, float]:
+    rows = csv.DictReader(open(next(run_dir.glob("csv/version_*/metrics.csv"))))
+    return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+
+
+@pytest.mark.slow
+def test_a_compiled_run_resumes_and_exports_under_the_eager_names(request, tmp_path):
+    corpus, overrides = case_overrides("mlm_nsp", request)
+    overrides = (*overrides, *COMPILED, "trainer.checkpoint_every_n_steps=3")
+    torch._dynamo.reset()
+    first = run_case(corpus, tmp_path / "first", overrides)
+    step3 = first / "checkpoints" / "step-0000003.ckpt"
+    names = list(torch.load(step3, map_location="cpu", weights_only=False)["state_dict"])
+    assert names and not [n for n in names if "_orig_mod" in n]
+    resumed = run_case(corpus, tmp_path / "resumed", (*overrides, f"resume={step3}"))
+    golden = golden_losses("mlm_nsp")["train/loss"]
+    assert sorted(step_losses(resumed)) == [3, 4]
+    for step, loss in step_losses(resumed).items():
+        assert loss == pytest.approx(golden[step], rel=RELATIVE_TOLERANCE), step
+    out = export_checkpoint(first / "checkpoints" / "last.ckpt", tmp_path / "hf")
+    hf, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
