@@ -137,3 +137,18 @@ def test_distilbert_and_xlnet_directories_load_and_xlnet_fits(
         if config.model_type == "xlnet":  # pooled at its last token
             result = fit_and_score(loaded, order_task, small_settings(mode="features"))
             assert len(result["predictions"]) == 16
+
+
+@pytest.mark.parametrize("kind", ["pair", "qa"])
+def test_cached_hidden_states_give_the_uncached_results(tiny_encoder_checkpoint, kind):
+    """Features mode runs the frozen encoder once per example, not once per epoch; the
+    head sees the same inputs, so predictions and metrics equal the per-batch path's."""
+    name = {"pair": "builtin_continuation", "qa": "builtin_replaced_qa"}[kind]
+    task = builtin_task(name, train_size=32, dev_size=16)
+    settings = small_settings(mode="features", layers="scalar_mix", pooling="mean", epochs=2)
+    results = [
+        fit_and_score(load_encoder(tiny_encoder_checkpoint), task, settings, cache_states=cache)
+        for cache in (True, False)
+    ]
+    assert results[0]["predictions"] == results[1]["predictions"]
+    assert results[0]["metrics"] == pytest.approx(results[1]["metrics"])

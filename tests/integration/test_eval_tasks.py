@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pretrain.errors import ConfigError
-from pretrain.eval.builtin_tasks import BUILTIN_TASKS, builtin_task
+from pretrain.eval.builtin_tasks import BUILTIN_TASKS, builtin_documents_sentences, builtin_task
 from pretrain.eval.encoder import load_encoder
 from pretrain.eval.tasks import SpanExample, TaggingExample, TextExample
 from pretrain.export import export_checkpoint
@@ -74,6 +74,10 @@ def test_builtin_tasks_are_deterministic_and_well_formed(name):
     elif task.kind == "regression":
         assert all(0.0 <= e.label <= 1.0 for e in task.train)
         assert len({round(e.label, 2) for e in task.train}) > 5
+    elif name == "builtin_replaced_qa":
+        for e in task.train:
+            ((text, start),) = e.answers  # SQuAD v1.1: every question has one answer
+            assert e.context[start : start + len(text)] == text and len(text.split()) == 5
     elif task.kind == "qa":
         assert isinstance(example, SpanExample)
         answered = [e for e in task.train if e.answers]
@@ -88,3 +92,29 @@ def test_builtin_tasks_are_deterministic_and_well_formed(name):
         assert all(len(e.words) == len(e.tags) for e in task.train)
         tags = [t for e in task.train for t in e.tags]
         assert 0.05 < sum(tags) / len(tags) < 0.25
+
+
+def test_continuation_and_replaced_qa_change_only_what_they_say():
+    """builtin_continuation's B is A's next sentence, as written or with half of its words
+    replaced; builtin_replaced_qa's context is a sentence with its 5-word answer replaced."""
+    documents = builtin_documents_sentences()
+    pairs = [(a, b.split()) for doc in documents for a, b in zip(doc, doc[1:], strict=False)]
+    sentences = [s.split() for doc in documents for s in doc]
+
+    def changed(words: list[str], truth: list[str]) -> list[int]:
+        return [i for i, (w, t) in enumerate(zip(words, truth, strict=True)) if w != t]
+
+    for e in builtin_task("builtin_continuation", train_size=60, dev_size=30).train:
+        words = e.text_b.split()
+        expected = 0 if e.label else round(len(words) / 2)
+        assert any(
+            len(changed(words, b)) == expected
+            for a, b in pairs
+            if a == e.text_a and len(b) == len(words)
+        )
+    for e in builtin_task("builtin_replaced_qa", train_size=60, dev_size=30).train:
+        ((text, start),) = e.answers
+        words, first = e.context.split(), len(e.context[:start].split())
+        span = list(range(first, first + 5))
+        assert words[first : first + 5] == text.split()
+        assert any(len(s) == len(words) and changed(words, s) == span for s in sentences)

@@ -6,9 +6,13 @@ encoder knows better than a random one: word order, what follows what, where a p
     builtin_corrupted classification: is the sentence as written, or are a quarter of its
                       words replaced by words drawn from the corpus's vocabulary?
     builtin_next      pair: does sentence B follow sentence A in the document?
+    builtin_continuation pair: is B A's next sentence as written, or with half of its
+                      words replaced by words drawn from the corpus's vocabulary?
     builtin_overlap   regression: how many of A's words does B keep (0..1)?
     builtin_qa        extractive QA: which words follow the question's words in the context?
                       (a third of the questions have no answer: SQuAD v2 style)
+    builtin_replaced_qa extractive QA: which 5 consecutive words of the sentence were
+                      replaced by words drawn from the corpus's vocabulary?
     builtin_replaced  tagging: which words were replaced by a word drawn from the corpus?
 """
 
@@ -80,20 +84,60 @@ def corrupted_task(
     order. A pretrained encoder knows which words are common and which fit their
     neighbours; a random one learns it only from the training examples."""
     sentences = [s for document in documents for s in document]
-    vocabulary = sorted({w for s in sentences for w in s.split()})
+    vocabulary = _vocabulary(documents)
     picks = rng.choice(len(sentences), size=min(count, len(sentences)), replace=False)
     examples = []
     for position, index in enumerate(picks):
         words = sentences[index].split()
         label = position % 2
         if not label:
-            count_replaced = max(1, round(fraction * len(words)))
-            for at in rng.choice(len(words), size=count_replaced, replace=False):
-                new = words[at]
-                while new == words[at]:
-                    new = vocabulary[int(rng.integers(len(vocabulary)))]
-                words[at] = new
+            _replace_words(rng, words, vocabulary, max(1, round(fraction * len(words))))
         examples.append(TextExample(" ".join(words), None, label))
+    return examples
+
+
+def _vocabulary(documents: list[list[str]]) -> list[str]:
+    """The corpus's distinct words (split on whitespace), sorted."""
+    return sorted({w for document in documents for s in document for w in s.split()})
+
+
+def _replace_words(
+    rng: np.random.Generator, words: list[str], vocabulary: list[str], count: int
+) -> None:
+    """Replace `count` random distinct positions of `words` (in place) by words drawn
+    uniformly from `vocabulary`, each differing from the word it replaces."""
+    _replace_at(rng, words, vocabulary, rng.choice(len(words), size=count, replace=False))
+
+
+def _replace_at(rng: np.random.Generator, words: list[str], vocabulary: list[str], positions):
+    """Replace `words` at `positions` (in place) by words drawn uniformly from `vocabulary`,
+    each differing from the word it replaces."""
+    for at in positions:
+        new = words[at]
+        while new == words[at]:
+            new = vocabulary[int(rng.integers(len(vocabulary)))]
+        words[at] = new
+
+
+def continuation_task(
+    rng: np.random.Generator, documents: list[list[str]], count: int, fraction: float = 0.5
+) -> list:
+    """(A, B) pairs: B the sentence after A in its topic as written (label 1) or with a
+    `fraction` of its words (at least one) replaced as in `corrupted_task` (label 0),
+    alternating, pairs in a random order. The label is whether B reads as a plausible
+    continuation of A word by word, what masked-word pretraining learns; topic coherence,
+    which a short pretraining barely learns, plays no part (a corrupted B keeps half of the
+    true next sentence's words)."""
+    vocabulary = _vocabulary(documents)
+    pairs = [(d, i) for d, sentences in enumerate(documents) for i in range(len(sentences) - 1)]
+    examples = []
+    for position, index in enumerate(rng.permutation(len(pairs))[:count]):
+        doc, i = pairs[index]
+        words = documents[doc][i + 1].split()
+        label = position % 2
+        if not label:
+            _replace_words(rng, words, vocabulary, max(1, round(fraction * len(words))))
+        examples.append(TextExample(documents[doc][i], " ".join(words), label))
     return examples
 
 
@@ -164,6 +208,33 @@ def qa_task(
     return examples
 
 
+def replaced_qa_task(
+    rng: np.random.Generator,
+    documents: list[list[str]],
+    count: int,
+    span_words: int = 5,
+    question: str = "which words were replaced?",
+) -> list:
+    """Extractive QA: the context is a sentence with `span_words` consecutive words replaced
+    by words drawn uniformly from the corpus's distinct words (as in `corrupted_task`); the
+    answer is the replaced span. The question is the same for all; every question has an
+    answer (SQuAD v1.1 style: a frozen encoder's linear head calls "no answer" no better
+    than chance, pretrained or not). A pretrained encoder knows which words do not fit
+    their neighbours (or are rare); a random one learns it only from the training examples."""
+    sentences = [s for document in documents for s in document]
+    vocabulary = _vocabulary(documents)
+    examples = []
+    for index in rng.permutation(len(sentences))[:count]:
+        words = sentences[index].split()
+        at = int(rng.integers(len(words) - span_words + 1))
+        _replace_at(rng, words, vocabulary, range(at, at + span_words))
+        answer = " ".join(words[at : at + span_words])
+        answer_start = len(" ".join(words[:at])) + (at > 0)
+        qid = f"builtin_replaced_qa-{len(examples)}"
+        examples.append(SpanExample(qid, question, " ".join(words), ((answer, answer_start),)))
+    return examples
+
+
 def replaced_task(rng: np.random.Generator, documents: list[list[str]], count: int) -> list:
     """Sentences with about 15% of their words replaced by a word drawn from the corpus's
     running text (so as often as the corpus uses it: rarity gives no hint); tag 1 for a
@@ -188,8 +259,10 @@ BUILTIN_TASKS: dict[str, tuple[str, tuple[str, ...], Callable]] = {
     "builtin_order": ("classification", ("shuffled", "original"), order_task),
     "builtin_corrupted": ("classification", ("corrupted", "original"), corrupted_task),
     "builtin_next": ("pair", ("random", "next"), next_task),
+    "builtin_continuation": ("pair", ("corrupted", "next"), continuation_task),
     "builtin_overlap": ("regression", (), overlap_task),
     "builtin_qa": ("qa", (), qa_task),
+    "builtin_replaced_qa": ("qa", (), replaced_qa_task),
     "builtin_replaced": ("tagging", ("original", "replaced"), replaced_task),
 }
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from pretrain.errors import ConfigError
+from pretrain.eval.features import TensorRows
 
 INITS = ("pretrained", "random")
 
@@ -103,3 +104,19 @@ def load_encoder(path: str | Path, init: str = "pretrained", seed: int = 0) -> L
     return LoadedEncoder(
         HiddenStates(model, input_names), tokenizer, model_type, run_dir_of(source)
     )
+
+
+@torch.no_grad()
+def with_hidden_states(encoder: HiddenStates, rows: TensorRows, batch_size: int) -> TensorRows:
+    """`rows` plus `hidden_states` (rows, num_layers + 1, seq, hidden): the frozen encoder's
+    output for every row, computed once in eval mode (no dropout) in batches of `batch_size`
+    rows, so that a features-mode head trains for every epoch without running the encoder
+    again (the results equal running it per batch, up to float rounding)."""
+    mode = encoder.training
+    encoder.eval()
+    states = [
+        torch.stack(encoder(rows[start : start + batch_size]), dim=1)  # (batch, states, seq, h)
+        for start in range(0, len(rows), batch_size)
+    ]
+    encoder.train(mode)
+    return TensorRows({**rows.tensors, "hidden_states": torch.cat(states)})

@@ -70,8 +70,12 @@ class DownstreamModule(L.LightningModule):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits: (batch, outputs) for sequence tasks, (batch,) for regression, (batch, seq,
-        tags) for tagging, (batch, seq, 2) start/end for qa."""
-        if self.frozen:
+        tags) for tagging, (batch, seq, 2) start/end for qa. A batch may carry the frozen
+        encoder's `hidden_states` (batch, states, seq, hidden), computed once before training
+        (pretrain.eval.encoder.with_hidden_states); then the encoder is not run."""
+        if "hidden_states" in batch:
+            states = tuple(batch["hidden_states"].unbind(1))
+        elif self.frozen:
             self.encoder.eval()  # no dropout in a frozen feature extractor
             with torch.no_grad():
                 states = self.encoder(batch)

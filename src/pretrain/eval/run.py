@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pretrain.eval.config import EvalConfig, EvalRunConfig, TaskConfig
-from pretrain.eval.encoder import LoadedEncoder, load_encoder
+from pretrain.eval.encoder import LoadedEncoder, load_encoder, with_hidden_states
 from pretrain.eval.features import IGNORE_INDEX, tagging_features, text_features, window_features
 from pretrain.eval.metrics import (
     classification_metrics,
@@ -82,16 +82,27 @@ def _score(task: TaskData, settings: EvalConfig, logits: torch.Tensor, features)
 
 
 def fit_and_score(
-    loaded: LoadedEncoder, task: TaskData, settings: EvalConfig, accelerator: str = "cpu"
+    loaded: LoadedEncoder,
+    task: TaskData,
+    settings: EvalConfig,
+    accelerator: str = "cpu",
+    cache_states: bool = True,
 ) -> dict:
     """Fit a head (and, in finetune mode, the encoder) on `task.train`; returns {metrics,
-    predictions, references} on `task.dev` (QA: answer texts; tagging: per scored word)."""
+    predictions, references} on `task.dev` (QA: answer texts; tagging: per scored word).
+    In features mode with `cache_states` the frozen encoder runs once per example, not once
+    per epoch: its hidden states are computed before training and the head reads them."""
     import lightning as L
 
     L.seed_everything(settings.seed, verbose=False)
     train, dev = (_features(loaded, task, part, settings) for part in (task.train, task.dev))
     train_rows = train.rows if task.kind == "qa" else train
     dev_rows = dev.rows if task.kind == "qa" else dev
+    if settings.mode == "features" and cache_states:
+        train_rows, dev_rows = (
+            with_hidden_states(loaded.model, rows, settings.batch_size)
+            for rows in (train_rows, dev_rows)
+        )
     loader = DataLoader(train_rows, batch_size=settings.batch_size, shuffle=True)
     head = HeadSettings(
         mode=settings.mode,
