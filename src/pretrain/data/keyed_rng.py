@@ -31,8 +31,10 @@ STREAM_MASK_ACTION = 11
 STREAM_MASK_RANDOM_TOKEN = 12
 
 
+@lru_cache(maxsize=1024)  # a few batches: hits within a batch, not across an epoch
 def key_hash(key: str) -> int:
-    """Stable unsigned 64-bit hash of a sample key (not Python's salted `hash`)."""
+    """Stable unsigned 64-bit hash of a sample key (not Python's salted `hash`); cached, as a
+    batch's keys are hashed by more than one of its corruption steps."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 

@@ -110,7 +110,6 @@ def select_units(
     hashes (batch,) uint64. Returns (selected (batch, seq) bool, unit_start (batch, seq)
     int64: the first token of each token's unit)."""
     batch, length = candidates.shape
-    rows = np.arange(batch)[:, None]
     words_before = np.zeros((batch, length + 1), np.int64)  # word starts before each token
     np.cumsum(word_first, axis=1, out=words_before[:, 1:])
     counts = words_before[:, -1]
@@ -118,66 +117,105 @@ def select_units(
     if width == 0:
         return np.zeros(candidates.shape, bool), np.zeros(candidates.shape, np.int64)
     word_of = words_before[:, 1:] - 1  # (batch, seq), -1 before a row's first word
+    at = np.flatnonzero(word_first)  # word starts, row-major
     starts = np.full((batch, width + 1), length)  # first token of each word, then `length`
-    at_row, at_token = np.nonzero(word_first)
-    starts[at_row, word_of[at_row, at_token]] = at_token
+    starts.ravel()[at // length * (width + 1) + word_of.ravel()[at]] = at % length
     tokens_before = np.zeros((batch, length + 1), np.int64)  # candidates before each token
     np.cumsum(candidates, axis=1, out=tokens_before[:, 1:])
-    positions = np.arange(length)
-    run_end = np.minimum.accumulate(np.where(candidates, length, positions)[:, ::-1], axis=1)
-    run_end = np.append(run_end[:, ::-1], np.full((batch, 1), length), axis=1)  # (batch, seq+1)
+    run_end = np.full((batch, length + 1), length)  # first non-candidate at or after a token
+    run_end[:, :-1] = np.where(candidates, length, np.arange(length))
+    run_end = np.minimum.accumulate(run_end[:, ::-1], axis=1)[:, ::-1]
 
-    tiles = width // 2 + 2  # enough for any row: a tile is at least 2 words, gap included
-    uniform = keyed_uniform(seed, epoch, stream, hashes, 2 * tiles + 1)
-    size = sample_lengths(uniform[:, 1::2], law)  # (batch, tiles) words
-    delay = np.searchsorted(_delay_cdf(tuple(law)), uniform[:, 0], side="right")
-    first = np.cumsum(size + 1, axis=1) - (size + 1) + (delay % np.maximum(counts, 1))[:, None]
+    size, rank, first = _tiles(law, counts, hashes, seed=seed, epoch=epoch, stream=stream)
+    start_token = _gather(starts, first)
+    last = np.minimum(first + size, _gather(words_before, _gather(run_end, start_token)))
+    before = _gather(tokens_before, start_token)
+    cost = _gather(tokens_before, _gather(starts, last)) - before  # (batch, tiles) tokens
     valid = first < counts[:, None]
-    first = np.minimum(first, width)
-    start_token = starts[rows, first]
-    last = np.minimum(first + size, words_before[rows, run_end[rows, start_token]])  # run's end
-    before = tokens_before[rows, start_token]
-    cost = np.where(valid, tokens_before[rows, starts[rows, last]] - before, 0)
+    cost[~valid] = 0
     budgets = mask_budget(tokens_before[:, -1], probability)
 
     # units in ascending rank while they fit; then the overshooting one and later ones cut
-    order = np.argsort(np.where(valid, uniform[:, 2::2], 2.0), axis=1, kind="stable")
-    taken = np.cumsum(cost[rows, order], axis=1)
-    accepted_sorted = (taken <= budgets[:, None]) & valid[rows, order]
+    order = np.argsort(np.where(valid, rank, 2.0), axis=1, kind="stable")
+    taken = np.cumsum(_gather(cost, order), axis=1)
+    accepted_sorted = (taken <= budgets[:, None]) & _gather(valid, order)
     accepted = np.zeros(valid.shape, bool)
-    accepted[rows, order] = accepted_sorted
+    accepted.ravel()[order + np.arange(batch)[:, None] * order.shape[1]] = accepted_sorted
     position = accepted_sorted.sum(axis=1)
-    room = budgets - np.where(position > 0, taken[rows[:, 0], position - 1], 0)
-    first_cost = np.where(
-        valid, tokens_before[rows, starts[rows, np.minimum(first + 1, width)]] - before, 1 << 40
+    room = budgets - np.where(position > 0, _gather(taken, np.maximum(position - 1, 0)), 0)
+    first_cost = _gather(tokens_before, _gather(starts, np.minimum(first + 1, width))) - before
+    first_cost = _gather(np.where(valid, first_cost, 1 << 40), order)
+    first_cost[position == 0, 0] = 0  # a row's first unit keeps at least a word
+    _fill_room(
+        room,
+        position,
+        first_cost,
+        order,
+        first,
+        last,
+        before,
+        accepted,
+        starts,
+        tokens_before,
+        len(law),
     )
-    first_cost = first_cost[rows, order]
-    first_cost[:, 0] = np.where(
-        position == 0, 0, first_cost[:, 0]
-    )  # the row's first: at least a word
-    columns = np.arange(tiles)
-    steps = np.arange(1, len(law) + 1)
-    words_in = last - first  # (batch, tiles)
-    active = room > 0
-    while active.any():
-        fits = (columns >= position[:, None]) & (first_cost <= room[:, None])
-        pick = np.argmax(fits, axis=1)
-        active &= fits[rows[:, 0], pick]
-        at = np.flatnonzero(active)
-        tile = order[at, pick[at]]
-        reach = tokens_before[
-            at[:, None], starts[at[:, None], np.minimum(first[at, tile, None] + steps, width)]
-        ]
-        words = (reach - before[at, tile, None] <= room[at, None]) & (
-            steps <= words_in[at, tile, None]
-        )
-        kept = np.maximum(words.sum(axis=1), 1)
-        last[at, tile] = first[at, tile] + kept
-        accepted[at, tile] = True
-        room[at] -= reach[np.arange(len(at)), kept - 1] - before[at, tile]
-        position[at] = pick[at] + 1
-        active &= room > 0
     return _units_to_mask(candidates, starts, word_of, first, last, accepted)
+
+
+def _gather(table: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """table[r, index[r, ...]] for each row r: table (batch, n), index (batch, ...) int."""
+    rows = np.arange(len(table)).reshape((-1,) + (1,) * (index.ndim - 1))
+    return table.ravel()[index + rows * table.shape[1]]
+
+
+def _tiles(law, counts, hashes, *, seed, epoch, stream):
+    """Each row's tiling: (size in words, rank, first word), each (batch, tiles), tiles
+    enough for every row's words (the first `tiles` of a row's draws: drawn again with the
+    most tiles any row could need when a row is not covered)."""
+    mean_cycle = float((np.arange(1, len(law) + 1) * law).sum()) + 1
+    width = int(counts.max())
+    most = width // 2 + 2  # a tile is at least 2 words, gap included
+    for tiles in (min(int(1.25 * width / mean_cycle) + 8, most), most):
+        uniform = keyed_uniform(seed, epoch, stream, hashes, 2 * tiles + 1)
+        size = np.ones((len(counts), tiles), np.int64)
+        for bound in np.cumsum(law)[:-1]:  # inverse transform of law
+            size += uniform[:, 1::2] >= bound
+        delay = np.searchsorted(_delay_cdf(tuple(law)), uniform[:, 0], side="right")
+        first = np.cumsum(size + 1, axis=1) - size - 1 + (delay % np.maximum(counts, 1))[:, None]
+        if (first[:, -1] + size[:, -1] + 1 >= counts).all():
+            break
+    used = max(int((first < counts[:, None]).sum(axis=1).max()), 1)  # valid tiles come first
+    return size[:, :used], uniform[:, 2 : 2 * used + 2 : 2], np.minimum(first[:, :used], width)
+
+
+def _fill_room(
+    room, position, first_cost, order, first, last, before, accepted, starts, tokens_before, longest
+):
+    """Take, row by row in rank order from `position`, the units whose first word fits the
+    room left, each keeping the whole words that fit, until no room or no such unit is left
+    (updates room, position, last and accepted in place; arrays as in `select_units`)."""
+    tiles = order.shape[1]
+    columns = np.arange(tiles)
+    steps = np.arange(1, longest + 1)
+    words_in = (last - first).ravel()
+    active = np.flatnonzero(room > 0)
+    while len(active):
+        fits = (columns >= position[active, None]) & (first_cost[active] <= room[active, None])
+        pick = np.argmax(fits, axis=1)
+        found = fits.ravel()[np.arange(len(active)) * tiles + pick]
+        active, pick = active[found], pick[found]
+        tile = order.ravel()[active * tiles + pick] + active * tiles  # flat (batch, tiles)
+        start = first.ravel()[tile]
+        ends = np.minimum(start[:, None] + steps, starts.shape[1] - 1)  # (active, longest)
+        reach = _gather(tokens_before[active], _gather(starts[active], ends))
+        reach -= before.ravel()[tile][:, None]
+        words = (reach <= room[active, None]) & (steps <= words_in[tile][:, None])
+        kept = np.maximum(words.sum(axis=1), 1)
+        last.ravel()[tile] = start + kept
+        accepted.ravel()[tile] = True
+        room[active] -= reach[np.arange(len(active)), kept - 1]
+        position[active] = pick + 1
+        active = active[room[active] > 0]
 
 
 def _units_to_mask(candidates, starts, word_of, first, last, accepted):
