@@ -20,6 +20,7 @@ read, not run again: one demo at a time, then all of them in one table and one P
 import argparse
 import csv
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,21 @@ def growth(rows: list[tuple[int, float, float, float]], from_step: int) -> float
     optimizer steps to the last."""
     start = next((r for r in rows if r[0] + 1 >= from_step), rows[0])
     return rows[-1][3] / start[3] - 1
+
+
+def robust_growth(rows: list, from_step: int, window: int = 5) -> tuple[float, float]:
+    """(median of the last `window` totals over the median of the first `window` at or after
+    `from_step`, minus 1; the least-squares line's rise over the same steps, relative to its
+    start): one logged point catches its step's transient allocations (about +-5% here),
+    these two do not."""
+    points = [(r[0], r[3]) for r in rows if r[0] + 1 >= from_step] or [(r[0], r[3]) for r in rows]
+    head, tail = points[:window], points[-window:]
+    level = statistics.median(v for _, v in tail) / statistics.median(v for _, v in head) - 1
+    if len(points) < 2:
+        return level, 0.0
+    slope, intercept = statistics.linear_regression([s for s, _ in points], [v for _, v in points])
+    first, last = points[0][0], points[-1][0]
+    return level, slope * (last - first) / (intercept + slope * first)
 
 
 def plot(results: dict[str, list], path: Path) -> bool:
@@ -129,13 +145,18 @@ def main() -> None:
             print(f"== {demo}: step, main, workers, total (GiB, PSS)", flush=True)
             for step, main_gb, workers_gb, total_gb in results[demo]:
                 print(f"{step:6d} {main_gb:7.3f} {workers_gb:7.3f} {total_gb:7.3f}", flush=True)
-    print(f"\n| demo | total at step >= {args.from_step} | total at the last step | growth |")
-    print("|---|---|---|---|")
+    print(
+        f"\n| demo | total at step >= {args.from_step} | total at the last step | growth "
+        "(points) | growth (medians of 5) | trend (least squares) |"
+    )
+    print("|---|---|---|---|---|---|")
     for demo, rows in results.items():
         start = next((r for r in rows if r[0] + 1 >= args.from_step), rows[0])
+        level, trend = robust_growth(rows, args.from_step)
         print(
             f"| {demo} | {start[3]:.3f} GiB (step {start[0]}) | {rows[-1][3]:.3f} GiB "
-            f"(step {rows[-1][0]}) | {growth(rows, args.from_step):+.1%} |"
+            f"(step {rows[-1][0]}) | {growth(rows, args.from_step):+.1%} | {level:+.1%} | "
+            f"{trend:+.1%} |"
         )
     if plot(results, args.png):
         print(f"\nwrote {args.png}")
