@@ -79,6 +79,26 @@ def test_decoding_picks_the_best_span_or_no_answer(tokenizer):
     }
 
 
+def test_decoding_finds_the_best_span_of_every_question(tokenizer):
+    """Against a direct search: every start this window has the most context for, every end
+    in the context at most `max_answer_tokens` tokens on, the best start + end over windows."""
+    task = builtin_task("builtin_qa", train_size=1, dev_size=12, seed=2)
+    features = window_features(tokenizer, task.dev, max_seq_length=48, doc_overlap_tokens=8)
+    windows = len(features.example_index)
+    generator = torch.Generator().manual_seed(0)
+    start_logits, end_logits = torch.randn(2, windows, 48, generator=generator)
+    best = {}
+    for w, index in enumerate(features.example_index):
+        offsets = features.offsets[w]
+        for i in features.rows.tensors["max_context"][w].nonzero().flatten().tolist():
+            for j in range(i, min(i + 3, 48)):
+                score = float(start_logits[w, i] + end_logits[w, j])
+                if offsets[j] is not None and score > best.get(index, (-np.inf, ""))[0]:
+                    best[index] = (score, task.dev[index].context[offsets[i][0] : offsets[j][1]])
+    answers = decode_answers(start_logits, end_logits, features, task.dev, 3, False)
+    assert answers == {e.qid: best[index][1] for index, e in enumerate(task.dev)}
+
+
 def normalize(text: str) -> str:
     """SQuAD's answer normalisation: lower case, no punctuation, articles or extra spaces."""
     text = "".join(c for c in text.lower() if c not in set(string.punctuation))

@@ -93,18 +93,23 @@ def decode_answers(
         summary_at = features.summary_positions[window]
         null_score = float(starts[summary_at] + ends[summary_at])
         null[example_index] = min(null.get(example_index, null_score), null_score)
-        candidates = max_context[window].nonzero().flatten().tolist()
-        for i in candidates:
-            last = min(i + max_answer_tokens, len(context))
-            span_ends = [j for j in range(i, last) if context[j] is not None]
-            if not span_ends:
-                continue
-            scores = ends[span_ends]
-            j = span_ends[int(scores.argmax())]
-            score = float(starts[i] + ends[j])
-            if example_index not in best or score > best[example_index][0]:
-                text = examples[example_index].context[context[i][0] : context[j][1]]
-                best[example_index] = (score, text)
+        in_context = torch.tensor([span is not None for span in context])  # (seq,)
+        positions = torch.arange(len(context))
+        length = positions[None, :] - positions[:, None]  # (start, end): end - start
+        allowed = (  # (seq, seq)
+            max_context[window][:, None]
+            & in_context[None, :]
+            & (length >= 0)
+            & (length < max_answer_tokens)
+        )
+        if not allowed.any():
+            continue
+        scores = (starts[:, None] + ends[None, :]).masked_fill(~allowed, float("-inf"))
+        i, j = divmod(int(scores.argmax()), len(context))  # the first best: lowest start
+        score = float(scores[i, j])
+        if example_index not in best or score > best[example_index][0]:
+            text = examples[example_index].context[context[i][0] : context[j][1]]
+            best[example_index] = (score, text)
     answers = {}
     for index, example in enumerate(examples):
         score, text = best.get(index, (float("-inf"), ""))
