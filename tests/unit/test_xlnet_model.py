@@ -215,7 +215,7 @@ def test_query_stream_matches_transformers_with_the_two_part_memory_order(export
     out = corruption(batch, epoch=0)
     perm_mask = torch.from_numpy(out["perm_mask"]).float()
     assert perm_mask[:, : MODEL["reuse_len"], MODEL["reuse_len"] :].all()
-    mapping = torch.from_numpy(out["target_mapping"])
+    mapping = torch.from_numpy(out["target_mapping"]).float()  # transformers wants floats
     _query_stream_parity(encoder, head, hf, ids, types, mask, perm_mask, mapping)
 
 

@@ -255,7 +255,7 @@ def test_xlnet_demo_trains_with_falling_loss(prepared_corpus, tmp_path):
         ours = module.lm_head(ours, module.encoder.word_embeddings.weight)
         theirs = hf(
             input_ids=batch["input_ids"], perm_mask=batch["perm_mask"].float(),
-            target_mapping=batch["target_mapping"],
+            target_mapping=batch["target_mapping"].float(),
         ).logits  # fmt: skip
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
     assert import_hf_model(out)[0]["d_model"] == 64

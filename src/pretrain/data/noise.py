@@ -168,11 +168,13 @@ def infill_text(
     u = np.where(np.arange(width) < slots[:, None], u[:, :width], 2.0)
     threshold = gather(np.sort(u, axis=1), np.maximum(spans - 1, 0)[:, None])
     is_span = (u <= threshold) & (spans > 0)[:, None]  # each row's `spans` smallest uniforms
-    span = np.maximum(np.cumsum(is_span, axis=1) - 1, 0)  # a span slot's index among the spans
-    slot_lengths = np.where(is_span, gather(span_lengths, span), 1)
-    # a kept slot reads the token after those of the slots before it; past the row's slots
-    # that is its final token, then padding (a span slot's source is not read)
-    source = np.minimum(np.cumsum(slot_lengths, axis=1) - slot_lengths + 1, ids.shape[1] - 1)
+    spans_so_far = np.cumsum(is_span, axis=1)  # (batch, width) up to each slot, included
+    hidden = np.zeros((len(ids), span_lengths.shape[1] + 1), np.int64)  # by the first j spans
+    np.cumsum(span_lengths, axis=1, out=hidden[:, 1:])
+    # a kept slot reads the body token after the kept tokens and spans before it; past the
+    # row's slots that is its final token, then padding (a span slot's source is not read)
+    kept_so_far = np.arange(1, width + 1) - spans_so_far
+    source = np.minimum(kept_so_far + gather(hidden, spans_so_far), ids.shape[1] - 1)
     out = np.empty((len(ids), width + 1), ids.dtype)
     out[:, 0] = ids[:, 0]
     out[:, 1:] = np.where(is_span, mask_id, gather(ids, source))
@@ -207,10 +209,14 @@ def permute_sentences(
     # the chosen places, left to right, get the chosen sentences in the order of their
     # uniforms: order[p] is the sentence at place p
     u = np.where(chosen, draws.uniform(STREAM_SENTENCE_ORDER, most), 2.0)
-    order = np.broadcast_to(np.arange(most), u.shape).copy()
-    order[chosen] = np.argsort(u, axis=1)[np.arange(most) < chosen.sum(axis=1)[:, None]]
+    order = np.argsort(u, axis=1)  # the chosen first (all of a row's sentences: done)
+    if fraction < 1:
+        contents = order[np.arange(most) < chosen.sum(axis=1)[:, None]]
+        order = np.broadcast_to(np.arange(most), u.shape).copy()
+        order[chosen] = contents
     # sentence lengths (batch, most + 1), column 0 counting what is not body
-    flat = np.where(body, sentence, 0) + np.arange(0, batch * (most + 1), most + 1)[:, None]
+    sentence = np.where(body, sentence, 0)
+    flat = sentence + np.arange(0, batch * (most + 1), most + 1)[:, None]
     size = np.bincount(flat.ravel(), minlength=batch * (most + 1)).reshape(batch, most + 1)
     size = size[:, 1:]
     old_start = 1 + np.cumsum(size, axis=1) - size
@@ -219,7 +225,7 @@ def permute_sentences(
     np.put_along_axis(new_start, order, 1 + np.cumsum(moved, axis=1) - moved, axis=1)
     shift = np.zeros((batch, most + 1), np.int64)  # by sentence, from 1; 0: not body
     shift[:, 1:] = new_start - old_start
-    destination = np.arange(width) + gather(shift, np.where(body, sentence, 0))
+    destination = np.arange(width) + gather(shift, sentence)
     out = np.empty_like(ids)
     out.ravel()[destination + np.arange(0, ids.size, width)[:, None]] = ids
     return out, lengths

@@ -127,7 +127,8 @@ def perm_mask_from(
 def target_mapping_from(
     permutation: Permutation, input_ids: np.ndarray, num_predict: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(target_mapping (batch, num_predict, seq) float32 one-hot rows, target_labels (batch,
+    """(target_mapping (batch, num_predict, seq) bool one-hot rows (the model casts it to its
+    dtype; a quarter of float32's bytes to zero, fill and move), target_labels (batch,
     num_predict) int64 (IGNORE_INDEX for unused rows), target_positions (batch, num_predict)
     int64, -1 for unused). Targets are listed left to right; num_predict defaults to the most
     targets of any row."""
@@ -137,12 +138,12 @@ def target_mapping_from(
     if counts.max(initial=0) > width:
         raise ValueError(f"a row has {counts.max()} targets but num_predict = {width}")
     batch, seq = targets.shape
-    mapping = np.zeros((batch, width, seq), np.float32)
+    mapping = np.zeros((batch, width, seq), bool)
     labels = np.full((batch, width), IGNORE_INDEX, np.int64)
     positions = np.full((batch, width), -1, np.int64)
     rows, cols = np.nonzero(targets)  # row-major: left to right within each row
     slot = np.arange(len(rows)) - np.searchsorted(rows, rows)  # index among the row's targets
-    mapping[rows, slot, cols] = 1.0
+    mapping[rows, slot, cols] = True
     labels[rows, slot] = input_ids[rows, cols]
     positions[rows, slot] = cols
     return mapping, labels, positions
