@@ -222,15 +222,16 @@ def _units_to_mask(candidates, starts, word_of, first, last, accepted):
     """(selected, unit_start) (batch, seq) of the accepted units of words [first, last)
     ((batch, tiles) each); units neither overlap nor touch, so their edges are distinct."""
     batch, width = starts.shape
-    at_row = np.broadcast_to(np.arange(batch)[:, None], first.shape)[accepted]
-    edges = np.zeros((batch, width), np.int8)
-    edges[at_row, first[accepted]] = 1
-    edges[at_row, last[accepted]] = -1
-    covered = np.cumsum(edges, axis=1, dtype=np.int8) > 0  # (batch, W + 1), last column False
-    selected = candidates & covered[np.arange(batch)[:, None], word_of]
-    unit_first = np.zeros(candidates.shape, bool)
-    unit_first[at_row, starts[at_row, first[accepted]]] = True
-    return selected, unit_start_index(unit_first)
+    rows = (np.arange(batch)[:, None] * width + np.zeros_like(first))[accepted]  # flat row base
+    edges = np.zeros(batch * width, np.int8)
+    edges[rows + first[accepted]] = 1
+    edges[rows + last[accepted]] = -1
+    covered = np.cumsum(edges.reshape(batch, width), axis=1, dtype=np.int8) > 0
+    # the last column (no word) is never covered: tokens before a row's first word read it
+    selected = candidates & _gather(covered, word_of)
+    unit_first = np.zeros(candidates.size, bool)
+    unit_first[rows // width * candidates.shape[1] + starts.ravel()[rows + first[accepted]]] = True
+    return selected, unit_start_index(unit_first.reshape(candidates.shape))
 
 
 def select_ngrams(
@@ -294,4 +295,4 @@ def span_boundaries(
     left = np.where(selected, unit_start - 1, 0)
     right = np.where(selected, end + 1, 0)
     position = np.where(selected, positions - unit_start, 0)
-    return left.astype(np.int64), right.astype(np.int64), position.astype(np.int64)
+    return tuple(a.astype(np.int64, copy=False) for a in (left, right, position))
