@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_unit_masking import CHI2_999
 
-from pretrain.data.keyed_rng import key_hashes
+from pretrain.data.keyed_rng import key_hashes, keyed_uniform
 from pretrain.data.masking import STREAM_MASK_SPAN, mask_budget, word_start_flags
 from pretrain.data.span_masking import (
     ngram_length_probabilities,
@@ -52,6 +52,74 @@ def test_a_rows_units_do_not_depend_on_its_batch(select):
             np.where(again[:, :length], again_start[:, :length], -1),
             np.where(selected[subset], unit_start[subset], -1),
         )
+
+
+def reference_row_units(word_first, candidates, key_hash, law, probability):
+    """`select_units` of one row, read plainly: (start, end) token spans of its units."""
+    words = np.flatnonzero(word_first).tolist()
+    n, budget = len(words), int(mask_budget(candidates.sum(), probability))
+    if n == 0:
+        return []
+    word_of = np.cumsum(word_first) - 1
+    tokens = [int((candidates & (word_of == w)).sum()) for w in range(n)]
+    run_end = []  # first word of the next run of candidates, per word
+    for w in range(n):
+        t = words[w]
+        while t < len(candidates) and candidates[t]:
+            t += 1
+        run_end.append(int(word_first[:t].sum()))
+    draws = keyed_uniform(5, 2, STREAM_MASK_SPAN, np.array([key_hash], np.uint64), n + 5)[0]
+    at_least = [1.0] + [law[k - 1 :].sum() for k in range(1, len(law) + 1)]  # P(L >= k)
+    delay = int(np.searchsorted(np.cumsum(at_least) / sum(at_least), draws[0], side="right"))
+    tiles, w, i = [], delay % n, 0
+    while w < n:  # (first word, end word, rank)
+        size = 1 + int(np.searchsorted(np.cumsum(law)[:-1], draws[2 * i + 1], side="right"))
+        tiles.append((w, min(w + size, run_end[w]), draws[2 * i + 2]))
+        w, i = w + size + 1, i + 1
+    tiles.sort(key=lambda tile: tile[2])
+    chosen, room, position = [], budget, 0
+    while position < len(tiles) and sum(tokens[tiles[position][0] : tiles[position][1]]) <= room:
+        first, end, _ = tiles[position]
+        chosen.append((first, end))
+        room -= sum(tokens[first:end])
+        position += 1
+    while room > 0:  # the rest: the next unit whose first word fits keeps the words that fit
+        later = [k for k in range(position, len(tiles)) if tokens[tiles[k][0]] <= room]
+        if not chosen and position == 0:
+            later = [0]  # a row's first unit keeps at least a word
+        if not later:
+            break
+        first, end, _ = tiles[later[0]]
+        kept = 1
+        while first + kept < end and sum(tokens[first : first + kept + 1]) <= room:
+            kept += 1
+        chosen.append((first, first + kept))
+        room -= sum(tokens[first : first + kept])
+        position = later[0] + 1
+    return sorted((words[a], words[b - 1] + tokens[b - 1]) for a, b in chosen)
+
+
+@pytest.mark.parametrize(
+    "law", [truncated_geometric_probabilities(0.2, 10), ngram_length_probabilities(3)]
+)
+def test_units_equal_the_plain_per_row_reading(law):
+    rng = np.random.default_rng(6)
+    for trial in range(120):
+        rows, length = int(rng.integers(1, 6)), int(rng.integers(1, 100))
+        first, candidates = random_rows(rng, rows, length)
+        hashes = key_hashes([f"doc_{trial}:{row}" for row in range(rows)])
+        probability = float(rng.choice([0.05, 0.15, 0.5]))
+        selected, unit_start = select_units(
+            first, candidates, hashes, law, seed=5, epoch=2, stream=STREAM_MASK_SPAN,
+            probability=probability,
+        )  # fmt: skip
+        for row in range(rows):
+            spans = reference_row_units(first[row], candidates[row], hashes[row], law, probability)
+            starts = np.flatnonzero(selected[row] & (unit_start[row] == np.arange(length)))
+            got = [
+                (int(s), int(s + (selected[row] & (unit_start[row] == s)).sum())) for s in starts
+            ]
+            assert got == spans, (trial, row)
 
 
 def test_units_change_with_the_epoch_and_the_seed():
