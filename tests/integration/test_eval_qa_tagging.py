@@ -56,6 +56,26 @@ def test_windows_cover_a_long_context_and_point_at_the_answer(tokenizer):
     assert set(scored) == every and set(scored.values()) == {1}
 
 
+def test_a_question_longer_than_a_window_is_cut(tokenizer):
+    """A question of 40 words in windows of 32 tokens sharing 8: cut so that every window
+    keeps more than 8 context tokens, and the answer is still found."""
+    example = long_example()
+    question = " ".join(f"q{i}" for i in range(40))
+    long_question = SpanExample("q", question, example.context, example.answers)
+    features = window_features(tokenizer, [long_question], max_seq_length=32, doc_overlap_tokens=8)
+    contexts = [sum(o is not None for o in offsets) for offsets in features.offsets]
+    assert min(contexts) > 8
+    rows = features.rows.tensors
+    found = [
+        example.context[features.offsets[w][s][0] : features.offsets[w][e][1]]
+        for w, (s, e) in enumerate(
+            zip(rows["start_positions"].tolist(), rows["end_positions"].tolist(), strict=True)
+        )
+        if s != features.summary_positions[w]
+    ]
+    assert found and set(found) == {"w47 w48"}
+
+
 def test_decoding_picks_the_best_span_or_no_answer(tokenizer):
     example = long_example()
     features = window_features(tokenizer, [example], max_seq_length=32, doc_overlap_tokens=8)

@@ -89,6 +89,16 @@ class QAFeatures:
     summary_positions: list[int]
 
 
+def clipped_questions(tokenizer, questions: list[str], max_tokens: int) -> list[str]:
+    """`questions` cut after their first `max_tokens` tokens (BERT's max_query_length), so
+    that a window keeps more context tokens than consecutive windows share."""
+    offsets = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
+    return [
+        question if len(spans) <= max_tokens else question[: spans[max_tokens - 1][1]]
+        for question, spans in zip(questions, offsets["offset_mapping"], strict=True)
+    ]
+
+
 def window_features(
     tokenizer,
     examples: list[SpanExample],
@@ -99,14 +109,16 @@ def window_features(
     """Tokenize (question, context) pairs into windows of `max_seq_length` tokens; the
     context is cut into windows sharing `doc_overlap_tokens` tokens. A window without the
     answer (or an example without one) points both positions at the summary token ([CLS];
-    XLNet's last real token with `last_token_summary`): "no answer"."""
+    XLNet's last real token with `last_token_summary`): "no answer". A question too long to
+    leave a window more than `doc_overlap_tokens` context tokens is cut (clipped_questions)."""
     if not 0 <= doc_overlap_tokens < max_seq_length // 2:
         raise ConfigError(
             f"eval.doc_overlap_tokens = {doc_overlap_tokens}: QA windows need it in "
             f"[0, max_seq_length / 2) = [0, {max_seq_length // 2})"
         )
+    room = max_seq_length - tokenizer.num_special_tokens_to_add(pair=True) - doc_overlap_tokens
     encoded = tokenizer(
-        [e.question for e in examples],
+        clipped_questions(tokenizer, [e.question for e in examples], room - 1),
         [e.context for e in examples],
         truncation="only_second",
         max_length=max_seq_length,
