@@ -16,11 +16,12 @@ the random encoders are):
   (400 steps: +0.027 to +0.077), nor is the last layer alone (+0.03 to +0.09).
 - builtin_continuation, accuracy: +0.055, +0.076, +0.070, +0.057, +0.039 (pretrained
   0.750-0.788, random 0.696-0.733); another pretraining run: +0.046, +0.064, +0.077, +0.051,
-  +0.035. With a quarter of B's words replaced instead of half: +0.021, +0.024, +0.075,
+  +0.035, and on seeds 5-9 (not asserted) +0.056, +0.071, +0.060, +0.029, +0.082. With a quarter of B's words replaced instead of half: +0.021, +0.024, +0.075,
   +0.023, +0.040; `builtin_next` (B from another topic) shows no margin.
 - builtin_replaced_qa, SQuAD F1 (percent): +9.2, +8.4, +8.5, +8.5, +7.1 (pretrained
   50.7-52.2, random 42.2-43.6; exact match about 4 against 2: spans are rarely exact);
-  another run: +8.7, +7.5, +6.5, +9.7, +7.7. Without an answer for some questions (SQuAD
+  another run: +8.7, +7.5, +6.5, +9.7, +7.7, and on seeds 5-9 (not asserted) +7.4, +6.8,
+  +8.1, +6.4, +3.2 (seed 9: random 49.2, the highest seen). Without an answer for some questions (SQuAD
   v2) the margin did not hold: with a third, both heads answered "no answer" to nearly every
   question (F1 = that third; one replaced word, placed when forced 8% against 4% of the
   time); with a tenth, +8.4, +1.0, +0.6, +5.3, +4.7 (the no-answer call decides the score).
