@@ -26,14 +26,21 @@ def random_rows(rng, rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
     return word_start_flags(word_starts, candidates), candidates
 
 
+def random_batches(seed: int, trials: int, most_rows: int, most_length: int):
+    """(trial, word_first, candidates, hashes, probability) of random batches."""
+    rng = np.random.default_rng(seed)
+    for trial in range(trials):
+        rows, length = int(rng.integers(1, most_rows)), int(rng.integers(1, most_length))
+        first, candidates = random_rows(rng, rows, length)
+        hashes = key_hashes([f"doc_{trial}:{row}" for row in range(rows)])
+        yield trial, first, candidates, hashes, float(rng.choice([0.05, 0.15, 0.5]))
+
+
 @pytest.mark.parametrize("select", [select_spans, select_ngrams])
 def test_a_rows_units_do_not_depend_on_its_batch(select):
     rng = np.random.default_rng(0)
-    for trial in range(150):
-        rows, length = int(rng.integers(2, 10)), int(rng.integers(1, 140))
-        first, candidates = random_rows(rng, rows, length)
-        hashes = key_hashes([f"doc_{trial}:{row}" for row in range(rows)])
-        probability = float(rng.choice([0.05, 0.15, 0.5]))
+    for trial, first, candidates, hashes, probability in random_batches(0, 150, 10, 140):
+        rows, length = candidates.shape
         settings = {"seed": 5, "epoch": trial % 3, "probability": probability}
         selected, unit_start = select(first, candidates, hashes, **settings)
         budgets = mask_budget(candidates.sum(axis=1), probability)
@@ -103,12 +110,8 @@ def reference_row_units(word_first, candidates, key_hash, law, probability):
     "law", [truncated_geometric_probabilities(0.2, 10), ngram_length_probabilities(3)]
 )
 def test_units_equal_the_plain_per_row_reading(law):
-    rng = np.random.default_rng(6)
-    for trial in range(120):
-        rows, length = int(rng.integers(1, 6)), int(rng.integers(1, 100))
-        first, candidates = random_rows(rng, rows, length)
-        hashes = key_hashes([f"doc_{trial}:{row}" for row in range(rows)])
-        probability = float(rng.choice([0.05, 0.15, 0.5]))
+    for trial, first, candidates, hashes, probability in random_batches(6, 120, 6, 100):
+        rows, length = candidates.shape
         selected, unit_start = select_units(
             first, candidates, hashes, law, seed=5, epoch=2, stream=STREAM_MASK_SPAN,
             probability=probability,
