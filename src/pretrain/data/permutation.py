@@ -56,13 +56,22 @@ def uniform_order(
         uniform = uniform + 2.0 * ~first  # the second part after the first
     uniform = np.where(candidates, uniform, -1.0)  # non-candidates sort first
     order = np.argsort(uniform, axis=1)  # (batch, seq) positions by rank (ties: only at -1)
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(seq)[None, :], axis=1)
-    head = candidates & first
+    rank = np.empty_like(order)  # its inverse, by one flat scatter
+    rank.ravel()[order + np.arange(0, order.size, seq)[:, None]] = np.arange(seq)
+    if not reuse:
+        return _last_kth(rank, candidates, k)
+    tail = _last_kth(rank, candidates & ~first, k)
     end = seq - (candidates & ~first).sum(axis=1)  # (batch,) rank after the first part
-    targets = rank >= seq - num_targets(candidates & ~first, k)[:, None]
-    if reuse:
-        targets |= head & (rank >= (end - num_targets(head, k))[:, None])
+    head = _last_kth(rank, candidates & first, k, end)
+    targets = head.targets | tail.targets
+    return Permutation(np.where(targets, rank, CONTEXT_RANK), targets)
+
+
+def _last_kth(rank: np.ndarray, part: np.ndarray, k: float, end=None) -> Permutation:
+    """The targets of a `part` (batch, seq) bool whose candidates hold the ranks just below
+    `end` (batch,) (default: the last ranks of the row): its last round(n / K) of them."""
+    end = rank.shape[1] if end is None else end[:, None]
+    targets = part & (rank >= end - num_targets(part, k)[:, None])
     return Permutation(np.where(targets, rank, CONTEXT_RANK), targets)
 
 
