@@ -19,6 +19,7 @@ from pretrain.data.masking import (
     STREAM_MASK_SPAN,
     batch_units,
     mask_budget,
+    stable_row_order,
     unit_start_index,
 )
 
@@ -136,7 +137,7 @@ def select_units(
     budgets = mask_budget(tokens_before[:, -1], probability)
 
     # units in ascending rank while they fit; then the overshooting one and later ones cut
-    order = np.argsort(np.where(valid, rank, 2.0), axis=1, kind="stable")
+    order = stable_row_order(np.where(valid, rank, 1.0))
     taken = np.cumsum(_gather(cost, order), axis=1)
     accepted_sorted = (taken <= budgets[:, None]) & _gather(valid, order)
     accepted = np.zeros(valid.shape, bool)
