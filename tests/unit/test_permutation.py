@@ -93,13 +93,31 @@ def test_span_targets_are_contiguous_runs():
     assert 2.0 < mean_run <= 5.0, mean_run  # lengths U{1..5}: mean 3, a few runs merge or cut
 
 
-def test_keyed_and_redrawn_each_epoch():
+@pytest.mark.parametrize("order", ["uniform", "span"])
+def test_keyed_and_redrawn_each_epoch(order):
     candidates, keys = _rows(batch=20)
-    a = _draw("uniform", candidates, keys, epoch=0)
-    b = _draw("uniform", candidates[::-1].copy(), keys[::-1], epoch=0)
+    a = _draw(order, candidates, keys, epoch=0)
+    b = _draw(order, candidates[::-1].copy(), keys[::-1], epoch=0)
     np.testing.assert_array_equal(a.rank, b.rank[::-1])  # independent of batch order
-    c = _draw("uniform", candidates, keys, epoch=1)
+    wider = np.pad(candidates[3:4], ((0, 0), (0, 16)))  # alone, in a wider batch
+    alone = _draw(order, wider, keys[3:4], epoch=0)
+    np.testing.assert_array_equal(alone.targets[0, :48], a.targets[3])
+    np.testing.assert_array_equal(  # the targets in the same order
+        np.argsort(alone.rank[0, :48][a.targets[3]]), np.argsort(a.rank[3][a.targets[3]])
+    )
+    c = _draw(order, candidates, keys, epoch=1)
     assert not np.array_equal(a.targets, c.targets)
+
+
+def test_span_order_on_short_and_empty_rows():
+    """Rows too short for their budget's spans are topped up to round(n / K) targets; a batch
+    without candidates has no targets."""
+    candidates = np.zeros((300, 10), bool)
+    candidates[:, 2:5] = True  # 3 candidates, budget 1 at K = 2
+    perm = span_order(candidates, [f"d{i}" for i in range(300)], seed=1, epoch=0, k=2.0)
+    assert (perm.targets.sum(1) == 2).all() and not (perm.targets & ~candidates).any()
+    empty = span_order(np.zeros((2, 6), bool), ["a", "b"], seed=1, epoch=0, k=6.0)
+    assert not empty.targets.any() and (empty.rank == CONTEXT_RANK).all()
 
 
 def test_target_mapping_and_labels():

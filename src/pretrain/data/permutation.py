@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain.data.keyed_rng import keyed_generator, keyed_uniform
+from pretrain.data.keyed_rng import key_hashes, keyed_uniform
 from pretrain.data.masking import IGNORE_INDEX
 
 STREAM_PERMUTATION = 30  # keyed_rng stream of the factorization orders
 STREAM_PERMUTATION_SPANS = 31
+STREAM_PERMUTATION_TOPUP = 32
 ORDERS = ("uniform", "span")
 CONTEXT_RANK = -1
 
@@ -85,31 +86,45 @@ def span_order(
     max_span_length: int = 5,
 ) -> Permutation:
     """Targets in spans (HF's collator): a span of L ~ U{1..max_span_length} tokens starts at
-    a uniform offset of a window of round(L * K) tokens, windows tiling the row, until
-    round(n / K) candidates are targets; the order among the targets is uniform."""
-    batch, seq = candidates.shape
-    targets = np.zeros_like(candidates)
-    rank = np.full((batch, seq), CONTEXT_RANK, np.int64)
+    a uniform offset of a window of round(L * K) tokens, windows tiling the row's
+    candidates, until round(n / K) candidates are targets (the last span cut there; a row
+    too short for its budget is topped up with uniform other candidates); the order among
+    the targets is uniform. Window j's draws are keyed uniforms 2j (length) and 2j + 1
+    (offset), so a row's order is a function of its key only; vectorised over the batch."""
+    count = candidates.sum(axis=1)  # (batch,) candidates n
+    most = int(count.max(initial=0))
+    if most == 0:
+        return Permutation(np.full(candidates.shape, CONTEXT_RANK), np.zeros_like(candidates))
+    hashes = key_hashes(keys)
     budgets = num_targets(candidates, k)
-    for row in range(batch):
-        rng = keyed_generator(seed, epoch, STREAM_PERMUTATION_SPANS, keys[row])
-        positions = np.flatnonzero(candidates[row])
-        chosen = np.zeros(len(positions), bool)
-        budget, start = int(budgets[row]), 0
-        while chosen.sum() < budget and start < len(positions):
-            length = int(rng.integers(1, max_span_length + 1))
-            window = max(length, int(round(length * k)))
-            offset = start + int(rng.integers(0, window - length + 1))
-            chosen[offset : offset + min(length, budget - int(chosen.sum()))] = True
-            start += window
-        missing = budget - int(chosen.sum())
-        if missing > 0:  # a short row: top up with random candidates
-            free = np.flatnonzero(~chosen)
-            chosen[rng.choice(free, missing, replace=False)] = True
-        picked = positions[chosen]
-        targets[row, picked] = True
-        rank[row, picked] = rng.permutation(len(picked))
-    return Permutation(rank, targets)
+    windows = most // max(1, int(np.rint(k))) + 1  # enough to tile the longest row
+    u = keyed_uniform(seed, epoch, STREAM_PERMUTATION_SPANS, hashes, 2 * windows)
+    length = 1 + (u[:, 0::2] * max_span_length).astype(np.int64)  # (batch, windows)
+    window = np.maximum(length, np.rint(length * k).astype(np.int64))
+    start = np.cumsum(window, axis=1) - window + (u[:, 1::2] * (window - length + 1)).astype(int)
+    room = np.clip(count[:, None] - start, 0, length)  # cut at the row's end
+    taken = np.clip(budgets[:, None] - (np.cumsum(room, axis=1) - room), 0, room)  # the budget
+    # spans -> candidate indices (batch, most + 1) by +1 at each start, -1 at each end
+    rows, spans = np.nonzero(taken)
+    flat = rows * (most + 1)
+    size = len(count) * (most + 1)
+    edges = np.bincount(flat + start[rows, spans], minlength=size)
+    edges -= np.bincount(flat + start[rows, spans] + taken[rows, spans], minlength=size)
+    chosen = np.cumsum(edges.reshape(len(count), most + 1), axis=1)[:, :most] > 0
+    missing = budgets - chosen.sum(axis=1)  # a short row: top up with other candidates
+    if missing.any():
+        u = keyed_uniform(seed, epoch, STREAM_PERMUTATION_TOPUP, hashes, most)
+        scores = np.where(~chosen & (np.arange(most) < count[:, None]), u, 2.0)
+        kth = np.sort(scores, axis=1)[np.arange(len(count)), np.maximum(missing - 1, 0)]
+        chosen |= (scores <= kth[:, None]) & (missing > 0)[:, None]
+    u = np.where(chosen, keyed_uniform(seed, epoch, STREAM_PERMUTATION, hashes, most), 2.0)
+    order = np.argsort(u, axis=1)  # the targets first, in a uniform order
+    rank = np.empty_like(order)
+    rank.ravel()[order + np.arange(0, order.size, most)[:, None]] = np.arange(most)
+    index = np.maximum(np.cumsum(candidates, axis=1) - 1, 0)  # (batch, seq) candidate index
+    targets = candidates & np.take_along_axis(chosen, index, axis=1)
+    rank = np.take_along_axis(rank, index, axis=1)
+    return Permutation(np.where(targets, rank, CONTEXT_RANK), targets)
 
 
 def perm_mask_from(
