@@ -18,9 +18,11 @@ DEMO_TASKS = (
     "builtin_corrupted",
     "builtin_order",
     "builtin_next",
+    "builtin_continuation",
     "builtin_overlap",
     "builtin_replaced",
     "builtin_qa",
+    "builtin_replaced_qa",
 )
 MAIN_METRIC = {
     "classification": "accuracy",
@@ -60,14 +62,22 @@ def table(rows: list[tuple[str, str, float, float]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_arguments(argv: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """(tasks, Hydra overrides) of the command line, in either order: argparse would count
+    the overrides after `--tasks a b` among the tasks."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(DEMO_TASKS))
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    tasks = [task for task in args.tasks if "=" not in task]
+    return tasks, [task for task in args.tasks if "=" in task] + args.overrides
+
+
+def main(argv: list[str] | None = None) -> None:
+    tasks, overrides = parse_arguments(argv)
     rows = []
-    for task in args.tasks:
-        results = compare(task, args.overrides)
+    for task in tasks:
+        results = compare(task, overrides)
         metric = MAIN_METRIC[results["pretrained"]["kind"]]
         scores = [results[init]["metrics"][metric] for init in ("pretrained", "random")]
         rows.append((task, metric, *scores))
