@@ -1,8 +1,8 @@
 """ALBERT's n-gram masking (Lan et al., 2020): MLM whose masking units are n-grams of whole
 words, n in 1..max_ngram with p(n) proportional to 1/n.
 
-Start words are visited in a random order, n-grams never overlap, and they are added until
-round(mlm_probability * candidates) tokens are selected (see `pretrain.data.span_masking.select_ngrams`);
+N-grams tile each row's words and are taken in a keyed random order, never overlapping, until
+round(mlm_probability * candidates) tokens are selected (`pretrain.data.span_masking.select_units`);
 the 80/10/10 rule is decided once per n-gram. The sentence task is NSP by default; ALBERT's
 recipe sets `objective.pair_task=sop`.
 """
