@@ -139,6 +139,24 @@ def test_distilbert_and_xlnet_directories_load_and_xlnet_fits(
             assert len(result["predictions"]) == 16
 
 
+def test_features_mode_runs_the_encoder_once_per_example(
+    tiny_encoder_checkpoint, order_task, monkeypatch
+):
+    """48 training and 16 dev examples, 3 epochs: the encoder reads 64 rows, not 3 * 48 + 16;
+    over CACHED_STATES_BYTES it runs per batch."""
+    import pretrain.eval.run as run
+
+    loaded = load_encoder(tiny_encoder_checkpoint)
+    rows = []
+    loaded.model.register_forward_hook(lambda _, args, out: rows.append(len(args[0]["input_ids"])))
+    fit_and_score(loaded, order_task, small_settings(mode="features", epochs=3))
+    assert sum(rows) == 48 + 16
+    rows.clear()
+    monkeypatch.setattr(run, "CACHED_STATES_BYTES", 0)
+    fit_and_score(loaded, order_task, small_settings(mode="features", epochs=3))
+    assert sum(rows) == 3 * 48 + 16
+
+
 @pytest.mark.parametrize("kind", ["pair", "qa"])
 def test_cached_hidden_states_give_the_uncached_results(tiny_encoder_checkpoint, kind):
     """Features mode runs the frozen encoder once per example, not once per epoch; the

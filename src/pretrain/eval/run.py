@@ -20,6 +20,11 @@ from pretrain.eval.metrics import (
 from pretrain.eval.module import DownstreamModule, HeadSettings
 from pretrain.eval.tasks import TaskData
 
+# The most memory (bytes) the frozen encoder's cached hidden states may take in features mode:
+# a small encoder's (1400 + 1000 examples of 64 tokens, 3 states of 64: 120 MB), not a BERT-base
+# on a GLUE task's (SST-2: 340 GB), which runs the encoder per batch instead
+CACHED_STATES_BYTES = 2 * 1024**3
+
 
 def load_task(task: TaskConfig) -> TaskData:
     """The examples `task` names: generated (builtin) or read from its files."""
@@ -91,14 +96,22 @@ def fit_and_score(
     """Fit a head (and, in finetune mode, the encoder) on `task.train`; returns {metrics,
     predictions, references} on `task.dev` (QA: answer texts; tagging: per scored word).
     In features mode with `cache_states` the frozen encoder runs once per example, not once
-    per epoch: its hidden states are computed before training and the head reads them."""
+    per epoch: its hidden states are computed before training and the head reads them, when
+    those of the training and dev sets fit in CACHED_STATES_BYTES."""
     import lightning as L
 
     L.seed_everything(settings.seed, verbose=False)
     train, dev = (_features(loaded, task, part, settings) for part in (task.train, task.dev))
     train_rows = train.rows if task.kind == "qa" else train
     dev_rows = dev.rows if task.kind == "qa" else dev
-    if settings.mode == "features" and cache_states:
+    cached_bytes = (  # float32 hidden states of every layer, embeddings included
+        4
+        * (len(train_rows) + len(dev_rows))
+        * (loaded.model.num_layers + 1)
+        * settings.max_seq_length
+        * loaded.model.hidden_size
+    )
+    if settings.mode == "features" and cache_states and cached_bytes <= CACHED_STATES_BYTES:
         train_rows, dev_rows = (
             with_hidden_states(loaded.model, rows, settings.batch_size)
             for rows in (train_rows, dev_rows)
