@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from test_masking import make_batch
 
-from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.keyed_rng import key_hashes
+from pretrain.data.masking import IGNORE_INDEX
 from pretrain.objectives.structbert import StructBertCorruption, shuffle_batch_trigrams
 
 SPECIAL = (0, 1, 2, 3, 4)
