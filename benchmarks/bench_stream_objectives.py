@@ -59,7 +59,9 @@ def clock() -> float:
 class Case:
     label: str
     overrides: tuple[str, ...]
-    whole_word: bool = False  # masking baseline: the HF collator's whole-word mode
+    # masking baseline: "plain" (DataCollatorForLanguageModeling), "whole_word" (its
+    # whole-word mode) or "plm" (DataCollatorForPermutationLanguageModeling, XLNet's)
+    baseline: str = "plain"
     batch_size: int | None = None  # instead of --batch-size (a format that needs fewer rows)
 
 
@@ -68,14 +70,16 @@ SINGLE = ("data=full_sentences",)
 CASES: dict[str, Case] = {
     "mlm_nsp": Case("MLM + NSP (BERT)", ("objective=mlm_nsp", "model=bert_tiny", *PAIR)),
     "mlm": Case("MLM, FULL-SENTENCES", ("objective=mlm", "model=roberta_tiny", *SINGLE)),
-    "wwm": Case("whole-word + NSP", ("objective=wwm", "model=bert_tiny", *PAIR), True),
-    "ernie": Case("ERNIE units + NSP", ("objective=ernie", "model=bert_tiny", *PAIR), True),
+    "wwm": Case("whole-word + NSP", ("objective=wwm", "model=bert_tiny", *PAIR), "whole_word"),
+    "ernie": Case("ERNIE units + NSP", ("objective=ernie", "model=bert_tiny", *PAIR), "whole_word"),
     # spans and n-grams are runs of whole words: their masking against HF's whole-word mode
-    "span": Case("SpanBERT span + SBO", ("objective=span", "model=bert_tiny", *SINGLE), True),
+    "span": Case(
+        "SpanBERT span + SBO", ("objective=span", "model=bert_tiny", *SINGLE), "whole_word"
+    ),
     "ngram": Case(
         "ALBERT n-gram + SOP",
         ("objective=ngram", "objective.pair_task=sop", "model=albert_tiny", *PAIR),
-        True,
+        "whole_word",
     ),
     "structbert": Case("StructBERT", ("objective=structbert", "model=bert_tiny", *PAIR)),
     "electra": Case(
@@ -86,14 +90,17 @@ CASES: dict[str, Case] = {
     "xlnet": Case(
         "XLNet, xlnet_pair",
         ("objective=xlnet", "model=xlnet_tiny", *SINGLE, "data.format=xlnet_pair"),
+        "plm",
     ),
     "xlnet_memory": Case(  # one memory slot per row needs 8 documents: the built-in corpus
         "XLNet, xlnet_memory",  # (485 documents) has enough for 32 rows, not 64
         ("objective=xlnet", "model=xlnet_tiny", "data=xlnet_memory"),
+        "plm",
         batch_size=32,
     ),
     "gpt": Case("GPT causal LM", ("objective=causal_lm", "model=gpt_tiny", *SINGLE)),
 }
+BASELINES = {"plain": "", "whole_word": " (HF like: whole-word mode)", "plm": " (HF like: PLM)"}
 # distillation's corruption is MaskedLMCorruption on full_sentences: the `mlm` row.
 NOT_SEPARATE = {"distillation": "mlm"}
 
@@ -186,6 +193,22 @@ def hf_collator(tokenizer, whole_word: bool):
         )
 
 
+def plm_collator(tokenizer):
+    """transformers' XLNet collator (spans of up to 5 tokens, 1/6 predicted: XLNet's own
+    settings; perm_mask, target_mapping, labels), the sequences padded to a multiple of 8 first
+    (it pads to the longest, and needs an even length)."""
+    from transformers import DataCollatorForPermutationLanguageModeling
+
+    collator = DataCollatorForPermutationLanguageModeling(tokenizer, plm_probability=1 / 6)
+
+    def collate_examples(examples: list[dict]) -> dict:
+        width = -(-max(len(e["input_ids"]) for e in examples) // 8) * 8
+        pad = tokenizer.pad_token_id
+        return collator([e["input_ids"] + [pad] * (width - len(e["input_ids"])) for e in examples])
+
+    return collate_examples
+
+
 def padded_offsets(collator):
     """The whole-word collator, with `offset_mapping` padded first (the tokenizer's `pad`
     leaves it ragged)."""
@@ -230,7 +253,7 @@ class Row:
     stream: float  # sequences/s
     mask_step: float
     hf: float
-    hf_whole_word: float | None
+    hf_like: float | None  # the objective's own HF baseline (whole-word mode, PLM), if any
     sequences: int
 
     @property
@@ -239,7 +262,7 @@ class Row:
 
     @property
     def ratio_mask(self) -> float:
-        return self.mask_step / (self.hf_whole_word or self.hf)
+        return self.mask_step / (self.hf_like or self.hf)
 
 
 def measure(shards_dir: str, name: str, args, tokenizer) -> Row:
@@ -251,9 +274,11 @@ def measure(shards_dir: str, name: str, args, tokenizer) -> Row:
     plain = hf_collator(tokenizer, whole_word=False)
     plain_examples = hf_examples(batches, special, whole_word=False)
     whole = ww_examples = None
-    if case.whole_word:
+    if case.baseline == "whole_word":
         whole = padded_offsets(hf_collator(tokenizer, whole_word=True))
         ww_examples = hf_examples(batches, special, whole_word=True)
+    elif case.baseline == "plm":
+        whole, ww_examples = plm_collator(tokenizer), plain_examples
     time_mask_step(spec, batches[:2])  # warm-up
     time_hf(plain, plain_examples[:2])
     best = {"stream": np.inf, "mask": np.inf, "hf": np.inf, "ww": np.inf}
@@ -290,22 +315,23 @@ def profile(shards_dir: str, name: str, args, lines: int = 25) -> None:
 
 def print_table(rows: list[Row], file=sys.stdout) -> None:
     print(
-        f"{'objective':<14}{'seqs':>6}{'stream/s':>10}{'mask/s':>10}{'HF/s':>9}{'HF wwm/s':>10}"
+        f"{'objective':<14}{'seqs':>6}{'stream/s':>10}{'mask/s':>10}{'HF/s':>9}{'HF like/s':>10}"
         f"{'(a) stream/HF':>15}{'(b) mask/HF':>13}  what",
         file=file,
     )
     for r in rows:
-        ww = f"{r.hf_whole_word:>10,.0f}" if r.hf_whole_word else f"{'-':>10}"
+        ww = f"{r.hf_like:>10,.0f}" if r.hf_like else f"{'-':>10}"
         a = f"{r.ratio_stream:.2f}x" + (" " if r.ratio_stream >= 1.0 else "*")
         b = f"{r.ratio_mask:.1f}x" + (" " if r.ratio_mask >= 5.0 else "*")
         print(
             f"{r.name:<14}{r.sequences:>6}{r.stream:>10,.0f}{r.mask_step:>10,.0f}{r.hf:>9,.0f}"
-            f"{ww}{a:>15}{b:>13}  {CASES[r.name].label}",
+            f"{ww}{a:>15}{b:>13}  {CASES[r.name].label}{BASELINES[CASES[r.name].baseline]}",
             file=file,
         )
     print(
-        "(a) target >= 1.0x, (b) target >= 5x (whole-word objectives against HF's whole-word "
-        "mode); * = below target. " + ", ".join(f"{k}: as {v}" for k, v in NOT_SEPARATE.items()),
+        "(a) target >= 1.0x, (b) target >= 5x (against 'HF like' where there is one, else the "
+        "plain collator); * = below target. "
+        + ", ".join(f"{k}: as {v}" for k, v in NOT_SEPARATE.items()),
         file=file,
     )
 
