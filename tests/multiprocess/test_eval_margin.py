@@ -11,24 +11,26 @@ Margins measured on seeds 0, 1, 2, 3, 4 (Python 3.11; this test's pretraining, 4
 then extended to 1200 with the learning rate warmed up again; runs are not bit-identical,
 the random encoders are):
 - builtin_corrupted, accuracy: +0.100, +0.059, +0.089, +0.088, +0.053 (pretrained
-  0.705-0.759, random 0.630-0.671). Earlier, in four runs of the old test with the same
+  0.705-0.759, random 0.630-0.671); a second run +0.120, +0.080, +0.098, +0.060, +0.076.
+  Earlier, in four runs of the old test with the same
   recipe: +0.057 to +0.113; seeds 5-9 +0.049 to +0.089. Shorter pretraining is not enough
   (400 steps: +0.027 to +0.077), nor is the last layer alone (+0.03 to +0.09).
 - builtin_continuation, accuracy: +0.055, +0.076, +0.070, +0.057, +0.039 (pretrained
-  0.750-0.788, random 0.696-0.733); another pretraining run: +0.046, +0.064, +0.077, +0.051,
+  0.750-0.788, random 0.696-0.733); a second run +0.077, +0.090, +0.095, +0.059, +0.057;
+  a third: +0.046, +0.064, +0.077, +0.051,
   +0.035, and on seeds 5-9 (not asserted) +0.056, +0.071, +0.060, +0.029, +0.082. With a quarter of B's words replaced instead of half: +0.021, +0.024, +0.075,
   +0.023, +0.040; `builtin_next` (B from another topic) shows no margin.
 - builtin_replaced_qa, SQuAD F1 (percent): +9.2, +8.4, +8.5, +8.5, +7.1 (pretrained
-  50.7-52.2, random 42.2-43.6; exact match about 4 against 2: spans are rarely exact);
-  another run: +8.7, +7.5, +6.5, +9.7, +7.7, and on seeds 5-9 (not asserted) +7.4, +6.8,
+  50.7-52.2, random 42.2-43.6; exact match about 4 against 2: spans are rarely exact); a
+  second run +8.2, +8.9, +8.4, +9.1, +9.3; a third: +8.7, +7.5, +6.5, +9.7, +7.7, and on seeds 5-9 (not asserted) +7.4, +6.8,
   +8.1, +6.4, +3.2 (seed 9: random 49.2, the highest seen). Without an answer for some questions (SQuAD
   v2) the margin did not hold: with a third, both heads answered "no answer" to nearly every
   question (F1 = that third; one replaced word, placed when forced 8% against 4% of the
   time); with a tenth, +8.4, +1.0, +0.6, +5.3, +4.7 (the no-answer call decides the score).
 
-7.7 minutes on a loaded machine (2 cores, load 6 to 8): pretraining 4.1, the 30 probes 3.6;
-the old test's pretraining took 2 of the 3 minutes it needed on one idle core, so about 4
-here. It runs in the Makefile's background lane (tests/multiprocess)."""
+7.7 minutes on a loaded machine (2 cores, load 6 to 8: pretraining 4.1, the 30 probes 3.6),
+5.4 at load 3 to 6 (3.1 and 2.4); the old test's pretraining took 2 of the 3 minutes it
+needed on one idle core, so about 4 here. It runs in the Makefile's background lane (tests/multiprocess)."""
 
 from pathlib import Path
 
