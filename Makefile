@@ -94,28 +94,32 @@ demo-eval: $(STAMP)
 
 # One torch thread per process: the tests run tiny models, often several processes at once
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
-# Two lanes at once, so both cores work: tests/multiprocess (multi-rank runs and SLURM jobs,
-# one after another: they share the local cluster's nodes) in the background, the unit and
-# integration tests and then the multi-rank tests that use no SLURM (test_distributed.py and
-# test_resume_matrix.py; with them in the background the lanes took 22:44 and 13:21, then
-# 20:27 and 12:05 minutes) in the foreground; each lane has its own temporary directory, the
-# background lane's output follows, and the target fails if either lane fails.
+# Three lanes at once, each with its own temporary directory and log: tests/multiprocess
+# (multi-rank runs and SLURM jobs, one after another: they share the local cluster's nodes,
+# and wait on SLURM's signals and time limits, a core left idle meanwhile) and the long
+# single-process cases (SLOW_SINGLE: the evaluation margins' pretraining and probes, every
+# family compiled) in the background, the unit and integration tests and then the multi-rank
+# tests that use no SLURM (FOREGROUND_MULTIPROCESS) in the foreground (with two lanes they took
+# 19:36 and 14:24 minutes before the margins and compile tests were added); the background
+# lanes' output follows, and the target fails if any lane fails.
 FOREGROUND_MULTIPROCESS = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py
-# single-process tests that run in the background lane, to even the lanes out
-BACKGROUND_SINGLE = tests/integration/test_compile.py
+SLOW_SINGLE = tests/multiprocess/test_eval_margin.py tests/integration/test_compile.py
 TEST_TMP ?= $(or $(TMPDIR),/tmp)/pretrain-tests
+PYTEST_LANE = OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15
 test: $(STAMP)
 	@rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)
-	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15 --basetemp=$(TEST_TMP)/multiprocess \
-		tests/multiprocess $(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS)) $(BACKGROUND_SINGLE) \
+	@$(PYTEST_LANE) --basetemp=$(TEST_TMP)/multiprocess tests/multiprocess \
+		$(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)) \
 		> $(TEST_TMP)/multiprocess.log 2>&1 & lane=$$!; \
-	trap 'kill $$lane 2>/dev/null' INT TERM; \
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15 --basetemp=$(TEST_TMP)/single \
-		tests/unit tests/integration $(addprefix --ignore=,$(BACKGROUND_SINGLE)) $(FOREGROUND_MULTIPROCESS); single=$$?; \
-	wait $$lane; multi=$$?; \
-	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS), and $(BACKGROUND_SINGLE) (the background lane)"; cat $(TEST_TMP)/multiprocess.log; \
-	echo "== foreground lane: exit $$single; multiprocess lane: exit $$multi"; \
-	[ $$single -eq 0 ] && [ $$multi -eq 0 ]
+	$(PYTEST_LANE) --basetemp=$(TEST_TMP)/slow $(SLOW_SINGLE) > $(TEST_TMP)/slow.log 2>&1 & slow=$$!; \
+	trap 'kill $$lane $$slow 2>/dev/null' INT TERM; \
+	$(PYTEST_LANE) --basetemp=$(TEST_TMP)/single tests/unit tests/integration \
+		$(addprefix --ignore=,$(SLOW_SINGLE)) $(FOREGROUND_MULTIPROCESS); single=$$?; \
+	wait $$lane; multi=$$?; wait $$slow; long=$$?; \
+	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)"; cat $(TEST_TMP)/multiprocess.log; \
+	echo "== $(SLOW_SINGLE)"; cat $(TEST_TMP)/slow.log; \
+	echo "== foreground lane: exit $$single; multiprocess lane: exit $$multi; slow lane: exit $$long"; \
+	[ $$single -eq 0 ] && [ $$multi -eq 0 ] && [ $$long -eq 0 ]
 
 # Rewrite the golden loss curves (tests/golden/*.json) from the current code, for a change that
 # is meant to alter numerics; commit them with it (tests/integration/test_golden.py).
