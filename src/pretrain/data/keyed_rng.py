@@ -50,16 +50,41 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+@lru_cache(maxsize=64)
+def _stream_key(seed: int, epoch: int, stream: int) -> np.uint64:
+    """What `keyed_uniform` mixes each row's hash with, for (seed, epoch, stream)."""
+    with np.errstate(over="ignore"):
+        base = np.uint64(seed) ^ _splitmix64(np.uint64(epoch) ^ _splitmix64(np.uint64(stream)))
+        return _splitmix64(base)
+
+
+def _row_keys(seed: int, epoch: int, stream: int, hashes: np.ndarray) -> np.ndarray:
+    """The per-row keys of `keyed_uniform`, (len(hashes),) uint64."""
+    with np.errstate(over="ignore"):
+        return _splitmix64(hashes.astype(np.uint64) ^ _stream_key(seed, epoch, stream))
+
+
 def keyed_uniform(
     seed: int, epoch: int, stream: int, hashes: np.ndarray, length: int
 ) -> np.ndarray:
     """Uniform [0, 1) floats of shape (len(hashes), length); entry (i, t) depends only on
     (seed, epoch, stream, hashes[i], t)."""
+    rows = _row_keys(seed, epoch, stream, hashes)  # (batch,)
     with np.errstate(over="ignore"):
-        base = np.uint64(seed) ^ _splitmix64(np.uint64(epoch) ^ _splitmix64(np.uint64(stream)))
-        rows = _splitmix64(hashes.astype(np.uint64) ^ _splitmix64(base))  # (batch,)
         positions = np.arange(length, dtype=np.uint64) * _GOLDEN  # (length,)
         x = _splitmix64(rows[:, None] ^ positions[None, :])  # (batch, length)
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def keyed_uniform_at(
+    seed: int, epoch: int, stream: int, hashes: np.ndarray, rows: np.ndarray, columns: np.ndarray
+) -> np.ndarray:
+    """`keyed_uniform(seed, epoch, stream, hashes, length)[rows, columns]` (any length past
+    the columns), computed at those entries only: rows, columns int arrays of one shape
+    (row indices into hashes, positions); returns floats of that shape."""
+    keys = _row_keys(seed, epoch, stream, hashes)[rows]
+    with np.errstate(over="ignore"):
+        x = _splitmix64(keys ^ (columns.astype(np.uint64) * _GOLDEN))
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 

@@ -14,6 +14,7 @@ from pretrain.data.keyed_rng import (
     STREAM_MASK_RANDOM_TOKEN,
     STREAM_MASK_SELECT,
     keyed_uniform,
+    keyed_uniform_at,
 )
 
 IGNORE_INDEX = -100
@@ -53,6 +54,18 @@ def replace_selected(
     return corrupted, labels
 
 
+def candidate_tokens(
+    input_ids: np.ndarray, attention_mask: np.ndarray, special_ids: tuple[int, ...]
+) -> np.ndarray:
+    """Tokens that may be selected for prediction: real (attention_mask 1) and not special,
+    (batch, seq) bool; input_ids (batch, seq) non-negative. `np.isin` by a lookup table over
+    the special ids (ids past the largest read its last, non-special entry)."""
+    top = max(special_ids, default=-1) + 1
+    plain = np.ones(top + 1, bool)
+    plain[list(special_ids)] = False
+    return attention_mask.astype(bool) & plain[np.minimum(input_ids, top)]
+
+
 def corrupt_selected(
     input_ids: np.ndarray,
     selected: np.ndarray,
@@ -71,21 +84,20 @@ def corrupt_selected(
     of its unit, or None for token-level masking (every token its own unit). Random replacement ids are drawn per
     token. Returns (corrupted input_ids, labels), both (batch, seq) int64."""
     length = input_ids.shape[1]
-    action = keyed_uniform(seed, epoch, STREAM_MASK_ACTION, hashes, length)
-    if unit_start is not None:  # None: token-level, every token its own unit
-        action = np.take_along_axis(action, unit_start, axis=1)
-    random_ids = (
-        keyed_uniform(seed, epoch, STREAM_MASK_RANDOM_TOKEN, hashes, length) * vocab_size
-    ).astype(np.int64)
-    return replace_selected(
-        input_ids,
-        selected,
-        action,
-        random_ids,
-        mask_token_id,
-        mask_token_probability,
-        random_token_probability,
+    flat = np.flatnonzero(selected)  # the draws are keyed, so taken where they are read
+    rows, columns = np.divmod(flat, length)
+    drawn_at = columns if unit_start is None else unit_start.ravel()[flat]
+    action = keyed_uniform_at(seed, epoch, STREAM_MASK_ACTION, hashes, rows, drawn_at)
+    to_mask = action < mask_token_probability
+    to_random = ~to_mask & (action < mask_token_probability + random_token_probability)
+    labels = np.where(selected, input_ids, IGNORE_INDEX)
+    corrupted = input_ids.copy()
+    corrupted.ravel()[flat[to_mask]] = mask_token_id
+    random = keyed_uniform_at(
+        seed, epoch, STREAM_MASK_RANDOM_TOKEN, hashes, rows[to_random], columns[to_random]
     )
+    corrupted.ravel()[flat[to_random]] = (random * vocab_size).astype(np.int64)
+    return corrupted, labels
 
 
 def mask_tokens(

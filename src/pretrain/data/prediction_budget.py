@@ -72,13 +72,23 @@ def width_for(count: int, widths: Sequence[int]) -> int:
 def prediction_positions(selected: np.ndarray, widths: Sequence[int]) -> np.ndarray:
     """(batch, width) int64: the positions of each row's True entries of `selected` (batch,
     seq) bool, left to right, then -1; width = `width_for` the row with the most."""
-    counts = selected.sum(axis=1)
+    counts = np.count_nonzero(selected, axis=1)
+    return listed_positions(np.flatnonzero(selected), counts, selected.shape[1], widths)
+
+
+def listed_positions(
+    flat: np.ndarray, counts: np.ndarray, length: int, widths: Sequence[int]
+) -> np.ndarray:
+    """`prediction_positions` from the selected entries themselves: `flat` their indices
+    row x length + position in a (batch, length) array, increasing (row-major), `counts`
+    (batch,) how many each row has. Returns (batch, width) int64, -1 past a row's entries."""
     width = width_for(int(counts.max(initial=0)), widths)
-    positions = np.full((selected.shape[0], width), -1, np.int64)
-    rows, cols = np.nonzero(selected)  # row-major: left to right within each row
-    slot = np.arange(len(rows)) - np.searchsorted(rows, rows)  # index among the row's selected
-    positions[rows, slot] = cols
-    return positions
+    rows = flat // length
+    first = np.cumsum(counts) - counts  # index in `flat` of each row's first entry
+    slots = np.arange(len(flat)) - first[rows] + rows * width  # (row, index in the row)
+    positions = np.full(len(counts) * width, -1, np.int64)
+    positions[slots] = flat - rows * length
+    return positions.reshape(len(counts), width)
 
 
 def shape_set(corruption: object, max_seq_length: int) -> dict[str, tuple[int, ...]]:

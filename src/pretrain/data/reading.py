@@ -295,6 +295,19 @@ def next_position(mark: list[int]) -> list[int]:
     return [n + 1, chunk, order, document, number + 1, tokens]
 
 
+# Per-token arrays of a collated batch and their dtypes: pad_id past a row's input_ids, 0
+# past the others (attention_mask: 1 on a row's tokens); sentence_starts (formats.py) is all
+# False in rows without it.
+COLLATED = (
+    ("input_ids", np.int64),
+    ("token_type_ids", np.int64),
+    ("attention_mask", np.int64),
+    ("word_starts", bool),
+    ("phrases", np.uint8),
+    ("sentence_starts", bool),
+)
+
+
 def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = None) -> dict:
     """Pad a list of sequences to the longest, rounded up to its sequence bucket (one of a few
     lengths up to `max_seq_length`, `prediction_budget.sequence_width`), as numpy arrays:
@@ -303,24 +316,22 @@ def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = Non
     XLNet's memory segments."""
     from pretrain.data.prediction_budget import sequence_width
 
-    length = sequence_width(max(len(s["input_ids"]) for s in sequences), max_seq_length)
-    batch = {
-        "input_ids": np.full((len(sequences), length), pad_id, np.int64),
-        "token_type_ids": np.zeros((len(sequences), length), np.int64),
-        "attention_mask": np.zeros((len(sequences), length), np.int64),
-        "word_starts": np.zeros((len(sequences), length), bool),
-        "phrases": np.zeros((len(sequences), length), np.uint8),
-        "sentence_starts": np.zeros((len(sequences), length), bool),
-    }
-    for row, s in enumerate(sequences):
-        n = len(s["input_ids"])
-        batch["input_ids"][row, :n] = s["input_ids"]
-        batch["token_type_ids"][row, :n] = s["token_type_ids"]
-        batch["attention_mask"][row, :n] = 1
-        batch["word_starts"][row, :n] = s["word_starts"]
-        batch["phrases"][row, :n] = s["phrases"]
-        if "sentence_starts" in s:  # first token of each sentence (formats.py)
-            batch["sentence_starts"][row, :n] = s["sentence_starts"]
+    lengths = np.array([len(s["input_ids"]) for s in sequences])
+    length = sequence_width(int(lengths.max()), max_seq_length)
+    real = np.arange(length) < lengths[:, None]  # (batch, seq): the rows' tokens, row-major
+    batch = {}
+    for name, dtype in COLLATED:
+        if name == "attention_mask":
+            batch[name] = real.astype(dtype)
+            continue
+        array = np.full(real.shape, pad_id if name == "input_ids" else 0, dtype)
+        try:
+            array[real] = np.concatenate([s[name] for s in sequences])
+        except KeyError:  # sentence_starts, in the sequences of some formats only
+            for row, s in enumerate(sequences):
+                if name in s:
+                    array[row, : len(s[name])] = s[name]
+        batch[name] = array
     batch["next_sentence_label"] = np.array([s["next_sentence_label"] for s in sequences], np.int64)
     batch["keys"] = [s["key"] for s in sequences]
     if "new_document" in sequences[0]:  # the slot's memory starts afresh (xlnet_formats.py)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from pretrain.config import DataConfig, ObjectiveConfig, TrainConfig
 from pretrain.data.input_formats import PAIR_FORMATS
 from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
-from pretrain.data.masking import IGNORE_INDEX, corrupt_selected, select_exact_fraction
+from pretrain.data.masking import candidate_tokens, corrupt_selected, select_exact_fraction
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require_unit_interval
@@ -130,9 +130,16 @@ class MaskedLMCorruption:
         return select_exact_fraction(uniform, candidates, self.mlm_probability), None
 
     def __call__(self, batch: dict, epoch: int) -> dict:
-        ids = batch["input_ids"]
         hashes = key_hashes(batch["keys"])
-        candidates = batch["attention_mask"].astype(bool) & ~np.isin(ids, self.special_ids)
+        candidates = candidate_tokens(batch["input_ids"], batch["attention_mask"], self.special_ids)
+        return self.mask_candidates(batch, epoch, hashes, candidates)
+
+    def mask_candidates(
+        self, batch: dict, epoch: int, hashes: np.ndarray, candidates: np.ndarray
+    ) -> dict:
+        """`__call__` given the rows' key hashes (batch,) uint64 and the tokens that may be
+        predicted, candidates (batch, seq) bool (`masking.candidate_tokens`)."""
+        ids = batch["input_ids"]
         selected, unit_start = self.select(batch, candidates, hashes, epoch)
         batch["input_ids"], batch["labels"] = corrupt_selected(
             ids,
@@ -147,8 +154,8 @@ class MaskedLMCorruption:
             random_token_probability=self.random_token_probability,
         )
         length = self.max_seq_length or ids.shape[1]
-        batch["prediction_positions"] = prediction_positions(
-            batch["labels"] != IGNORE_INDEX, self.prediction_widths(length)
+        batch["prediction_positions"] = prediction_positions(  # labels are set where selected
+            selected, self.prediction_widths(length)
         )
         return batch
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pretrain.data.keyed_rng import key_hashes, keyed_uniform
-from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.prediction_budget import prediction_positions, prediction_widths
+from pretrain.data.keyed_rng import key_hashes, keyed_uniform, keyed_uniform_at
+from pretrain.data.masking import IGNORE_INDEX, candidate_tokens
+from pretrain.data.prediction_budget import listed_positions, prediction_widths
 from pretrain.errors import require_unit_interval
 from pretrain.flops import embedding_size, mlm_head_flops
 from pretrain.objectives.mlm import (
@@ -73,28 +73,22 @@ def shuffle_batch_trigrams(
         return ids, (np.zeros(0, np.int64), np.zeros(0, np.int64))
     starts = free[:, :-2] & free[:, 1:-1] & free[:, 2:]  # (batch, seq - 2)
     rank = np.full((batch, length + 2), 2.0)  # two columns of 2.0 on each side
-    rank[:, 2:-2] = np.where(
-        starts, keyed_uniform(seed, epoch, STREAM_TRIGRAMS, hashes, length - 2), 2.0
-    )
-    mine = rank[:, 2:-2]
-    eligible = (
-        starts
-        & (mine < rank[:, :-4])
-        & (mine < rank[:, 1:-3])
-        & (mine < rank[:, 3:-1])
-        & (mine < rank[:, 4:])
-    )
-    score = np.where(eligible, mine, 2.0)
+    mine = np.where(starts, keyed_uniform(seed, epoch, STREAM_TRIGRAMS, hashes, length - 2), 2.0)
+    rank[:, 2:-2] = mine  # (batch, seq - 2): a start's rank, 2.0 where none starts
+    nearby = np.minimum(rank[:, :-4], rank[:, 1:-3])  # the lowest rank 1 or 2 tokens away
+    np.minimum(nearby, rank[:, 3:-1], out=nearby)
+    np.minimum(nearby, rank[:, 4:], out=nearby)
+    score = np.where(mine < nearby, mine, 2.0)  # the eligible starts' ranks (< 1)
     kth = np.sort(score, axis=1)[np.arange(batch), np.clip(wanted - 1, 0, length - 3)]
-    rows, chosen = np.nonzero(eligible & (score <= kth[:, None]) & (wanted > 0)[:, None])
-    permutation = keyed_uniform(seed, epoch, STREAM_TRIGRAM_ORDER, hashes, length - 2)
-    which = (permutation[rows, chosen] * len(PERMUTATIONS)).astype(np.int64)
-    positions = chosen[:, None] + np.arange(3)  # (trigrams, 3)
-    order = chosen[:, None] + PERMUTATIONS[which]
-    row_of = np.repeat(rows, 3).reshape(-1, 3)
+    kth = np.where(wanted > 0, np.minimum(kth, 1.0), -1.0)  # no row takes a 2.0
+    rows, chosen = np.divmod(np.flatnonzero(score <= kth[:, None]), length - 2)
+    permutation = keyed_uniform_at(seed, epoch, STREAM_TRIGRAM_ORDER, hashes, rows, chosen)
+    which = (permutation * len(PERMUTATIONS)).astype(np.int64)
+    first = rows * length + chosen  # flat index of each trigram's first token
+    positions = (first[:, None] + np.arange(3)).ravel()  # (trigrams x 3,) row-major
     shuffled = ids.copy()
-    shuffled[row_of, positions] = ids[row_of, order]
-    return shuffled, (row_of.ravel(), positions.ravel())
+    shuffled.ravel()[positions] = ids.ravel()[(first[:, None] + PERMUTATIONS[which]).ravel()]
+    return shuffled, np.divmod(positions, length)
 
 
 @dataclass(frozen=True)
@@ -113,23 +107,23 @@ class StructBertCorruption(MaskedLMCorruption):
         }
 
     def __call__(self, batch: dict, epoch: int) -> dict:
-        original = batch["input_ids"].copy()
-        candidates = batch["attention_mask"].astype(bool) & ~np.isin(original, self.special_ids)
-        batch = super().__call__(batch, epoch)
+        original = batch["input_ids"]  # MLM corrupts a copy
+        hashes = key_hashes(batch["keys"])
+        candidates = candidate_tokens(original, batch["attention_mask"], self.special_ids)
+        batch = self.mask_candidates(batch, epoch, hashes, candidates)
         free = candidates & (batch["labels"] == IGNORE_INDEX)
-        batch["input_ids"], positions = shuffle_batch_trigrams(
-            batch["input_ids"],
-            free,
-            self.shuffle_probability,
-            key_hashes(batch["keys"]),
-            self.seed,
-            epoch,
+        batch["input_ids"], (rows, columns) = shuffle_batch_trigrams(
+            batch["input_ids"], free, self.shuffle_probability, hashes, self.seed, epoch
         )
-        shuffle_labels = np.full_like(original, IGNORE_INDEX)
-        shuffle_labels[positions] = original[positions]
-        batch["shuffle_labels"] = shuffle_labels
+        batch["shuffle_labels"] = np.full_like(original, IGNORE_INDEX)
+        batch["shuffle_labels"][rows, columns] = original[rows, columns]
         widths = self.shuffle_widths(self.max_seq_length or original.shape[1])
-        batch["shuffle_positions"] = prediction_positions(shuffle_labels != IGNORE_INDEX, widths)
+        batch["shuffle_positions"] = listed_positions(  # row-major: trigrams never overlap
+            rows * original.shape[1] + columns,
+            np.bincount(rows, minlength=original.shape[0]),
+            original.shape[1],
+            widths,
+        )
         return batch
 
 
