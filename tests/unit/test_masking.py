@@ -3,8 +3,20 @@
 import numpy as np
 import pytest
 
-from pretrain.data.keyed_rng import key_hashes, keyed_uniform
-from pretrain.data.masking import IGNORE_INDEX, mask_tokens
+from pretrain.data.keyed_rng import (
+    STREAM_MASK_ACTION,
+    STREAM_MASK_RANDOM_TOKEN,
+    key_hashes,
+    keyed_uniform,
+    keyed_uniform_at,
+)
+from pretrain.data.masking import (
+    IGNORE_INDEX,
+    candidate_tokens,
+    corrupt_selected,
+    mask_tokens,
+    replace_selected,
+)
 from pretrain.objectives.mlm import MaskedLMCorruption
 
 VOCAB, MASK_ID, SPECIAL = 1000, 4, (0, 1, 2, 3, 4)
@@ -150,3 +162,50 @@ def test_mask_tokens_handles_rows_without_candidates():
     )
     assert (labels[0] == IGNORE_INDEX).all()
     assert (labels[1] != IGNORE_INDEX).sum() == 1
+
+
+def test_keyed_uniform_at_reads_the_keyed_uniform_array():
+    hashes = key_hashes([f"k{i}" for i in range(50)])
+    full = keyed_uniform(3, 2, 11, hashes, 97)
+    rng = np.random.default_rng(0)
+    rows, columns = rng.integers(0, 50, 400), rng.integers(0, 97, 400)
+    np.testing.assert_array_equal(
+        keyed_uniform_at(3, 2, 11, hashes, rows, columns), full[rows, columns]
+    )
+    assert keyed_uniform_at(3, 2, 11, hashes, rows[:0], columns[:0]).shape == (0,)
+    assert not np.array_equal(
+        keyed_uniform_at(3, 2, 12, hashes, rows, columns), full[rows, columns]
+    )
+
+
+@pytest.mark.parametrize("special", [SPECIAL, (0, 101, 102, 103, 999), (7,), ()])
+def test_candidates_are_real_tokens_that_are_not_special(special):
+    batch = make_batch(64, 40, seed=3)
+    expected = (batch["attention_mask"] == 1) & ~np.isin(batch["input_ids"], special)
+    got = candidate_tokens(batch["input_ids"], batch["attention_mask"], special)
+    assert got.dtype == bool
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("units", [False, True])
+def test_corruption_reads_its_draws_where_the_dense_80_10_10_rule_does(units):
+    """corrupt_selected (draws read at the selected and replaced tokens) equals the rule
+    applied to full arrays of draws, per token or per unit (the draw at the unit's start)."""
+    batch = make_batch(200, 64, seed=5)
+    hashes = key_hashes(batch["keys"])
+    rng = np.random.default_rng(1)
+    selected = (rng.random((200, 64)) < 0.3) & (batch["attention_mask"] == 1)
+    unit_start = None
+    if units:
+        starts = rng.random((200, 64)) < 0.4
+        unit_start = np.maximum.accumulate(np.where(starts, np.arange(64), 0), axis=1)
+    draws = dict(seed=7, epoch=2, vocab_size=VOCAB, mask_token_id=MASK_ID)
+    got = corrupt_selected(batch["input_ids"], selected, unit_start, hashes, **draws)
+    action = keyed_uniform(7, 2, STREAM_MASK_ACTION, hashes, 64)
+    if units:
+        action = np.take_along_axis(action, unit_start, axis=1)
+    random_ids = (keyed_uniform(7, 2, STREAM_MASK_RANDOM_TOKEN, hashes, 64) * VOCAB).astype(int)
+    expected = replace_selected(batch["input_ids"], selected, action, random_ids, MASK_ID, 0.8, 0.1)
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == np.int64
+        np.testing.assert_array_equal(a, b)

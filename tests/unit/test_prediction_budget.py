@@ -5,6 +5,7 @@ import pytest
 
 from pretrain.data.prediction_budget import (
     describe_shape_set,
+    listed_positions,
     prediction_positions,
     prediction_widths,
     sequence_width,
@@ -50,3 +51,16 @@ def test_the_shape_line_names_every_axis_and_the_bound():
     assert line == (
         "input shapes: batch 8 x sequence 8..64 step 8 x predictions 10, 20 (at most 16)"
     )
+
+
+def test_positions_from_listed_entries_equal_the_positions_of_the_mask():
+    rng = np.random.default_rng(0)
+    selected = rng.random((50, 40)) < rng.random((50, 1)) * 0.5
+    selected[3] = False  # a row without predictions
+    flat = np.flatnonzero(selected)
+    expected = [sorted(np.flatnonzero(row)) for row in selected]
+    positions = listed_positions(flat, selected.sum(axis=1), 40, (8, 16, 32, 40))
+    assert positions.shape[1] == width_for(max(map(len, expected)), (8, 16, 32, 40))
+    for row, columns in zip(positions, expected, strict=True):
+        assert list(row[: len(columns)]) == columns and (row[len(columns) :] == -1).all()
+    np.testing.assert_array_equal(prediction_positions(selected, (8, 16, 32, 40)), positions)

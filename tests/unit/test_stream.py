@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 from pretrain.config import compose_config
 from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.reading import collate
 from pretrain.data.stream import training_stream
 from pretrain.run import build_stream
 
@@ -378,3 +379,34 @@ def test_a_shared_shards_split_is_the_greedy_rule_and_sharers_build_only_theirs(
                 got = [d["key"] for d in read_documents(path, start, wanted=wanted)]
                 keys = [d["key"] for n, d in enumerate(documents) if n >= start and wanted[n]]
                 assert got == keys
+
+
+def test_collate_pads_each_row_and_keeps_the_dtypes():
+    rng = np.random.default_rng(0)
+    sequences = []
+    for row, n in enumerate((5, 17, 1, 12)):
+        s = {
+            "key": f"d{row}",
+            "input_ids": rng.integers(5, 100, n).astype(np.int32),
+            "token_type_ids": (np.arange(n) >= n // 2).astype(np.int64),
+            "word_starts": rng.integers(0, 2, n).astype(np.uint8),
+            "phrases": rng.integers(0, 4, n),
+            "next_sentence_label": row % 2,
+        }
+        if row != 2:  # sentence starts in some rows only
+            s["sentence_starts"] = rng.random(n) < 0.3
+        sequences.append(s)
+    batch = collate(sequences, pad_id=1, max_seq_length=32)
+    dtypes = {"input_ids": np.int64, "token_type_ids": np.int64, "attention_mask": np.int64}
+    dtypes |= {"word_starts": bool, "phrases": np.uint8, "sentence_starts": bool}
+    assert {k: batch[k].dtype for k in dtypes} == dtypes
+    assert batch["input_ids"].shape == (4, 24)  # the 17-token row's bucket (8, 16, 24, 32)
+    for row, s in enumerate(sequences):
+        n = len(s["input_ids"])
+        assert batch["attention_mask"][row].tolist() == [1] * n + [0] * (24 - n)
+        assert batch["input_ids"][row].tolist() == s["input_ids"].tolist() + [1] * (24 - n)
+        for name in ("token_type_ids", "word_starts", "phrases", "sentence_starts"):
+            own = s.get(name, np.zeros(n, bool))
+            assert batch[name][row].tolist() == own.astype(dtypes[name]).tolist() + [0] * (24 - n)
+    assert batch["next_sentence_label"].tolist() == [0, 1, 0, 1]
+    assert batch["keys"] == ["d0", "d1", "d2", "d3"]
