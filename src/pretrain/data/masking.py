@@ -27,10 +27,8 @@ def select_exact_fraction(
     ones with the smallest uniforms. Shapes (batch, seq); returns a bool mask (batch, seq)."""
     k = mask_budget(candidates.sum(axis=1), probability)  # (batch,)
     scores = np.where(candidates, uniform, 2.0)
-    kth = np.take_along_axis(
-        np.sort(scores, axis=1), np.maximum(k - 1, 0)[:, None], axis=1
-    )  # (batch, 1)
-    return candidates & (scores <= kth) & (k > 0)[:, None]
+    kth = np.sort(scores, axis=1)[np.arange(len(k)), np.maximum(k - 1, 0)]
+    return scores <= np.where(k > 0, np.minimum(kth, 1.0), -1.0)[:, None]  # no 2.0 taken
 
 
 def replace_selected(

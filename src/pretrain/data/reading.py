@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 import numpy as np
@@ -316,7 +316,7 @@ def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = Non
     XLNet's memory segments."""
     from pretrain.data.prediction_budget import sequence_width
 
-    lengths = np.array([len(s["input_ids"]) for s in sequences])
+    lengths = np.fromiter(map(len, (s["input_ids"] for s in sequences)), np.int64, len(sequences))
     length = sequence_width(int(lengths.max()), max_seq_length)
     real = np.arange(length) < lengths[:, None]  # (batch, seq): the rows' tokens, row-major
     batch = {}
@@ -324,7 +324,9 @@ def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = Non
         if name == "attention_mask":
             batch[name] = real.astype(dtype)
             continue
-        array = np.full(real.shape, pad_id if name == "input_ids" else 0, dtype)
+        array = np.zeros(real.shape, dtype)
+        if name == "input_ids":
+            array.fill(pad_id)
         try:
             array[real] = np.concatenate([s[name] for s in sequences])
         except KeyError:  # sentence_starts, in the sequences of some formats only
@@ -337,7 +339,8 @@ def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = Non
     if "new_document" in sequences[0]:  # the slot's memory starts afresh (xlnet_formats.py)
         batch["new_document"] = np.array([s["new_document"] for s in sequences], bool)
     if "mark" in sequences[0]:  # where each came from in its partition (`stream.py`)
-        batch[MARKS_KEY] = np.array([s["mark"] for s in sequences], np.int64)
+        marks = chain.from_iterable(s["mark"] for s in sequences)
+        batch[MARKS_KEY] = np.fromiter(marks, np.int64).reshape(len(sequences), -1)
     return batch
 
 

@@ -72,12 +72,12 @@ def shuffle_batch_trigrams(
     if length < 3 or not wanted.any():
         return ids, (np.zeros(0, np.int64), np.zeros(0, np.int64))
     starts = free[:, :-2] & free[:, 1:-1] & free[:, 2:]  # (batch, seq - 2)
-    rank = np.full((batch, length + 2), 2.0)  # two columns of 2.0 on each side
     mine = np.where(starts, keyed_uniform(seed, epoch, STREAM_TRIGRAMS, hashes, length - 2), 2.0)
-    rank[:, 2:-2] = mine  # (batch, seq - 2): a start's rank, 2.0 where none starts
-    nearby = np.minimum(rank[:, :-4], rank[:, 1:-3])  # the lowest rank 1 or 2 tokens away
-    np.minimum(nearby, rank[:, 3:-1], out=nearby)
-    np.minimum(nearby, rank[:, 4:], out=nearby)
+    nearby = np.full_like(mine, 2.0)  # the lowest start's rank 1 or 2 tokens away
+    nearby[:, 1:] = mine[:, :-1]
+    np.minimum(nearby[:, 2:], mine[:, :-2], out=nearby[:, 2:])
+    np.minimum(nearby[:, :-1], mine[:, 1:], out=nearby[:, :-1])
+    np.minimum(nearby[:, :-2], mine[:, 2:], out=nearby[:, :-2])
     score = np.where(mine < nearby, mine, 2.0)  # the eligible starts' ranks (< 1)
     kth = np.sort(score, axis=1)[np.arange(batch), np.clip(wanted - 1, 0, length - 3)]
     kth = np.where(wanted > 0, np.minimum(kth, 1.0), -1.0)  # no row takes a 2.0
@@ -115,15 +115,12 @@ class StructBertCorruption(MaskedLMCorruption):
         batch["input_ids"], (rows, columns) = shuffle_batch_trigrams(
             batch["input_ids"], free, self.shuffle_probability, hashes, self.seed, epoch
         )
+        flat = rows * original.shape[1] + columns  # increasing: trigrams never overlap
         batch["shuffle_labels"] = np.full_like(original, IGNORE_INDEX)
-        batch["shuffle_labels"][rows, columns] = original[rows, columns]
+        batch["shuffle_labels"].ravel()[flat] = original.ravel()[flat]
         widths = self.shuffle_widths(self.max_seq_length or original.shape[1])
-        batch["shuffle_positions"] = listed_positions(  # row-major: trigrams never overlap
-            rows * original.shape[1] + columns,
-            np.bincount(rows, minlength=original.shape[0]),
-            original.shape[1],
-            widths,
-        )
+        counts = np.bincount(rows, minlength=original.shape[0])
+        batch["shuffle_positions"] = listed_positions(flat, counts, original.shape[1], widths)
         return batch
 
 
