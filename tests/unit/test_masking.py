@@ -1,11 +1,14 @@
 """Statistics and reproducibility of BERT's token masking."""
 
+import hashlib
+
 import numpy as np
 import pytest
 
 from pretrain.data.keyed_rng import (
     STREAM_MASK_ACTION,
     STREAM_MASK_RANDOM_TOKEN,
+    key_hash,
     key_hashes,
     keyed_uniform,
     keyed_uniform_at,
@@ -209,3 +212,12 @@ def test_corruption_reads_its_draws_where_the_dense_80_10_10_rule_does(units):
     for a, b in zip(got, expected, strict=True):
         assert a.dtype == np.int64
         np.testing.assert_array_equal(a, b)
+
+
+def test_key_hash_is_the_little_endian_blake2b_digest_of_the_key():
+    keys = ["", "doc0_1:0", "shard-000003.tar/000017:2", "é" * 40]
+    expected = [
+        int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "little") for k in keys
+    ]
+    assert [key_hash(k) for k in keys] == expected
+    assert key_hashes(keys).tolist() == expected

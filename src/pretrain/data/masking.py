@@ -88,7 +88,8 @@ def corrupt_selected(
     action = keyed_uniform_at(seed, epoch, STREAM_MASK_ACTION, hashes, rows, drawn_at)
     to_mask = action < mask_token_probability
     to_random = ~to_mask & (action < mask_token_probability + random_token_probability)
-    labels = np.where(selected, input_ids, IGNORE_INDEX)
+    labels = np.full(input_ids.shape, IGNORE_INDEX, input_ids.dtype)
+    labels.ravel()[flat] = input_ids.ravel()[flat]
     corrupted = input_ids.copy()
     corrupted.ravel()[flat[to_mask]] = mask_token_id
     random = keyed_uniform_at(
