@@ -221,3 +221,5 @@ def test_key_hash_is_the_little_endian_blake2b_digest_of_the_key():
     ]
     assert [key_hash(k) for k in keys] == expected
     assert key_hashes(keys).tolist() == expected
+    assert key_hashes(keys).dtype == np.uint64 and key_hashes(keys).flags.writeable
+    assert key_hashes([]).shape == (0,)

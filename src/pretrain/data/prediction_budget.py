@@ -22,6 +22,7 @@ axis inside the model: its row count, one of at most 16 buckets per input shape
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -29,6 +30,7 @@ SEQUENCE_MULTIPLE = 8  # sequence buckets are multiples of this many tokens
 SEQUENCE_BUCKETS = 8  # at most this many sequence lengths per run
 
 
+@lru_cache(maxsize=64)  # called per batch with a run's few arguments
 def prediction_widths(per_row: float, max_seq_length: int) -> tuple[int, ...]:
     """The allowed widths (predicted positions per row): ceil(per_row) (at least 1), doubled
     until `max_seq_length`, which is always the last (no row predicts more tokens than it has)."""
