@@ -180,6 +180,35 @@ def test_partial_sentence_permutation_moves_only_its_share():
     )
 
 
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_sentence_permutation_of_padded_rows_equals_each_row_alone(fraction):
+    """Ragged rows (one without a body) with sentence marks outside their bodies ([CLS], the
+    final token, padding): each row is permuted as it is alone, unpadded and unmarked there;
+    what is outside the body stays."""
+    rng = np.random.default_rng(0)
+    lengths = np.array([40, 2, 3, 17, 33, 40, 9])
+    ids = np.full((len(lengths), 40), VOCAB.pad)
+    starts = rng.random(ids.shape) < 0.2
+    for row, length in enumerate(lengths):
+        ids[row, :length] = [VOCAB.cls, *rng.integers(100, 200, length - 2), VOCAB.sep]
+    draws = draws_for(len(lengths))
+    out, same = permute_sentences(ids, lengths, starts, fraction, draws)
+    assert (same == lengths).all()
+    for row, length in enumerate(lengths):
+        alone_starts = starts[row : row + 1, :length].copy()
+        alone_starts[0, [0, length - 1]] = False
+        alone, _ = permute_sentences(
+            ids[row : row + 1, :length],
+            lengths[row : row + 1],
+            alone_starts,
+            fraction,
+            RowDraws(0, 0, draws.hashes[row : row + 1]),
+        )
+        np.testing.assert_array_equal(out[row, :length], alone[0])
+        np.testing.assert_array_equal(out[row, length:], VOCAB.pad)
+    assert (out[:, 1:-1] != ids[:, 1:-1]).any()  # something moved
+
+
 def test_document_rotation_keeps_tokens_and_starts_uniformly():
     ids, n = sequences(2000, 20)
     out, _ = rotate_document(ids, n, 1.0, draws_for(2000))

@@ -113,7 +113,8 @@ def poisson_cdf(poisson_lambda: float) -> np.ndarray:
 
 def poisson_lengths(u: np.ndarray, poisson_lambda: float) -> np.ndarray:
     """Poisson(poisson_lambda) draws by inverse CDF of uniforms `u` (any shape), int64."""
-    return np.searchsorted(poisson_cdf(poisson_lambda), u, side="right").astype(np.int64)
+    lengths = np.searchsorted(poisson_cdf(poisson_lambda), u, side="right")
+    return lengths.astype(np.int64, copy=False)
 
 
 def gather(values: np.ndarray, index: np.ndarray) -> np.ndarray:
@@ -134,7 +135,8 @@ def span_draws(budgets: np.ndarray, body: np.ndarray, poisson_lambda: float, dra
     needed = int(((5 + math.sqrt(25 + 4 * budgets.max(initial=0))) / 2) ** 2 / poisson_lambda) + 2
     while True:  # a row's draws do not depend on how many are made: make more if short
         u = draws.uniform(STREAM_INFILLING, int((body - budgets).max(initial=0)) + needed + 1)
-        lengths = poisson_lengths((u[:, :needed] * (1 << 26)) % 1.0, poisson_lambda)
+        low_bits = u[:, :needed] * (1 << 26)  # x - floor(x): x % 1.0 exactly, 10x faster
+        lengths = poisson_lengths(low_bits - np.floor(low_bits), poisson_lambda)
         total = np.cumsum(lengths, axis=1)
         if (total[:, -1] >= budgets).all():
             break
@@ -193,11 +195,12 @@ def permute_sentences(
     them, a uniform subset (sentence s's uniform at counter s), take part in a uniform order
     (likewise), the rest keep their place. Keeps the token multiset. Returns (ids, lengths)."""
     batch, width = ids.shape
-    body = _body(lengths, width)
-    starts = sentence_starts & body
-    starts[:, 1] |= body[:, 1]
-    sentence = np.cumsum(starts, axis=1)  # (batch, width) a body token's sentence, from 1
-    count = sentence[:, -1]
+    ends = lengths - 1  # (batch,) the final token's position, where the body ends
+    starts = sentence_starts & (np.arange(width) < ends[:, None])
+    starts[:, 0] = False
+    starts[:, 1] |= ends > 1  # the body's first token starts a sentence
+    at, position = np.divmod(np.flatnonzero(starts), width)  # row-major: rows' sentences
+    count = np.bincount(at, minlength=batch)  # (batch,) body sentences
     most = int(count.max(initial=0))
     if most == 0:
         return ids.copy(), lengths
@@ -214,20 +217,21 @@ def permute_sentences(
         contents = order[np.arange(most) < chosen.sum(axis=1)[:, None]]
         order = np.broadcast_to(np.arange(most), u.shape).copy()
         order[chosen] = contents
-    # sentence lengths (batch, most + 1), column 0 counting what is not body
-    sentence = np.where(body, sentence, 0)
-    flat = sentence + np.arange(0, batch * (most + 1), most + 1)[:, None]
-    size = np.bincount(flat.ravel(), minlength=batch * (most + 1)).reshape(batch, most + 1)
-    size = size[:, 1:]
-    old_start = 1 + np.cumsum(size, axis=1) - size
+    # sentence s's first position (batch, most + 1), the body's end past the row's sentences
+    bounds = np.repeat(ends[:, None], most + 1, axis=1)
+    bounds[at, np.arange(len(at)) - (np.cumsum(count) - count)[at]] = position
+    old_start, size = bounds[:, :-1], np.diff(bounds, axis=1)  # size 0 past the sentences
     moved = gather(size, order)
     new_start = np.empty_like(old_start)
     np.put_along_axis(new_start, order, 1 + np.cumsum(moved, axis=1) - moved, axis=1)
-    shift = np.zeros((batch, most + 1), np.int64)  # by sentence, from 1; 0: not body
-    shift[:, 1:] = new_start - old_start
-    destination = np.arange(width) + gather(shift, sentence)
-    out = np.empty_like(ids)
-    out.ravel()[destination + np.arange(0, ids.size, width)[:, None]] = ids
+    # runs of tokens that move together, row after row: [CLS], the sentences, the rest
+    runs = np.empty((batch, most + 2), np.int64)
+    runs[:, 0], runs[:, 1:-1], runs[:, -1] = 1, size, width - ends
+    shift = np.zeros((batch, most + 2), np.int64)
+    shift[:, 1:-1] = new_start - old_start
+    destination = np.arange(ids.size) + np.repeat(shift.ravel(), runs.ravel())
+    out = np.empty(ids.shape, ids.dtype)
+    out.ravel()[destination] = ids.ravel()
     return out, lengths
 
 

@@ -104,14 +104,14 @@ def pad_noised(
     last."""
     cut = np.minimum(lengths, max_length)
     width = sequence_width(int(cut.max()), max_length)
-    if ids.shape[1] < width:
-        ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
     real = np.arange(width) < cut[:, None]
-    out = np.where(real, ids[:, :width], pad_id)
+    out = np.full(real.shape, pad_id, np.int64)
+    shared = min(width, ids.shape[1])  # a row's real tokens lie within both widths
+    np.copyto(out[:, :shared], ids[:, :shared], where=real[:, :shared])
     long = np.flatnonzero(lengths > max_length)
     if len(long):  # rare: keep their last token
         out[long, max_length - 1] = ids[long, lengths[long] - 1]
-    return out.astype(np.int64, copy=False), real.astype(np.int64)
+    return out, real.astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,9 @@ class DenoisingCorruption:
         """The rows noised together (`apply_noise`, keyed uniforms per row); the decoder
         inputs and labels, the original shifted right and the original."""
         lengths = batch["attention_mask"].sum(axis=1)
-        starts = batch.get("sentence_starts", np.zeros_like(batch["input_ids"], dtype=bool))
+        starts = batch.get("sentence_starts")
+        if starts is None:
+            starts = np.zeros(batch["input_ids"].shape, bool)
         draws = RowDraws(self.seed, epoch, key_hashes(batch["keys"]))
         noised, noised_lengths = apply_noise(
             batch["input_ids"], lengths, starts, self.noise, self.mask_id, draws
