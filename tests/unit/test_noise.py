@@ -23,7 +23,7 @@ from pretrain.data.noise import (
     rotate_document,
     smallest,
 )
-from pretrain.data.reading import collate
+from pretrain.data.reading import COLLATED, collate
 from pretrain.objectives.denoising import DenoisingCorruption
 from pretrain.objectives.mass import MassCorruption
 
@@ -390,3 +390,31 @@ def test_denoising_batch_targets_are_the_original_shifted():
         assert out["decoder_attention_mask"][row].sum() == n
         encoder = out["input_ids"][row, : out["attention_mask"][row].sum()]
         assert (encoder == MASK).any() and len(encoder) < n  # infilling shortened it
+
+
+@pytest.mark.parametrize("kind", ["bart", "mass"])
+def test_corruption_of_its_collated_fields_only_is_the_same(kind):
+    """collate builds only the declared `collated_fields`, each as it builds it among all;
+    the corruption of that batch equals the one of the full batch, array for array."""
+    if kind == "bart":
+        corruption = DenoisingCorruption(
+            seed=1, pad_id=0, mask_id=MASK, start_id=VOCAB.sep, max_length=64
+        )
+    else:
+        corruption = MassCorruption(seed=1, pad_id=0, mask_id=MASK, vocab_size=VOCAB.size)
+    sequences = list(
+        pack_sentences(make_documents(12, max_len=20), 64, VOCAB, cross_documents=True)
+    )[:6]
+    full = collate(sequences, VOCAB.pad, 64)
+    few = collate(sequences, VOCAB.pad, 64, fields=corruption.collated_fields)
+    per_token = {name for name, _ in COLLATED}
+    assert set(few) == set(full) - per_token | set(corruption.collated_fields)
+    for name in corruption.collated_fields:
+        assert few[name].dtype == full[name].dtype
+        np.testing.assert_array_equal(few[name], full[name])
+    expected, got = corruption(full, epoch=3), corruption(few, epoch=3)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        if name != "keys":
+            assert got[name].dtype == expected[name].dtype
+        np.testing.assert_array_equal(got[name], expected[name])

@@ -308,12 +308,17 @@ COLLATED = (
 )
 
 
-def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = None) -> dict:
+def collate(
+    sequences: list[dict],
+    pad_id: int,
+    max_seq_length: int | None = None,
+    fields: tuple[str, ...] | None = None,
+) -> dict:
     """Pad a list of sequences to the longest, rounded up to its sequence bucket (one of a few
     lengths up to `max_seq_length`, `prediction_budget.sequence_width`), as numpy arrays:
     input_ids, token_type_ids, attention_mask, word_starts, phrases, sentence_starts (batch,
-    seq); next_sentence_label (batch,); keys (list of str); new_document (batch,) bool for
-    XLNet's memory segments."""
+    seq), or only those of them named in `fields` (`collated_fields`); next_sentence_label
+    (batch,); keys (list of str); new_document (batch,) bool for XLNet's memory segments."""
     from pretrain.data.prediction_budget import sequence_width
 
     lengths = np.fromiter(map(len, (s["input_ids"] for s in sequences)), np.int64, len(sequences))
@@ -321,6 +326,8 @@ def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = Non
     real = np.arange(length) < lengths[:, None]  # (batch, seq): the rows' tokens, row-major
     batch = {}
     for name, dtype in COLLATED:
+        if fields is not None and name not in fields:
+            continue
         if name == "attention_mask":
             batch[name] = real.astype(dtype)
             continue
@@ -342,6 +349,12 @@ def collate(sequences: list[dict], pad_id: int, max_seq_length: int | None = Non
         marks = chain.from_iterable(s["mark"] for s in sequences)
         batch[MARKS_KEY] = np.fromiter(marks, np.int64).reshape(len(sequences), -1)
     return batch
+
+
+def collated_fields(spec: StreamSpec) -> tuple[str, ...] | None:
+    """The per-token arrays (`COLLATED` names) the spec's corruption reads and passes on, as
+    its `collated_fields` declares; None (all of them) where it declares none."""
+    return getattr(spec.corruption, "collated_fields", None)
 
 
 def corrupt_to_tensors(batch: dict, spec: StreamSpec, epoch: int) -> dict:

@@ -17,6 +17,7 @@ budget, `pretrain.data.prediction_budget`).
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -124,6 +125,8 @@ class DenoisingCorruption:
     start_id: int
     max_length: int
     noise: NoiseSettings = NoiseSettings()
+    # the collated arrays it reads (`reading.collate`): token types, words, phrases unused
+    collated_fields: ClassVar = ("input_ids", "attention_mask", "sentence_starts")
 
     def shape_axes(self, max_seq_length: int) -> dict[str, tuple[int, ...]]:
         """Decoder lengths: the sequence buckets, like the encoder's (`sequence`)."""

@@ -14,6 +14,7 @@ budget whose base is ceil(fragment_fraction x data.max_seq_length)
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -70,6 +71,7 @@ class MassCorruption:
     mask_token_probability: float = 0.8
     random_token_probability: float = 0.1
     max_length: int | None = None
+    collated_fields: ClassVar = ("input_ids", "attention_mask")  # what it reads of `collate`'s
 
     def prediction_widths(self, max_length: int) -> tuple[int, ...]:
         """The widths `prediction_positions` may have for sequences of `max_length`."""
