@@ -6,9 +6,13 @@ import numpy as np
 import pytest
 from test_masking import make_batch
 
-from pretrain.data.keyed_rng import key_hashes
+from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.objectives.structbert import StructBertCorruption, shuffle_batch_trigrams
+from pretrain.objectives.structbert import (
+    RANKS_KEY,
+    StructBertCorruption,
+    shuffle_batch_trigrams,
+)
 
 SPECIAL = (0, 1, 2, 3, 4)
 
@@ -58,3 +62,19 @@ def test_word_order_labels_budget_and_reproducibility():
     again = corrupt(batch)
     np.testing.assert_array_equal(again["input_ids"], out["input_ids"])
     assert (corrupt(batch, epoch=1)["shuffle_labels"] != out["shuffle_labels"]).any()
+
+
+def test_trigram_starts_rank_by_the_mlm_selection_uniforms():
+    batch = make_batch(40, 128, seed=5, vocab=5000)
+    out = corrupt(batch, epoch=2)
+    assert RANKS_KEY not in out
+    hashes = key_hashes(batch["keys"])
+    candidates = (batch["attention_mask"] == 1) & ~np.isin(batch["input_ids"], SPECIAL)
+    free = candidates & (out["labels"] == IGNORE_INDEX)
+    ranks = keyed_uniform(3, 2, STREAM_MASK_SELECT, hashes, 128)
+    _, (rows, columns) = shuffle_batch_trigrams(
+        batch["input_ids"], free, 0.05, hashes, 3, 2, ranks=ranks
+    )
+    assert len(rows) > 0
+    shuffled = np.flatnonzero(out["shuffle_labels"] != IGNORE_INDEX)
+    np.testing.assert_array_equal(shuffled, rows * 128 + columns)

@@ -15,8 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pretrain.data.keyed_rng import key_hashes, keyed_uniform, keyed_uniform_at
-from pretrain.data.masking import IGNORE_INDEX, candidate_tokens
+from pretrain.data.keyed_rng import (
+    STREAM_MASK_SELECT,
+    key_hashes,
+    keyed_uniform,
+    keyed_uniform_at,
+)
+from pretrain.data.masking import IGNORE_INDEX, candidate_tokens, select_exact_fraction
 from pretrain.data.prediction_budget import listed_positions, prediction_widths
 from pretrain.errors import require_unit_interval
 from pretrain.flops import embedding_size, mlm_head_flops
@@ -32,8 +37,9 @@ from pretrain.objectives.predictions import (
     predicted_positions,
 )
 
-STREAM_TRIGRAMS = 30
+STREAM_TRIGRAMS = 30  # shuffle_batch_trigrams' default ranks; the corruption ranks by MLM's
 STREAM_TRIGRAM_ORDER = 31
+RANKS_KEY = "_select_uniforms"  # MLM's selection uniforms, from `select` to the trigrams
 # The five orders of three positions other than the identity.
 PERMUTATIONS = np.array([(0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)])
 
@@ -57,12 +63,13 @@ def shuffle_batch_trigrams(
     hashes: np.ndarray,
     seed: int,
     epoch: int,
+    ranks: np.ndarray | None = None,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Shuffle round(fraction x free tokens / 3) non-overlapping trigrams of `free` tokens per
     row (fewer when the row has no room for them), each by one of the five non-identity
     permutations. ids, free (batch, seq); hashes (batch,) uint64 (`key_hashes`). A trigram
-    start (three free tokens from it) ranks by `keyed_uniform(seed, epoch, STREAM_TRIGRAMS)`
-    at its position; a start ranked first among the starts up to 2 tokens either side of it
+    start (three free tokens from it) ranks by `ranks` (batch, seq) uniforms, by default
+    `keyed_uniform(seed, epoch, STREAM_TRIGRAMS)`, at its position; a start ranked first among the starts up to 2 tokens either side of it
     is eligible (so eligible trigrams never overlap) and the row's first-ranked eligible ones
     are shuffled, by the permutation `keyed_uniform(seed, epoch, STREAM_TRIGRAM_ORDER)` picks
     at the same position: a row's shuffle depends only on (seed, epoch, key) and its tokens.
@@ -72,7 +79,9 @@ def shuffle_batch_trigrams(
     if length < 3 or not wanted.any():
         return ids, (np.zeros(0, np.int64), np.zeros(0, np.int64))
     starts = free[:, :-2] & free[:, 1:-1] & free[:, 2:]  # (batch, seq - 2)
-    mine = np.where(starts, keyed_uniform(seed, epoch, STREAM_TRIGRAMS, hashes, length - 2), 2.0)
+    if ranks is None:
+        ranks = keyed_uniform(seed, epoch, STREAM_TRIGRAMS, hashes, length)
+    mine = np.where(starts, ranks[:, :-2], 2.0)
     nearby = np.full_like(mine, 2.0)  # the lowest start's rank 1 or 2 tokens away
     nearby[:, 1:] = mine[:, :-1]
     np.minimum(nearby[:, 2:], mine[:, :-2], out=nearby[:, 2:])
@@ -106,6 +115,17 @@ class StructBertCorruption(MaskedLMCorruption):
             "word_order": self.shuffle_widths(max_seq_length)
         }
 
+    def select(
+        self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
+    ) -> tuple[np.ndarray, None]:
+        """MLM's token-level selection, keeping its uniforms (batch, seq) in batch[RANKS_KEY]:
+        they rank the trigram starts too. Given the selection, the unselected tokens' uniforms
+        are i.i.d. (above the selected ones), so the starts' order stays uniformly random."""
+        batch[RANKS_KEY] = keyed_uniform(
+            self.seed, epoch, STREAM_MASK_SELECT, hashes, candidates.shape[1]
+        )
+        return select_exact_fraction(batch[RANKS_KEY], candidates, self.mlm_probability), None
+
     def __call__(self, batch: dict, epoch: int) -> dict:
         original = batch["input_ids"]  # MLM corrupts a copy
         hashes = key_hashes(batch["keys"])
@@ -113,7 +133,13 @@ class StructBertCorruption(MaskedLMCorruption):
         batch = self.mask_candidates(batch, epoch, hashes, candidates)
         free = candidates & (batch["labels"] == IGNORE_INDEX)
         batch["input_ids"], (rows, columns) = shuffle_batch_trigrams(
-            batch["input_ids"], free, self.shuffle_probability, hashes, self.seed, epoch
+            batch["input_ids"],
+            free,
+            self.shuffle_probability,
+            hashes,
+            self.seed,
+            epoch,
+            ranks=batch.pop(RANKS_KEY),
         )
         flat = rows * original.shape[1] + columns  # increasing: trigrams never overlap
         batch["shuffle_labels"] = np.full_like(original, IGNORE_INDEX)
