@@ -353,14 +353,18 @@ def collated(seed: int = 0) -> dict:
     return collate(list(pack_sentences(docs, 64, VOCAB, cross_documents=True))[:6], VOCAB.pad)
 
 
-@pytest.mark.parametrize("kind", ["bart", "mass"])
-def test_corruption_is_keyed_by_seed_epoch_and_sample(kind):
+def seq2seq_corruption(kind: str) -> DenoisingCorruption | MassCorruption:
+    """BART's ("bart") or MASS's ("mass") corruption, seed 1, for batches of up to 64 tokens."""
     if kind == "bart":
-        corruption = DenoisingCorruption(
+        return DenoisingCorruption(
             seed=1, pad_id=0, mask_id=MASK, start_id=VOCAB.sep, max_length=64
         )
-    else:
-        corruption = MassCorruption(seed=1, pad_id=0, mask_id=MASK, vocab_size=VOCAB.size)
+    return MassCorruption(seed=1, pad_id=0, mask_id=MASK, vocab_size=VOCAB.size)
+
+
+@pytest.mark.parametrize("kind", ["bart", "mass"])
+def test_corruption_is_keyed_by_seed_epoch_and_sample(kind):
+    corruption = seq2seq_corruption(kind)
     a = corruption(collated(), epoch=0)
     b = corruption(collated(), epoch=0)
     for key in ("input_ids", "decoder_input_ids", "labels"):
@@ -396,12 +400,7 @@ def test_denoising_batch_targets_are_the_original_shifted():
 def test_corruption_of_its_collated_fields_only_is_the_same(kind):
     """collate builds only the declared `collated_fields`, each as it builds it among all;
     the corruption of that batch equals the one of the full batch, array for array."""
-    if kind == "bart":
-        corruption = DenoisingCorruption(
-            seed=1, pad_id=0, mask_id=MASK, start_id=VOCAB.sep, max_length=64
-        )
-    else:
-        corruption = MassCorruption(seed=1, pad_id=0, mask_id=MASK, vocab_size=VOCAB.size)
+    corruption = seq2seq_corruption(kind)
     sequences = list(
         pack_sentences(make_documents(12, max_len=20), 64, VOCAB, cross_documents=True)
     )[:6]
