@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from pretrain.config import compose_config  # noqa: E402
-from pretrain.data.reading import collate, corrupt_to_tensors  # noqa: E402
+from pretrain.data.reading import collate, collated_fields, corrupt_to_tensors  # noqa: E402
 from pretrain.data.stream import training_stream  # noqa: E402
 from pretrain.run import build_stream  # noqa: E402
 
@@ -235,7 +235,8 @@ def time_stream(spec) -> tuple[float, int]:
 def time_mask_step(spec, batches) -> float:
     start = clock()
     for sequences, extras in batches:
-        batch = collate(sequences, spec.vocab.pad, spec.max_seq_length) | extras
+        batch = collate(sequences, spec.vocab.pad, spec.max_seq_length, collated_fields(spec))
+        batch |= extras
         corrupt_to_tensors(batch, spec, 0)
     return clock() - start
 

@@ -37,6 +37,7 @@ from pretrain.data.reading import (
     Corruption,
     StreamSpec,
     collate,
+    collated_fields,
     corrupt_to_tensors,
     partition_chunks,
     worker_role,
@@ -82,9 +83,11 @@ class EpochStream(torch.utils.data.IterableDataset):
         else:
             sequences = rank_sequences(spec, epoch, self.start_sample, self.positions)
             batches = _chunks(sequences, spec.batch_size // rows_per_sample(spec))
+        fields = collated_fields(spec)  # only the arrays the corruption reads
         for n, sequences in enumerate(batches):
             if n % workers == worker:
-                batch = collate(with_backward_rows(sequences), spec.vocab.pad, spec.max_seq_length)
+                rows = with_backward_rows(sequences)
+                batch = collate(rows, spec.vocab.pad, spec.max_seq_length, fields)
                 yield corrupt_to_tensors(batch, spec, epoch)
 
 
