@@ -156,8 +156,7 @@ def test_two_part_order_gives_each_part_its_own_uniform_kth():
 
 
 def test_scalar_keyed_uniform_equals_keyed_uniform():
-    from pretrain.data.keyed_rng import key_hash, keyed_uniform
-    from pretrain.data.xlnet_formats import scalar_keyed_uniform
+    from pretrain.data.keyed_rng import key_hash, keyed_uniform, scalar_keyed_uniform
 
     for seed, epoch, stream, key in [
         (0, 0, 3, "a"),

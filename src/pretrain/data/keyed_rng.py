@@ -36,8 +36,8 @@ _BLAKE2B_8 = hashlib.blake2b(digest_size=8)  # never updated: key_hash copies it
 
 @lru_cache(maxsize=1024)  # a few batches: hits within a batch, not across an epoch
 def key_hash(key: str) -> int:
-    """Stable unsigned 64-bit hash of a sample key (not Python's salted `hash`); cached, as a
-    batch's keys are hashed by more than one of its corruption steps."""
+    """Stable unsigned 64-bit hash of a sample key (not Python's salted `hash`); cached for
+    the per-key callers (`keyed_generator`, `scalar_keyed_uniform`: a key's several draws)."""
     return int.from_bytes(_digest(key), "little")
 
 
@@ -86,6 +86,30 @@ def keyed_uniform(
         positions = np.arange(length, dtype=np.uint64) * _GOLDEN  # (length,)
         x = _splitmix64(rows[:, None] ^ positions[None, :])  # (batch, length)
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64_int(x: int) -> int:
+    """`_splitmix64` of one Python int."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def scalar_keyed_uniform(seed: int, epoch: int, stream: int, key: str, length: int) -> list:
+    """`keyed_uniform(seed, epoch, stream, [key_hash(key)], length)[0]` as Python
+    floats, in plain integer arithmetic: one key's few draws without numpy's per-call cost
+    (a memory segment's cut and random-B choice)."""
+    base = seed ^ _splitmix64_int(epoch ^ _splitmix64_int(stream))
+    row = _splitmix64_int(key_hash(key) ^ _splitmix64_int(base))
+    golden = 0x9E3779B97F4A7C15
+    return [
+        (_splitmix64_int(row ^ ((t * golden) & _MASK64)) >> 11) * (1.0 / (1 << 53))
+        for t in range(length)
+    ]
 
 
 def keyed_uniform_at(

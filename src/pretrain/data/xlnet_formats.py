@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from pretrain.data.formats import make_segment_pairs, random_document_pools
-from pretrain.data.keyed_rng import STREAM_FORMAT, key_hash
+from pretrain.data.keyed_rng import STREAM_FORMAT, scalar_keyed_uniform
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 
@@ -125,29 +125,6 @@ def _random_b(other: dict, length: int, uniform: float) -> tuple[np.ndarray, ...
     phrases = other.get("phrases")
     phrases = np.zeros(len(ids), np.uint8) if phrases is None else phrases
     return ids[start:stop], other["words"][start:stop], phrases[start:stop]
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def scalar_keyed_uniform(seed: int, epoch: int, stream: int, key: str, length: int) -> list:
-    """`keyed_rng.keyed_uniform(seed, epoch, stream, [key_hash(key)], length)[0]` as Python
-    floats, in plain integer arithmetic: one key's few draws without numpy's per-call cost
-    (a memory segment's cut and random-B choice)."""
-    base = seed ^ _splitmix64(epoch ^ _splitmix64(stream))
-    row = _splitmix64(key_hash(key) ^ _splitmix64(base))
-    golden = 0x9E3779B97F4A7C15
-    return [
-        (_splitmix64(row ^ ((t * golden) & _MASK64)) >> 11) * (1.0 / (1 << 53))
-        for t in range(length)
-    ]
 
 
 def memory_segment(
