@@ -12,8 +12,10 @@ from pretrain.data.masking import IGNORE_INDEX, word_start_flags
 from pretrain.data.span_masking import ngram_length_probabilities, sample_lengths
 from pretrain.data.stream import training_stream
 from pretrain.objectives.ernie import ErnieCorruption
+from pretrain.objectives.mlm import MaskedLMCorruption
 from pretrain.objectives.ngram import NgramCorruption
 from pretrain.objectives.span import SpanCorruption
+from pretrain.objectives.structbert import StructBertCorruption
 from pretrain.objectives.whole_word import WholeWordCorruption
 from pretrain.run import build_stream
 
@@ -284,6 +286,29 @@ def test_masks_depend_only_on_seed_epoch_and_key(corruption_class):
     assert (out_sub["labels"][:, 64:] == IGNORE_INDEX).all()
     other = corrupt(corruption_class, batch, epoch=4)
     assert (other["labels"] != out["labels"]).mean() > 0.05  # dynamic: another epoch, other masks
+
+
+@pytest.mark.parametrize(
+    "corruption_class",
+    [MaskedLMCorruption, StructBertCorruption, *CORRUPTIONS],
+    ids=lambda c: c.__name__,
+)
+def test_corruption_of_its_collated_fields_only_is_the_same(corruption_class):
+    """The stream collates only the arrays a corruption declares it reads (`collated_fields`):
+    the corruption of that batch equals the one of the full batch, array for array, less the
+    per-token arrays not collated; the MLM family reads words (and ERNIE phrases) only where
+    its units are made of them."""
+    batch = make_word_batch(48, 64, seed=3, pair=True, annotate=True)
+    fields = corruption_class.collated_fields
+    per_token = {"token_type_ids", "word_starts", "phrases", "sentence_starts"} - set(fields)
+    few = {k: v for k, v in batch.items() if k not in per_token}
+    expected, got = corrupt(corruption_class, batch, epoch=2), corrupt(corruption_class, few, 2)
+    assert set(got) == set(expected) - per_token
+    for name in got:
+        if name != "keys":
+            assert got[name].dtype == expected[name].dtype
+        np.testing.assert_array_equal(got[name], expected[name])
+    assert {"input_ids", "token_type_ids", "attention_mask"} <= set(got)  # the encoder's
 
 
 def masked_batches(cfg, n_batches: int, epoch: int = 0):

@@ -14,6 +14,7 @@ and sentence task (NSP by default) are BERT's.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -61,6 +62,7 @@ class ErnieCorruption(WholeWordCorruption):
     and words."""
 
     masking_level: str = "entity"
+    collated_fields: ClassVar = (*WholeWordCorruption.collated_fields, "phrases")
 
     def units(self, batch: dict, candidates: np.ndarray) -> np.ndarray:
         phrases = level_annotations(batch["phrases"], self.masking_level)

@@ -14,6 +14,7 @@ only at the gathered positions; ignored slots do not count) + the sentence task 
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -111,6 +112,8 @@ class MaskedLMCorruption:
     mask_token_probability: float = 0.8
     random_token_probability: float = 0.1
     max_seq_length: int | None = None
+    # the collated arrays it reads (`reading.collate`); units of words or phrases add theirs
+    collated_fields: ClassVar = ("input_ids", "token_type_ids", "attention_mask")
 
     def prediction_widths(self, max_seq_length: int) -> tuple[int, ...]:
         """The widths `prediction_positions` may have for sequences of `max_seq_length`."""

@@ -8,6 +8,7 @@ recipe sets `objective.pair_task=sop`.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -36,6 +37,8 @@ class NgramMaskingConfig(MaskedLMConfig):
 @dataclass(frozen=True)
 class NgramCorruption(MaskedLMCorruption):
     """MaskedLMCorruption whose units are word n-grams."""
+
+    collated_fields: ClassVar = (*MaskedLMCorruption.collated_fields, "word_starts")
 
     max_ngram: int = 3
 

@@ -13,6 +13,7 @@ Loss: MLM + SBO (`SpanBoundaryHead`, decoder tied to the word embeddings).
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -80,6 +81,8 @@ class SpanMaskingConfig(MaskedLMConfig):
 @dataclass(frozen=True)
 class SpanCorruption(MaskedLMCorruption):
     """MaskedLMCorruption whose units are SpanBERT spans; adds the SBO targets to the batch."""
+
+    collated_fields: ClassVar = (*MaskedLMCorruption.collated_fields, "word_starts")
 
     span_geometric_p: float = 0.2
     span_max_words: int = 10

@@ -8,6 +8,7 @@ heads and sentence task (NSP by default, like BERT-wwm) are BERT's.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMCorruption
 @dataclass(frozen=True)
 class WholeWordCorruption(MaskedLMCorruption):
     """MaskedLMCorruption whose units are whole words (from the batch's `word_starts`)."""
+
+    collated_fields: ClassVar = (*MaskedLMCorruption.collated_fields, "word_starts")
 
     def units(self, batch: dict, candidates: np.ndarray) -> np.ndarray:
         """(batch, seq) bool: the tokens that start a masking unit (here: words)."""
