@@ -56,6 +56,8 @@ def key_hashes(keys: list[str]) -> np.ndarray:
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, wrapping modulo 2**64: arrays wrap silently (numpy checks
+    overflow of scalars only, under `np.errstate(over="ignore")` in `_stream_key`)."""
     x = x + _GOLDEN
     x = (x ^ (x >> np.uint64(30))) * _M1
     x = (x ^ (x >> np.uint64(27))) * _M2
@@ -72,8 +74,7 @@ def _stream_key(seed: int, epoch: int, stream: int) -> np.uint64:
 
 def _row_keys(seed: int, epoch: int, stream: int, hashes: np.ndarray) -> np.ndarray:
     """The per-row keys of `keyed_uniform`, (len(hashes),) uint64."""
-    with np.errstate(over="ignore"):
-        return _splitmix64(hashes.astype(np.uint64) ^ _stream_key(seed, epoch, stream))
+    return _splitmix64(hashes.astype(np.uint64) ^ _stream_key(seed, epoch, stream))
 
 
 def keyed_uniform(
@@ -82,9 +83,8 @@ def keyed_uniform(
     """Uniform [0, 1) floats of shape (len(hashes), length); entry (i, t) depends only on
     (seed, epoch, stream, hashes[i], t)."""
     rows = _row_keys(seed, epoch, stream, hashes)  # (batch,)
-    with np.errstate(over="ignore"):
-        positions = np.arange(length, dtype=np.uint64) * _GOLDEN  # (length,)
-        x = _splitmix64(rows[:, None] ^ positions[None, :])  # (batch, length)
+    positions = np.arange(length, dtype=np.uint64) * _GOLDEN  # (length,)
+    x = _splitmix64(rows[:, None] ^ positions[None, :])  # (batch, length)
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
@@ -119,8 +119,7 @@ def keyed_uniform_at(
     the columns), computed at those entries only: rows, columns int arrays of one shape
     (row indices into hashes, positions); returns floats of that shape."""
     keys = _row_keys(seed, epoch, stream, hashes)[rows]
-    with np.errstate(over="ignore"):
-        x = _splitmix64(keys ^ (columns.astype(np.uint64) * _GOLDEN))
+    x = _splitmix64(keys ^ (columns.astype(np.uint64) * _GOLDEN))
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 

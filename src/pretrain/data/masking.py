@@ -25,7 +25,7 @@ def select_exact_fraction(
 ) -> np.ndarray:
     """Select round(probability * n) candidates per row (at least 1 when a row has any), the
     ones with the smallest uniforms. Shapes (batch, seq); returns a bool mask (batch, seq)."""
-    k = mask_budget(candidates.sum(axis=1), probability)  # (batch,)
+    k = mask_budget(np.count_nonzero(candidates, axis=1), probability)  # (batch,)
     scores = np.where(candidates, uniform, 2.0)
     kth = np.sort(scores, axis=1)[np.arange(len(k)), np.maximum(k - 1, 0)]
     return scores <= np.where(k > 0, np.minimum(kth, 1.0), -1.0)[:, None]  # no 2.0 taken

@@ -75,20 +75,21 @@ def shuffle_batch_trigrams(
     at the same position: a row's shuffle depends only on (seed, epoch, key) and its tokens.
     Returns (shuffled ids (batch, seq), (rows, columns) of the shuffled positions)."""
     batch, length = ids.shape
-    wanted = np.rint(fraction * free.sum(axis=1) / 3).astype(np.int64)
+    wanted = np.rint(fraction * np.count_nonzero(free, axis=1) / 3).astype(np.int64)
     if length < 3 or not wanted.any():
         return ids, (np.zeros(0, np.int64), np.zeros(0, np.int64))
     starts = free[:, :-2] & free[:, 1:-1] & free[:, 2:]  # (batch, seq - 2)
     if ranks is None:
         ranks = keyed_uniform(seed, epoch, STREAM_TRIGRAMS, hashes, length)
-    mine = np.where(starts, ranks[:, :-2], 2.0)
-    nearby = np.full_like(mine, 2.0)  # the lowest start's rank 1 or 2 tokens away
-    nearby[:, 1:] = mine[:, :-1]
-    np.minimum(nearby[:, 2:], mine[:, :-2], out=nearby[:, 2:])
-    np.minimum(nearby[:, :-1], mine[:, 1:], out=nearby[:, :-1])
-    np.minimum(nearby[:, :-2], mine[:, 2:], out=nearby[:, :-2])
+    padded = np.full((batch, length + 2), 2.0)  # two non-starts either side
+    mine = padded[:, 2:-2]
+    np.copyto(mine, ranks[:, :-2], where=starts)
+    pairs = np.minimum(padded[:, :-1], padded[:, 1:])  # pairs[i]: min of mine[i - 2], [i - 1]
+    nearby = np.minimum(pairs[:, : length - 2], pairs[:, 3:])  # the lowest 1 or 2 tokens away
     score = np.where(mine < nearby, mine, 2.0)  # the eligible starts' ranks (< 1)
-    kth = np.sort(score, axis=1)[np.arange(batch), np.clip(wanted - 1, 0, length - 3)]
+    kth = np.sort(score, axis=1)[
+        np.arange(batch), np.minimum(np.maximum(wanted - 1, 0), length - 3)
+    ]
     kth = np.where(wanted > 0, np.minimum(kth, 1.0), -1.0)  # no row takes a 2.0
     rows, chosen = np.divmod(np.flatnonzero(score <= kth[:, None]), length - 2)
     permutation = keyed_uniform_at(seed, epoch, STREAM_TRIGRAM_ORDER, hashes, rows, chosen)
