@@ -96,16 +96,14 @@ demo-eval: $(STAMP)
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
 # Three lanes at once, each with its own temporary directory and log: tests/multiprocess
 # (multi-rank runs and SLURM jobs, one after another: they share the local cluster's nodes,
-# and wait on SLURM's signals and time limits, a core left idle meanwhile) and the long cases
-# (SLOW_SINGLE: the evaluation margins' pretraining and probes, every family compiled, the
-# resume matrix's 2-rank restarts) in the background, the unit and integration tests and then
-# the multi-rank tests that use no SLURM (FOREGROUND_MULTIPROCESS) in the foreground (on a
-# clean 2-core clone at 21f6fdb, with the resume matrix still in the foreground: 21:33, 16:39
-# and 8:38 minutes); the background lanes' output follows, and the target fails if any lane
-# fails.
-FOREGROUND_MULTIPROCESS = tests/multiprocess/test_distributed.py
-SLOW_SINGLE = tests/multiprocess/test_eval_margin.py tests/integration/test_compile.py \
-	tests/multiprocess/test_resume_matrix.py
+# and wait on SLURM's signals and time limits, a core left idle meanwhile) and the long
+# single-process cases (SLOW_SINGLE: the evaluation margins' pretraining and probes, every
+# family compiled) in the background, the unit and integration tests and then the multi-rank
+# tests that use no SLURM (FOREGROUND_MULTIPROCESS) in the foreground (with two lanes they took
+# 19:36 and 14:24 minutes before the margins and compile tests were added); the background
+# lanes' output follows, and the target fails if any lane fails.
+FOREGROUND_MULTIPROCESS = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py
+SLOW_SINGLE = tests/multiprocess/test_eval_margin.py tests/integration/test_compile.py
 TEST_TMP ?= $(or $(TMPDIR),/tmp)/pretrain-tests
 PYTEST_LANE = OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15
 test: $(STAMP)
