@@ -18,9 +18,9 @@ from functools import lru_cache
 import numpy as np
 from numpy.random.bit_generator import ISeedSequence
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+# splitmix64's constants, as Python ints (`_splitmix64_int`) and as numpy words
+GOLDEN, M1, M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_GOLDEN, _M1, _M2 = np.uint64(GOLDEN), np.uint64(M1), np.uint64(M2)
 
 # Streams keep independent uses of one key apart.
 STREAM_SHARD_ORDER = 1
@@ -93,9 +93,9 @@ _MASK64 = (1 << 64) - 1
 
 def _splitmix64_int(x: int) -> int:
     """`_splitmix64` of one Python int."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x = (x + GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * M1) & _MASK64
+    x = ((x ^ (x >> 27)) * M2) & _MASK64
     return x ^ (x >> 31)
 
 
@@ -105,9 +105,8 @@ def scalar_keyed_uniform(seed: int, epoch: int, stream: int, key: str, length: i
     (a memory segment's cut and random-B choice)."""
     base = seed ^ _splitmix64_int(epoch ^ _splitmix64_int(stream))
     row = _splitmix64_int(key_hash(key) ^ _splitmix64_int(base))
-    golden = 0x9E3779B97F4A7C15
     return [
-        (_splitmix64_int(row ^ ((t * golden) & _MASK64)) >> 11) * (1.0 / (1 << 53))
+        (_splitmix64_int(row ^ ((t * GOLDEN) & _MASK64)) >> 11) * (1.0 / (1 << 53))
         for t in range(length)
     ]
 

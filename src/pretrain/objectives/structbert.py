@@ -68,9 +68,9 @@ def shuffle_batch_trigrams(
     """Shuffle round(fraction x free tokens / 3) non-overlapping trigrams of `free` tokens per
     row (fewer when the row has no room for them), each by one of the five non-identity
     permutations. ids, free (batch, seq); hashes (batch,) uint64 (`key_hashes`). A trigram
-    start (three free tokens from it) ranks by `ranks` (batch, seq) uniforms, by default
-    `keyed_uniform(seed, epoch, STREAM_TRIGRAMS)`, at its position; a start ranked first among the starts up to 2 tokens either side of it
-    is eligible (so eligible trigrams never overlap) and the row's first-ranked eligible ones
+    start (three free tokens from it) ranks by `ranks` (batch, seq) uniforms (by default
+    `keyed_uniform(seed, epoch, STREAM_TRIGRAMS)`) at its position; a start ranked first among
+    the starts up to 2 tokens either side of it is eligible (so eligible trigrams never overlap) and the row's first-ranked eligible ones
     are shuffled, by the permutation `keyed_uniform(seed, epoch, STREAM_TRIGRAM_ORDER)` picks
     at the same position: a row's shuffle depends only on (seed, epoch, key) and its tokens.
     Returns (shuffled ids (batch, seq), (rows, columns) of the shuffled positions)."""
@@ -87,9 +87,8 @@ def shuffle_batch_trigrams(
     pairs = np.minimum(padded[:, :-1], padded[:, 1:])  # pairs[i]: min of mine[i - 2], [i - 1]
     nearby = np.minimum(pairs[:, : length - 2], pairs[:, 3:])  # the lowest 1 or 2 tokens away
     score = np.where(mine < nearby, mine, 2.0)  # the eligible starts' ranks (< 1)
-    kth = np.sort(score, axis=1)[
-        np.arange(batch), np.minimum(np.maximum(wanted - 1, 0), length - 3)
-    ]
+    # wanted <= round(length / 3) <= length - 2 columns of `score`: no upper clip needed
+    kth = np.sort(score, axis=1)[np.arange(batch), np.maximum(wanted - 1, 0)]
     kth = np.where(wanted > 0, np.minimum(kth, 1.0), -1.0)  # no row takes a 2.0
     rows, chosen = np.divmod(np.flatnonzero(score <= kth[:, None]), length - 2)
     permutation = keyed_uniform_at(seed, epoch, STREAM_TRIGRAM_ORDER, hashes, rows, chosen)
