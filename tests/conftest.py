@@ -232,3 +232,20 @@ def damage_first_shard(shards_dir: Path) -> Path:
     data[len(data) // 2] ^= 0x10
     shard.write_bytes(bytes(data))
     return shard
+
+
+def assert_corrupts_like_the_full_batch(corrupt, full: dict, fields: tuple[str, ...]) -> dict:
+    """`corrupt(batch)` (a callable that leaves its argument alone) of `full` with only
+    `fields` among `collate`'s per-token arrays (`reading.COLLATED`) equals `corrupt(full)`,
+    array for array and dtype for dtype, less the arrays left out; returns that output."""
+    from pretrain.data.reading import COLLATED
+
+    left_out = {name for name, _ in COLLATED} - set(fields)
+    few = {k: v for k, v in full.items() if k not in left_out}
+    expected, got = corrupt(full), corrupt(few)
+    assert set(got) == set(expected) - left_out
+    for name in got:
+        if name != "keys":
+            assert got[name].dtype == expected[name].dtype
+        np.testing.assert_array_equal(got[name], expected[name])
+    return got
