@@ -1,4 +1,4 @@
-"""Data-loader workers of a launch's later epochs start from the forkserver, not from the
+"""Data-loader workers of every epoch of a launch start from the forkserver, not from the
 (growing) main process: every epoch's workers are children of the same small server, which
 was started with the job's preemption signals blocked."""
 
@@ -27,9 +27,8 @@ def epoch_workers(context) -> list[list[int]]:
 
 def test_every_epochs_workers_are_forked_by_the_same_server_with_signals_blocked():
     assert worker_context(0) is None  # no workers: the DataLoader's own default
-    # the launch's first loader: forked from the main process, which has not trained yet
-    assert worker_context(2, first_loader=True).get_start_method() == "fork"
     context = worker_context(2)
+    assert context.get_start_method() == "forkserver"
     first, second = epoch_workers(context), epoch_workers(context)
     servers = {parent for _, parent, _ in first + second}
     assert len(servers) == 1 and os.getpid() not in servers  # not forked from this process

@@ -101,8 +101,8 @@ class PretrainingDataModule(L.LightningDataModule):
     """Serves `training_stream(spec, epoch)` in whole optimizer steps (`StepAlignedLoader`,
     so every rank ends the epoch at the same step); the loader is rebuilt every epoch (the
     Trainer runs with reload_dataloaders_every_n_epochs=1) so each epoch has its own shard
-    order, shuffle and masks. After the launch's first epoch, its workers are forked by a
-    forkserver that does not grow with the run, not by the main process (`worker_processes`)."""
+    order, shuffle and masks. Every epoch's workers are forked by a forkserver that does not
+    grow with the run, not by the main process (`worker_processes`)."""
 
     def __init__(
         self,
@@ -167,9 +167,8 @@ class PretrainingDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=False,
-            multiprocessing_context=worker_context(  # not forked from a grown process
-                self.num_workers, spec.corruption, first_loader=self._loader is None
-            ),
+            # not forked from a grown process
+            multiprocessing_context=worker_context(self.num_workers, spec.corruption),
             generator=torch.Generator().manual_seed(spec.seed),  # keeps the global RNG untouched
             worker_init_fn=ignore_in_data_worker,  # SLURM's signals: the main process decides
         )

@@ -3,11 +3,13 @@
 The loader is rebuilt every epoch (each epoch has its own stream), and its workers with it.
 Forked from the main process, a later epoch's workers would start as copies of whatever the
 main process has grown to by then (the heap of every step so far) and their memory would
-grow with the run. So only the launch's first loader forks its workers from the main
-process, which has not trained yet (and costs nothing more); every later one's are forked by
-multiprocessing's forkserver: a small process started once per launch, at its second loader
+grow with the run. So every loader's workers, the first epoch's included, are forked by
+multiprocessing's forkserver: a small process started once per launch, at its first loader
 (a fresh interpreter that has imported only torch, the stream and the run's corruption
-module, a few seconds of CPU, and never trains), so every epoch's workers start alike. The
+module, a few seconds of CPU, and never trains), so every epoch's workers start alike and
+the run's memory is the same from its first step as at its last (had the first epoch's
+workers been forked from the main process, the run's memory would step up once, at the
+second epoch, when the forkserver and its workers start: XLNet's demo by 60% at step 550). The
 stream they serve (`EpochStream`: the spec, the epoch, the resume position and the
 partitions' positions) is pickled to them, so the resume and elastic-order guarantees are
 those of any start method.
@@ -33,18 +35,15 @@ START_METHOD = "forkserver"
 PRELOAD = ("__main__", "torch", "numpy", "pretrain.job_signals", "pretrain.data.stream")
 
 
-def worker_context(
-    num_workers: int, corruption: object = None, first_loader: bool = False
-) -> BaseContext | None:
-    """The multiprocessing context of a DataLoader's `num_workers` workers: for the launch's
-    `first_loader`, "fork" (from the main process, which has not grown yet); else the
-    forkserver's, started now if it is not running (preloading `PRELOAD` and the module of
-    `corruption`, the run's picklable corruption). None without workers (the DataLoader's own
-    default). Where the entry point is no file a new process can import (a script read from
-    stdin), always "fork": workers are copies of the main process."""
+def worker_context(num_workers: int, corruption: object = None) -> BaseContext | None:
+    """The multiprocessing context of a DataLoader's `num_workers` workers: the forkserver's,
+    started now if it is not running (preloading `PRELOAD` and the module of `corruption`,
+    the run's picklable corruption). None without workers (the DataLoader's own default).
+    Where the entry point is no file a new process can import (a script read from stdin),
+    "fork": workers are copies of the main process."""
     if num_workers == 0:
         return None
-    if first_loader or not main_importable():
+    if not main_importable():
         return multiprocessing.get_context("fork")  # workers forked from the main process
     context = multiprocessing.get_context(START_METHOD)
     preload = list(PRELOAD)
