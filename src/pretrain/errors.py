@@ -24,12 +24,20 @@ class RunEnvironmentError(RuntimeError):
     does not have); one line naming the path or key and what to do (exit status 2)."""
 
 
+def write_line(text: str) -> None:
+    """`text` and its newline on stderr in one write: the ranks and data-loader workers of a
+    run share the stream, and `print` writes the newline apart, so two processes' lines
+    printed at once came out as one ("...directoryerror: epoch 0, rank 0: ...")."""
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
+
+
 def report_error(error: BaseException, prog: str = "") -> None:
     """Print `error` as the one line `<prog>: error: <message>` on stderr, preceded by its
     traceback when the environment sets PRETRAIN_VERBOSE (to anything but 0)."""
     if os.environ.get(VERBOSE_ENV, "0") not in ("", "0"):
         traceback.print_exception(error, file=sys.stderr)
-    print(f"{prog}: error: {error}" if prog else f"error: {error}", file=sys.stderr, flush=True)
+    write_line(f"{prog}: error: {error}" if prog else f"error: {error}")
 
 
 def require(ok: bool, key: str, value: Any, expected: str) -> None:

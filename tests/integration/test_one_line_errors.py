@@ -5,6 +5,7 @@ lacks, and `pretrain-data preview` with an objective the data format does not fi
 
 import errno
 import os
+import sys
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from pretrain import checkpointing
 from pretrain.checkpointing import AtomicCheckpointIO
 from pretrain.config import compose_config, validate
 from pretrain.data import preview
-from pretrain.errors import ConfigError, RunEnvironmentError
+from pretrain.data.shard_blocks import ShardError
+from pretrain.errors import ConfigError, RunEnvironmentError, report_error
 from pretrain.run import run_or_exit
 from pretrain.trainer import check_accelerator
 
@@ -139,7 +141,11 @@ def test_a_killed_data_loader_worker_is_one_line(prepared_corpus, tmp_path):
     while not list((run_dir / "checkpoints").glob("step-*.ckpt")):
         assert run.poll() is None and time.monotonic() < deadline
         time.sleep(0.5)
-    workers = psutil.Process(run.pid).children()
+    # the workers: children of the forkserver the run started (`worker_processes`)
+    servers = [
+        p for p in psutil.Process(run.pid).children() if any("forkserver" in a for a in p.cmdline())
+    ]
+    workers = [worker for server in servers for worker in server.children()]
     assert workers, "no data-loader worker found"
     workers[0].kill()
     _, stderr = run.communicate(timeout=240)
@@ -149,3 +155,23 @@ def test_a_killed_data_loader_worker_is_one_line(prepared_corpus, tmp_path):
     assert "Traceback" not in stderr
     saved = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
     assert torch.load(saved, weights_only=True)["global_step"] >= 2
+
+
+def test_an_error_line_is_one_write(monkeypatch):
+    """Ranks and data-loader workers share stderr: each error line goes out in one write with
+    its newline, or two ranks' lines printed at once come out joined on one line."""
+    writes = []
+
+    class Stream:
+        write = writes.append
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    report_error(ShardError("shard-000002.tar: sha256 differs"))
+    report_error(ConfigError("optim.lr: not a number"), prog="pretrain")
+    assert writes == [
+        "error: shard-000002.tar: sha256 differs\n",
+        "pretrain: error: optim.lr: not a number\n",
+    ]

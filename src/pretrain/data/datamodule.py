@@ -21,7 +21,7 @@ from pretrain.data.shard_format import (
 from pretrain.data.stream import StreamSpec, rows_per_sample, training_stream
 from pretrain.data.vocab import Vocabulary, load_vocabulary
 from pretrain.data.worker_processes import worker_context
-from pretrain.errors import ConfigError
+from pretrain.errors import ConfigError, write_line
 from pretrain.job_signals import ignore_in_data_worker
 
 
@@ -82,7 +82,7 @@ def verified_shards(manifest: Manifest, indices: range, bad_shards: str) -> list
         except ShardError as error:
             if bad_shards == "error":
                 raise ShardError(f"data.verify_shards: {error}") from error
-            print(f"warning: data.bad_shards=skip: left out {error}", file=sys.stderr)
+            write_line(f"warning: data.bad_shards=skip: left out {error}")
             continue
         good.append(index)
     if not good:

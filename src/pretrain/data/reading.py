@@ -19,7 +19,6 @@ import functools
 import heapq
 import math
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
@@ -39,6 +38,7 @@ from pretrain.data.shard_format import (
 )
 from pretrain.data.stages import PROGRESS_KEY, sample_progress_tokens
 from pretrain.data.vocab import Vocabulary
+from pretrain.errors import write_line
 
 Corruption = Callable[[dict, int], dict]
 UNITS_PER_READER = 32
@@ -179,7 +179,7 @@ def shard_documents(
     try:
         return list(_documents(path, start_document, wanted))
     except ShardError as error:
-        print(f"warning: data.bad_shards=skip: left out {error}", file=sys.stderr, flush=True)
+        write_line(f"warning: data.bad_shards=skip: left out {error}")
         return []
 
 
