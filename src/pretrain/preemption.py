@@ -191,9 +191,14 @@ class PreemptionCheckpoint(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning registers its SIGTERM handler (which stops without saving) after setup:
-        # ours takes the signals back for the training loop.
+        # ours takes the signals back for the training loop. A SIGTERM that came in between
+        # (while the first epoch's workers start) ran Lightning's handler and ours (Lightning
+        # calls the one it found): ours saves at the first step, and Lightning's flag, on
+        # which its loop would exit with status 0 (a finished job to SLURM), is cleared.
         for signum in self._previous:
             signal.signal(signum, self._handle)
+        if self._received is not None:
+            trainer._signal_connector.received_sigterm = False
         self._last_checked_step = trainer.global_step
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -153,6 +153,27 @@ def test_a_signal_during_start_up_is_held_and_saves_at_the_first_step(
             signal.signal(signum, handler)
 
 
+def test_a_sigterm_while_the_first_loader_starts_saves_at_the_first_step(
+    prepared_corpus, tmp_path, monkeypatch
+):
+    """A SIGTERM after Lightning installed its handler and before the training loop took the
+    signals back (here: as the first epoch's loader is built, whose workers a forkserver
+    starts): saved at the first step and Preempted, not Lightning's exit with status 0."""
+    from pretrain.data.datamodule import PretrainingDataModule
+
+    build = PretrainingDataModule.train_dataloader
+
+    def signalled(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return build(self)
+
+    monkeypatch.setattr(PretrainingDataModule, "train_dataloader", signalled)
+    run_dir = tmp_path / "run"
+    with pytest.raises(Preempted, match="preempted at step 1 of 8"):
+        train(compose_config(tiny_overrides(prepared_corpus, run_dir, *COMMON)))
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 1
+
+
 def test_a_stop_at_the_last_step_is_a_finished_run():
     callback = PreemptionCheckpoint("USR1")
     callback.saved_step = 8

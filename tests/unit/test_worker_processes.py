@@ -4,6 +4,8 @@ was started with the job's preemption signals blocked."""
 
 import os
 import signal
+import subprocess
+import sys
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -13,10 +15,11 @@ from pretrain.job_signals import PREEMPTION_SIGNALS
 
 
 class WhoAmI(IterableDataset):
-    """Yields (worker pid, its parent's pid, whether SIGUSR1 is blocked) once per worker."""
+    """Yields (worker pid, its parent's pid, whether every preemption signal is blocked) once
+    per worker."""
 
     def __iter__(self):
-        blocked = signal.SIGUSR1 in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        blocked = set(PREEMPTION_SIGNALS) <= signal.pthread_sigmask(signal.SIG_BLOCK, [])
         yield torch.tensor([os.getpid(), os.getppid(), int(blocked)])
 
 
@@ -36,3 +39,21 @@ def test_every_epochs_workers_are_forked_by_the_same_server_with_signals_blocked
     assert all(blocked for _, _, blocked in first + second)  # before any worker_init_fn ran
     # the main process keeps its signals
     assert not set(PREEMPTION_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_a_fresh_process_starts_its_forkserver_with_sigterm_blocked(tmp_path):
+    """The launch's first loader starts the forkserver in a process whose multiprocessing
+    resource tracker is not running yet (starting that one unblocks SIGTERM): the workers
+    still start with every preemption signal blocked, so a job's SIGTERM cannot end them or
+    the forkserver before `ignore_in_data_worker` runs."""
+    script = tmp_path / "first_loader.py"
+    script.write_text(
+        "from test_worker_processes import WhoAmI, epoch_workers, worker_context\n"
+        "if __name__ == '__main__':\n"
+        "    print(all(blocked for _, _, blocked in epoch_workers(worker_context(2))))\n"
+    )
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout.split() == ["True"], result.stderr[-3000:]

@@ -121,6 +121,12 @@ class PretrainingDataModule(L.LightningDataModule):
         self._loader_epoch = -1
         self._start_samples = 0  # where this launch's epoch began, in global samples
 
+    def setup(self, stage: str) -> None:
+        """Start the forkserver of the workers now, before the model's set-up, so it has
+        imported torch by the time the first loader forks its workers (after Lightning has
+        installed its own signal handlers, which the training loop only then takes back)."""
+        worker_context(self.num_workers, self.spec.corruption)
+
     def train_dataloader(self) -> StepAlignedLoader:
         trainer = self.trainer
         epoch = trainer.current_epoch if trainer else 0

@@ -64,9 +64,13 @@ def main_importable() -> bool:
 def start_forkserver() -> None:
     """Start multiprocessing's forkserver (once per process) with the preemption signals
     blocked, so it and the workers forked from it inherit them blocked; unblocked again
-    here afterwards (a signal that came meanwhile is delivered then)."""
-    from multiprocessing import forkserver
+    here afterwards (a signal that came meanwhile is delivered then). multiprocessing's
+    resource tracker is started first: starting it unblocks SIGTERM (it blocks SIGINT and
+    SIGTERM around its own start, then unblocks them), which would leave the forkserver to
+    die of a job's SIGTERM."""
+    from multiprocessing import forkserver, resource_tracker
 
+    resource_tracker.ensure_running()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)  # this thread's
     try:
         forkserver.ensure_running()
