@@ -45,15 +45,25 @@ def test_a_fresh_process_starts_its_forkserver_with_sigterm_blocked(tmp_path):
     """The launch's first loader starts the forkserver in a process whose multiprocessing
     resource tracker is not running yet (starting that one unblocks SIGTERM): the workers
     still start with every preemption signal blocked, so a job's SIGTERM cannot end them or
-    the forkserver before `ignore_in_data_worker` runs."""
+    the forkserver before `ignore_in_data_worker` runs, and the tracker blocks or ignores
+    them too (a job's USR1 ended it, and the next one was told to forget unknown names)."""
     script = tmp_path / "first_loader.py"
     script.write_text(
-        "from test_worker_processes import WhoAmI, epoch_workers, worker_context\n"
+        "from multiprocessing import resource_tracker\n"
+        "from test_worker_processes import WhoAmI, epoch_workers, signals_held, worker_context\n"
         "if __name__ == '__main__':\n"
         "    print(all(blocked for _, _, blocked in epoch_workers(worker_context(2))))\n"
+        "    print(signals_held(resource_tracker._resource_tracker._pid))\n"
     )
     env = os.environ | {"PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
     result = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
     )
-    assert result.stdout.split() == ["True"], result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "True"], result.stderr[-3000:]
+
+
+def signals_held(pid: int) -> bool:
+    """Whether process `pid` blocks or ignores every preemption signal (/proc/<pid>/status)."""
+    status = dict(line.split(":\t") for line in open(f"/proc/{pid}/status").read().splitlines())
+    held = int(status["SigBlk"], 16) | int(status["SigIgn"], 16)
+    return all(held >> (signum - 1) & 1 for signum in PREEMPTION_SIGNALS)

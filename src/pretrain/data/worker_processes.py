@@ -62,17 +62,19 @@ def main_importable() -> bool:
 
 
 def start_forkserver() -> None:
-    """Start multiprocessing's forkserver (once per process) with the preemption signals
-    blocked, so it and the workers forked from it inherit them blocked; unblocked again
-    here afterwards (a signal that came meanwhile is delivered then). multiprocessing's
-    resource tracker is started first: starting it unblocks SIGTERM (it blocks SIGINT and
-    SIGTERM around its own start, then unblocks them), which would leave the forkserver to
-    die of a job's SIGTERM."""
+    """Start multiprocessing's forkserver (once per process), and its resource tracker, with
+    the preemption signals blocked, so they and the workers forked from the server inherit
+    them blocked (a job's USR1 would end the tracker, and the next tracker would then be
+    told to forget names it never saw); unblocked again here afterwards (a signal that came
+    meanwhile is delivered then). Starting the tracker unblocks SIGTERM (it blocks SIGINT
+    and SIGTERM around its own start, then unblocks them), so they are blocked again before
+    the forkserver starts."""
     from multiprocessing import forkserver, resource_tracker
 
-    resource_tracker.ensure_running()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)  # this thread's
     try:
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
