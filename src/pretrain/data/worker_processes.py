@@ -4,7 +4,7 @@ The loader is rebuilt every epoch (each epoch has its own stream), and its worke
 Forked from the main process, a later epoch's workers would start as copies of whatever the
 main process has grown to by then (the heap of every step so far) and their memory would
 grow with the run. So every loader's workers, the first epoch's included, are forked by
-multiprocessing's forkserver: a small process started once per launch, at its first loader
+multiprocessing's forkserver: a small process started once per launch, at the data module's set-up
 (a fresh interpreter that has imported only torch, the stream and the run's corruption
 module, a few seconds of CPU, and never trains), so every epoch's workers start alike and
 the run's memory is the same from its first step as at its last (had the first epoch's
