@@ -99,9 +99,10 @@ demo-eval: $(STAMP)
 # and wait on SLURM's signals and time limits, a core left idle meanwhile) and the long
 # single-process cases (SLOW_SINGLE: the evaluation margins' pretraining and probes, every
 # family compiled) in the background, the unit and integration tests and then the multi-rank
-# tests that use no SLURM (FOREGROUND_MULTIPROCESS) in the foreground (with two lanes they took
-# 19:36 and 14:24 minutes before the margins and compile tests were added); the background
-# lanes' output follows, and the target fails if any lane fails.
+# tests that use no SLURM (FOREGROUND_MULTIPROCESS) in the foreground (on a clean 2-core
+# clone at 506affc: 21:26, 16:14 and 8:01 minutes; the resume matrix in the slow lane instead
+# took 13 minutes beside the others, e75337f); the background lanes' output follows, and the
+# target fails if any lane fails.
 FOREGROUND_MULTIPROCESS = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py
 SLOW_SINGLE = tests/multiprocess/test_eval_margin.py tests/integration/test_compile.py
 TEST_TMP ?= $(or $(TMPDIR),/tmp)/pretrain-tests

@@ -70,9 +70,10 @@ def shuffle_batch_trigrams(
     permutations. ids, free (batch, seq); hashes (batch,) uint64 (`key_hashes`). A trigram
     start (three free tokens from it) ranks by `ranks` (batch, seq) uniforms (by default
     `keyed_uniform(seed, epoch, STREAM_TRIGRAMS)`) at its position; a start ranked first among
-    the starts up to 2 tokens either side of it is eligible (so eligible trigrams never overlap) and the row's first-ranked eligible ones
-    are shuffled, by the permutation `keyed_uniform(seed, epoch, STREAM_TRIGRAM_ORDER)` picks
-    at the same position: a row's shuffle depends only on (seed, epoch, key) and its tokens.
+    the starts up to 2 tokens either side of it is eligible (so eligible trigrams never
+    overlap) and the row's first-ranked eligible ones are shuffled, by the permutation
+    `keyed_uniform(seed, epoch, STREAM_TRIGRAM_ORDER)` picks at the same position: a row's
+    shuffle depends only on (seed, epoch, key) and its tokens.
     Returns (shuffled ids (batch, seq), (rows, columns) of the shuffled positions)."""
     batch, length = ids.shape
     wanted = np.rint(fraction * np.count_nonzero(free, axis=1) / 3).astype(np.int64)
