@@ -3,7 +3,8 @@
 Runs `pretrain experiment=<demo>` for `--steps` optimizer steps per demo (CSV logger, a
 scratch run directory, logging every `--every` steps), reads the run's own memory metrics
 from its metrics.csv (`sys/host_memory_gb`: PSS of the main process and its data-loader
-workers, `pretrain.memory`), prints a table of memory against the step and the growth from
+workers, `pretrain.memory`; and `sys/host_anon_memory_gb`, the PSS of their anonymous and
+shared-memory pages, which other processes on the machine do not move), prints a table of memory against the step and the growth from
 `--from-step` to the last step, and writes a PNG when matplotlib is installed.
 
     .venv/bin/python benchmarks/memory.py --demos demo electra_demo xlnet_demo \
@@ -27,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 COLUMNS = ("sys/host_memory_main_gb", "sys/host_memory_workers_gb", "sys/host_memory_gb")
+ANON = "sys/host_anon_memory_gb"  # NaN in runs logged before it existed
 
 
 def run_demo(demo: str, steps: int, every: int, run_dir: Path, extra: list[str]) -> None:
@@ -49,31 +51,37 @@ def run_demo(demo: str, steps: int, every: int, run_dir: Path, extra: list[str])
         raise SystemExit(f"{demo}: exit {result.returncode}\n{result.stderr[-3000:]}")
 
 
-def memory_rows(run_dir: Path) -> list[tuple[int, float, float, float]]:
-    """(step, main GiB, workers GiB, total GiB) of every logged step of the run; `step` as
-    logged: the index of the step, so step 299 is measured after 300 optimizer steps."""
+def memory_rows(run_dir: Path) -> list[tuple[int, float, float, float, float]]:
+    """(step, main GiB, workers GiB, total GiB, anonymous GiB) of every logged step of the
+    run; `step` as logged: the index of the step, so step 299 is measured after 300 optimizer
+    steps."""
     rows = []
     for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
         with open(path) as f:
             for row in csv.DictReader(f):
                 if row.get("sys/host_memory_gb"):
-                    rows.append((int(row["step"]), *(float(row[c]) for c in COLUMNS)))
+                    values = (float(row[c]) for c in COLUMNS)
+                    rows.append((int(row["step"]), *values, float(row.get(ANON) or "nan")))
     return sorted(rows)
 
 
-def growth(rows: list[tuple[int, float, float, float]], from_step: int) -> float:
+def growth(rows: list[tuple], from_step: int) -> float:
     """Relative growth of the total from the first logged step at or after `from_step`
     optimizer steps to the last."""
     start = next((r for r in rows if r[0] + 1 >= from_step), rows[0])
     return rows[-1][3] / start[3] - 1
 
 
-def robust_growth(rows: list, from_step: int, window: int = 5) -> tuple[float, float]:
+def robust_growth(
+    rows: list, from_step: int, window: int = 5, column: int = 3
+) -> tuple[float, float]:
     """(median of the last `window` totals over the median of the first `window` at or after
     `from_step`, minus 1; the least-squares line's rise over the same steps, relative to its
-    start): one logged point catches its step's transient allocations (about +-5% here),
+    start), of the total (`column` 3) or the anonymous pages (4): one logged point catches its step's transient allocations (about +-5% here),
     these two do not."""
-    points = [(r[0], r[3]) for r in rows if r[0] + 1 >= from_step] or [(r[0], r[3]) for r in rows]
+    points = [(r[0], r[column]) for r in rows if r[0] + 1 >= from_step] or [
+        (r[0], r[column]) for r in rows
+    ]
     head, tail = points[:window], points[-window:]
     level = statistics.median(v for _, v in tail) / statistics.median(v for _, v in head) - 1
     if len(points) < 2:
@@ -142,21 +150,23 @@ def main() -> None:
                 print(f"== {demo}: no memory logged in {run_dir}", flush=True)
                 continue
             results[demo] = rows
-            print(f"== {demo}: step, main, workers, total (GiB, PSS)", flush=True)
-            for step, main_gb, workers_gb, total_gb in results[demo]:
-                print(f"{step:6d} {main_gb:7.3f} {workers_gb:7.3f} {total_gb:7.3f}", flush=True)
+            print(f"== {demo}: step, main, workers, total, anonymous (GiB, PSS)", flush=True)
+            for step, *sizes in results[demo]:
+                print(f"{step:6d}" + "".join(f" {size:7.3f}" for size in sizes), flush=True)
     print(
         f"\n| demo | total at step >= {args.from_step} | total at the last step | growth "
-        "(points) | growth (medians of 5) | trend (least squares) |"
+        "(points) | growth (medians of 5) | trend (least squares) | anonymous pages: medians "
+        "of 5, trend |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for demo, rows in results.items():
         start = next((r for r in rows if r[0] + 1 >= args.from_step), rows[0])
         level, trend = robust_growth(rows, args.from_step)
+        anon_level, anon_trend = robust_growth(rows, args.from_step, column=4)
         print(
             f"| {demo} | {start[3]:.3f} GiB (step {start[0]}) | {rows[-1][3]:.3f} GiB "
             f"(step {rows[-1][0]}) | {growth(rows, args.from_step):+.1%} | {level:+.1%} | "
-            f"{trend:+.1%} |"
+            f"{trend:+.1%} | {anon_level:+.1%}, {anon_trend:+.1%} |"
         )
     if plot(results, args.png):
         print(f"\nwrote {args.png}")

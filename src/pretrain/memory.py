@@ -10,6 +10,11 @@ any other helper the run started is counted with them; under Lightning's subproc
 launcher, rank 0's count includes the other local ranks, which it started). On CUDA, the peak allocated and
 reserved memory of the caching allocator since the start: host-side counters, no device
 synchronisation.
+
+Beside the PSS of all pages, `host_anon_memory_gb` counts only the anonymous and shared-memory
+pages (Pss_Anon + Pss_Shmem: the heap, tensors, batches passed from the workers): what a leak
+grows. The PSS of the mapped library files also moves when unrelated processes on the machine
+start or end (their share of the same files changes); this figure does not.
 """
 
 import os
@@ -21,23 +26,28 @@ GB = 1024**3
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def process_memory_bytes(pid: int) -> int | None:
-    """PSS of process `pid` in bytes (RSS where PSS is not available); None when the process
-    is gone or cannot be read."""
+def process_memory_bytes(pid: int) -> tuple[int, int | None] | None:
+    """(PSS, PSS of anonymous and shared-memory pages) of process `pid` in bytes; (RSS, None)
+    where smaps_rollup is not available; None when the process is gone or cannot be read."""
     try:
+        fields = {}
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024  # kB
+            name, _, value = line.partition(":")
+            if value.strip().endswith("kB"):
+                fields[name] = int(value.split()[0]) * 1024
+        if "Pss" in fields:
+            anon = fields.get("Pss_Anon", 0) + fields.get("Pss_Shmem", 0)
+            return fields["Pss"], anon if "Pss_Anon" in fields else None
     except OSError:
         pass
     try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES, None
     except OSError:
         pass
     try:
         import psutil
 
-        return psutil.Process(pid).memory_info().rss
+        return psutil.Process(pid).memory_info().rss, None
     except Exception:  # no psutil, or the process is gone
         return None
 
@@ -73,17 +83,21 @@ def descendant_pids(pid: int) -> list[int]:
 
 def memory_metrics(device: torch.device | None = None) -> dict[str, float]:
     """`sys/` metrics of this process and its descendants: host_memory_gb (main + workers),
-    host_memory_main_gb, host_memory_workers_gb, workers (count), in GiB; on a CUDA `device`
+    host_memory_main_gb, host_memory_workers_gb, host_anon_memory_gb (main + workers, where
+    the kernel reports it), workers (count), in GiB; on a CUDA `device`
     also cuda_max_allocated_gb and cuda_max_reserved_gb (peaks since the start)."""
-    main = process_memory_bytes(os.getpid()) or 0
+    main = process_memory_bytes(os.getpid()) or (0, None)
     workers = [process_memory_bytes(pid) for pid in descendant_pids(os.getpid())]
-    workers = [size for size in workers if size is not None]
+    workers = [sizes for sizes in workers if sizes is not None]
     metrics = {
-        "sys/host_memory_gb": (main + sum(workers)) / GB,
-        "sys/host_memory_main_gb": main / GB,
-        "sys/host_memory_workers_gb": sum(workers) / GB,
+        "sys/host_memory_gb": (main[0] + sum(size for size, _ in workers)) / GB,
+        "sys/host_memory_main_gb": main[0] / GB,
+        "sys/host_memory_workers_gb": sum(size for size, _ in workers) / GB,
         "sys/workers": float(len(workers)),
     }
+    anon = [main[1], *(size for _, size in workers)]
+    if None not in anon:
+        metrics["sys/host_anon_memory_gb"] = sum(anon) / GB
     if device is not None and device.type == "cuda":
         metrics["sys/cuda_max_allocated_gb"] = torch.cuda.max_memory_allocated(device) / GB
         metrics["sys/cuda_max_reserved_gb"] = torch.cuda.max_memory_reserved(device) / GB

@@ -61,6 +61,7 @@ def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp
         "train/tokens_per_s",
         "sys/host_memory_gb",  # PSS (or RSS) of the main process and its workers, GiB
         "sys/host_memory_main_gb",
+        "sys/host_anon_memory_gb",  # PSS of its anonymous and shared-memory pages
     ):
         assert any(row.get(column) for row in rows), column
     module = prepare_run(cfg)[1]
