@@ -20,6 +20,7 @@ read, not run again: one demo at a time, then all of them in one table and one P
 
 import argparse
 import csv
+import math
 import shutil
 import statistics
 import subprocess
@@ -91,9 +92,15 @@ def robust_growth(
     return level, slope * (last - first) / (intercept + slope * first)
 
 
+def percent(value: float) -> str:
+    """A growth as a signed percentage; "-" for NaN (a run logged before the figure existed)."""
+    return "-" if math.isnan(value) else f"{value:+.1%}"
+
+
 def plot(results: dict[str, list], path: Path) -> bool:
     """Memory against the step: per demo, main + workers (solid) and the main process alone
-    (dashed); False without matplotlib."""
+    (dashed, same colour; the legend, outside the axes, names each demo once); False without
+    matplotlib."""
     try:
         import matplotlib
 
@@ -101,18 +108,17 @@ def plot(results: dict[str, list], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = plt.subplots(figsize=(9, 4.5))
     for demo, rows in results.items():
         steps = [r[0] for r in rows]
-        (line,) = axis.plot(
-            steps, [r[3] for r in rows], marker=".", label=f"{demo}: main + workers"
-        )
-        axis.plot(steps, [r[1] for r in rows], "--", color=line.get_color(), label=f"{demo}: main")
+        (line,) = axis.plot(steps, [r[3] for r in rows], marker=".", label=demo)
+        axis.plot(steps, [r[1] for r in rows], "--", color=line.get_color())
+    axis.set_title("main process + data-loader workers (solid), main process (dashed)")
     axis.set_xlabel("optimizer step")
     axis.set_ylabel("PSS (GiB)")
     axis.set_ylim(bottom=0)
     axis.grid(alpha=0.3)
-    axis.legend()
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
@@ -166,7 +172,7 @@ def main() -> None:
         print(
             f"| {demo} | {start[3]:.3f} GiB (step {start[0]}) | {rows[-1][3]:.3f} GiB "
             f"(step {rows[-1][0]}) | {growth(rows, args.from_step):+.1%} | {level:+.1%} | "
-            f"{trend:+.1%} | {anon_level:+.1%}, {anon_trend:+.1%} |"
+            f"{trend:+.1%} | {percent(anon_level)}, {percent(anon_trend)} |"
         )
     if plot(results, args.png):
         print(f"\nwrote {args.png}")
