@@ -14,19 +14,29 @@ Lightning's loop adds its own per-step work (logging off logging steps, no progr
 trainer.enable_progress_bar=false, whose per-step postfix reads the loss).
 
     .venv/bin/python benchmarks/sync_check.py --shards data/builtin [--objectives mlm electra]
-    .venv/bin/python benchmarks/sync_check.py --shards data/builtin --device cpu  # the loop only
+    .venv/bin/python benchmarks/sync_check.py --shards data/builtin --device cpu
+
+On a CPU, where nothing synchronises, the same steps run under `HostSyncOps` instead: a
+dispatch mode that raises at every operator that makes the host wait for the device on CUDA
+(reading a value: `.item()`, `bool()`; an output whose size depends on the data: boolean-mask
+indexing and index_put, nonzero, masked_select, unique, repeat_interleave without its size,
+bincount). It sees operators only: host reads that dispatch none on a CPU tensor (`.tolist()`,
+`.numpy()`, `.cpu()`) it does not see; on CUDA those are device-to-host copies, which the CUDA
+mode catches.
 
 Prints one line per objective (ok, or the error with the last frames of our code) and exits
 1 when any step synchronised.
 """
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import traceback
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # objective -> overrides of its family (the golden cases' tiny models)
 PAIR = ("model=bert_tiny", "data=segment_pair")
@@ -43,12 +53,47 @@ OBJECTIVES = {
     "electra": ("model=electra_tiny", "data=segment_pair"),
     "distillation": ("model=distilbert", "model.hidden_size=128", "model.num_hidden_layers=1")
     + ("model.num_attention_heads=2", "model.intermediate_size=512", "data=full_sentences"),
-    "xlnet": ("model=xlnet_tiny", "data=full_sentences", "data.format=xlnet_memory"),
+    "xlnet": ("model=xlnet_tiny", "data=xlnet_memory"),
     "xlnet_pair": ("model=xlnet_tiny", "data=full_sentences", "data.format=xlnet_pair"),
     "bart": SEQ2SEQ,
     "mass": SEQ2SEQ,
     "causal_lm": ("model=gpt_tiny", "data=full_sentences"),
 }
+
+
+aten = torch.ops.aten
+# Operators that wait for the device on CUDA whatever their arguments: a value read by the
+# host, or an output whose size depends on the data (counted on the device first).
+SYNCING = {
+    aten._local_scalar_dense.default,  # .item(), bool(), float(), int()
+    aten.is_nonzero.default,
+    aten.equal.default,
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten._unique2.default,
+    aten.unique_dim.default,
+    aten.unique_consecutive.default,
+    aten.bincount.default,
+}
+INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+
+
+class HostSyncOps(TorchDispatchMode):
+    """Raises RuntimeError at an operator that synchronises on CUDA (`SYNCING`, indexing with
+    a boolean mask, repeat_interleave without output_size), on any device: the CPU stand-in
+    for torch.cuda.set_sync_debug_mode("error")."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        syncs = func in SYNCING
+        if func in INDEXING:
+            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+            syncs = any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
+        elif func is aten.repeat_interleave.Tensor:
+            syncs = kwargs.get("output_size") is None
+        if syncs:
+            raise RuntimeError(f"{func} synchronises with the host on CUDA")
+        return func(*args, **kwargs)
 
 
 def build(objective: str, shards: Path, scratch: Path, teacher: Path | None):
@@ -102,10 +147,13 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
     for step in range(args.steps + 1):
         # as Lightning moves it: the host-side hook first (the unpadded layout's index)
         batch = on_device(module.host_batch(next(batches)), device)
-        guarded = step > 0 and device.type == "cuda"  # step 0: warm-up (a logging step)
-        if guarded:
+        guarded = step > 0  # step 0: warm-up (a logging step)
+        cuda = device.type == "cuda"
+        if guarded and cuda:
             torch.cuda.set_sync_debug_mode("error")
+        mode = HostSyncOps() if guarded and not cuda else contextlib.nullcontext()
         try:
+            mode.__enter__()
             loss = module(batch)["loss"]
             loss.backward()
             if step == args.nan_step:  # copies on the device: compared after the loop
@@ -127,7 +175,8 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
                 reversed(frames[-3:])
             )
         finally:
-            if guarded:
+            mode.__exit__(None, None, None)
+            if guarded and cuda:
                 torch.cuda.set_sync_debug_mode(0)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -135,7 +184,7 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
     kept = all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     if not kept or skipped != 1:
         return f"ERROR the NaN step: weights kept {kept}, {skipped} step(s) counted as skipped"
-    return "ok" if device.type == "cuda" else "ok (cpu: loop only, no sync check)"
+    return "ok" if device.type == "cuda" else "ok (cpu: no operator that synchronises on CUDA)"
 
 
 def main() -> None:

@@ -46,3 +46,23 @@ def test_gpu_check_smoke_runs_end_to_end(prepared_corpus: Path, tmp_path: Path) 
     for strategy in ("ddp", "deepspeed_zero2"):
         row = next(line for line in table.splitlines() if line.startswith(f"| {strategy} |"))
         assert float(row.split("|")[2].replace(",", "")) > 0  # tokens/s the run logged
+
+
+def test_no_objectives_training_step_has_an_operator_that_syncs_on_cuda(
+    prepared_corpus: Path,
+) -> None:
+    """The GPU check's first part on a CPU (issue 18 item 2): a few steps of every objective,
+    a NaN gradient planted in one, under `HostSyncOps` (boolean-mask indexing, nonzero,
+    .item(), ... stopped), the NaN step skipped with the weights kept."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "sync_check.py"), "--device", "cpu"]
+        + ["--shards", str(prepared_corpus)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    objectives = [line.split()[0] for line in lines if line.split()[1:2] == ["ok"]]
+    assert len(objectives) == 15 and {"mlm_nsp", "electra", "xlnet", "bart"} <= set(objectives)

@@ -360,7 +360,7 @@ class XLNetEncoder(nn.Module):
         if token_type_ids is not None:
             cat_ids = F.pad(token_type_ids, (mlen, 0), value=0)  # memory: segment 0, as HF
             other = token_type_ids[:, :, None] != cat_ids[:, None, :]  # (batch, qlen, klen)
-            seg_mat = F.one_hot(other.long(), num_classes=2).to(dtype)
+            seg_mat = torch.stack((~other, other), dim=-1).to(dtype)  # one-hot; no host read
         r = self.dropout(self.relative_positions(qlen, mlen + qlen, input_ids.device).to(dtype))
         new_mems = []
         for index, layer in enumerate(self.layer):
