@@ -195,7 +195,8 @@ def initialise_from(module: PretrainingModule, source: str) -> None:
 
 
 def summary(module: PretrainingModule, run_dir: Path) -> str:
-    """The objective's summary loss (MLM, LM, ...) at the first and last logged step of this launch."""
+    """The objective's summary loss (MLM, LM, ...) at this launch's first step and its last log
+    step."""
     history = module.loss_history
     lines = [f"Run directory: {run_dir}", f"Checkpoints: {run_dir / 'checkpoints'}"]
     if history:

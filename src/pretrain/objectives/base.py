@@ -541,13 +541,16 @@ class PretrainingModule(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer step (after all accumulated micro-batches): the learning rate,
-        and on log steps the summary loss (`summary_metric`), tokens/s since the last log and
-        the run's memory (`pretrain.memory`, `sys/*`)."""
+        and on log steps (and the launch's first step, for the summary) the summary loss
+        (`summary_metric`), on log steps tokens/s since the last log and the run's memory
+        (`pretrain.memory`, `sys/*`). Other steps read nothing back from the device."""
         self.log("train/lr", optimizer.param_groups[0]["lr"])
         every = self.trainer.log_every_n_steps
-        if self.global_step % every == 0 and self._last_summary_loss is not None:
+        log_step = (self.global_step + 1) % every == 0
+        if self._last_summary_loss is not None and (log_step or not self.loss_history):
+            # the launch's first step and the log steps: the only steps that read the device
             self.loss_history.append((self.global_step, float(self._last_summary_loss.detach())))
-        if (self.global_step + 1) % every == 0:
+        if log_step:
             now = time.perf_counter()
             elapsed = max(now - self._last_log_time, 1e-9)
             rate = float(self._tokens_since_log) / elapsed

@@ -1,0 +1,79 @@
+"""No host synchronisation in a training step but on log steps (issue 18 item 2), in the real
+Lightning loop: a run of each family under benchmarks/sync_check.py's `HostSyncOps` (the CPU
+stand-in for CUDA's sync debug mode) from each step's start to its end, log steps and the
+launch's first step excepted. The optimizer is torch's fused AdamW, as on CUDA (it takes the
+non-finite check's flag as `found_inf`; the unfused one needs the host to decide)."""
+
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+from conftest import cpu_run_overrides
+
+from pretrain.config import compose_config
+from pretrain.run import prepare_run
+from pretrain.trainer import build_trainer
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+
+from sync_check import HostSyncOps  # noqa: E402
+
+STEPS, EVERY = 12, 5
+
+
+class SyncGuard(L.Callback):
+    """Every step but the first and the log steps runs under `HostSyncOps`."""
+
+    def __init__(self) -> None:
+        self.mode, self.guarded = None, []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step > 0 and (step + 1) % trainer.log_every_n_steps != 0:
+            self.mode = HostSyncOps()
+            self.mode.__enter__()
+            self.guarded.append(step)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+            self.mode = None
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("objective=mlm_nsp", "data=segment_pair"),
+        ("objective=mlm", "data=full_sentences", "data.global_batch_size=16"),  # accumulation
+        ("objective=span", "data=full_sentences"),
+        ("objective=electra", "model=electra_tiny", "data=segment_pair"),
+        ("objective=xlnet", "model=xlnet_tiny", "data=xlnet_memory"),
+        ("objective=bart", "model=bart_tiny", "data=full_sentences"),
+        ("objective=causal_lm", "model=gpt_tiny", "data=full_sentences"),
+    ],
+    ids=lambda overrides: overrides[0].split("=")[1],
+)
+def test_steps_between_log_steps_never_wait_for_the_device(prepared_corpus, tmp_path, overrides):
+    cfg = compose_config(
+        cpu_run_overrides(
+            prepared_corpus,
+            tmp_path,
+            *overrides,
+            f"trainer.max_steps={STEPS}",
+            f"trainer.log_every_n_steps={EVERY}",
+            "trainer.checkpoint_every_n_steps=100",
+            "+optim.optimizer.fused=true",
+        )
+    )
+    config, module, datamodule = prepare_run(cfg)
+    guard = SyncGuard()
+    trainer = build_trainer(config, tmp_path, [guard])
+    try:
+        trainer.fit(module, datamodule=datamodule)  # HostSyncOps raises at a syncing operator
+    finally:
+        guard.on_train_batch_end(trainer, module, None, None, 0)  # leave it, even on an error
+    assert trainer.global_step == STEPS
+    guarded = [s for s in range(1, STEPS) if (s + 1) % EVERY != 0]  # micro-batches' steps
+    assert guard.guarded == sorted(guarded * config.batch_plan.accumulate_grad_batches)
+    assert [step for step, _ in module.loss_history] == [0, 4, 9]  # first step, log steps
