@@ -14,7 +14,6 @@ each variant's median step time is printed over the boolean-mask step's:
     .venv/bin/python benchmarks/bench_budget.py --sizes bert_mini bert_small --rounds 30
 """
 
-import argparse
 import statistics
 
 import bench_model
@@ -30,7 +29,7 @@ from pretrain.objectives.predictions import (
 
 
 def boolean_with_metrics(model, batch) -> torch.Tensor:
-    hidden = model["encoder"](batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    hidden = bench_model.encode(model, batch)
     logits = model["mlm_head"](hidden[batch["masked"]])
     return masked_classification_metrics("mlm", logits, batch["labels"][batch["masked"]])[
         "mlm_loss"
@@ -38,7 +37,7 @@ def boolean_with_metrics(model, batch) -> torch.Tensor:
 
 
 def budget_cross_entropy(model, batch) -> torch.Tensor:
-    hidden = model["encoder"](batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    hidden = bench_model.encode(model, batch)
     positions = batch["prediction_positions"]
     logits = model["mlm_head"](gather_positions(hidden, positions))
     targets = gather_targets(batch["labels"], positions)
@@ -54,14 +53,8 @@ STEPS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", nargs="+", default=["bert_mini", "bert_small"])
+    parser = bench_model.batch_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=20, help="timed steps of each variant")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--mask-probability", type=float, default=0.15)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 CPU, batch "

@@ -40,10 +40,11 @@ from pretrain.paths import CONF_DIR
 PAD_ID = 0
 
 
-def parse_args() -> argparse.Namespace:
-    """Command-line flags: sizes (conf/model names), batch, sequence length, steps, repeats."""
+def batch_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of the benchmark batch and models: sizes (conf/model names), batch, sequence
+    length, vocabulary, masking rate, seed (`bench_budget.py` adds its own)."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--sizes", nargs="+", default=["bert_mini", "bert_small"], help="conf/model/*.yaml names"
@@ -54,6 +55,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--mask-probability", type=float, default=0.15, help="fraction of positions predicted"
     )
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    """`batch_parser`'s flags, and the timing: steps, warm-up steps, repeats."""
+    parser = batch_parser(__doc__)
     parser.add_argument("--steps", type=int, default=1, help="timed training steps per repeat")
     parser.add_argument(
         "--warmup-steps", type=int, default=1, help="untimed steps before the first repeat"
@@ -61,7 +69,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--repeats", type=int, default=5, help="timed repeats; the median is reported"
     )
-    parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
 
@@ -106,16 +113,21 @@ def build_models(size: str, args: argparse.Namespace):
     return ours, hf
 
 
+def encode(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Our encoder's hidden states of the batch."""
+    return model["encoder"](batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+
+
 def our_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Loss of our encoder + MLM head, projecting only the masked positions."""
-    hidden = model["encoder"](batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    hidden = encode(model, batch)
     logits = model["mlm_head"](hidden[batch["masked"]])  # (N, vocab)
     return F.cross_entropy(logits, batch["labels"][batch["masked"]])
 
 
 def our_step_static_budget(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Loss of the MLM objective's step: the masked positions gathered by the static budget."""
-    hidden = model["encoder"](batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    hidden = encode(model, batch)
     positions = batch["prediction_positions"]  # (batch, width), -1 = ignored slot
     logits = model["mlm_head"](gather_positions(hidden, positions))  # (batch * width, vocab)
     targets = gather_targets(batch["labels"], positions)
@@ -124,7 +136,7 @@ def our_step_static_budget(model: torch.nn.Module, batch: dict[str, torch.Tensor
 
 def our_step_all_positions(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Loss of ours doing HF's work: project every position, ignore labels -100."""
-    hidden = model["encoder"](batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    hidden = encode(model, batch)
     logits = model["mlm_head"](hidden)  # (batch, seq, vocab)
     return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
 

@@ -96,6 +96,21 @@ class HostSyncOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def no_host_sync(device: torch.device):
+    """Raise RuntimeError at the first host synchronisation inside: CUDA's sync debug mode on
+    a CUDA device, `HostSyncOps` on any other."""
+    if device.type != "cuda":
+        with HostSyncOps():
+            yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 def build(objective: str, shards: Path, scratch: Path, teacher: Path | None):
     """(module, stream spec) of `objective` on `shards`: batches of 8 sequences of 128."""
     from pretrain.config import compose_config
@@ -147,24 +162,22 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
     for step in range(args.steps + 1):
         # as Lightning moves it: the host-side hook first (the unpadded layout's index)
         batch = on_device(module.host_batch(next(batches)), device)
-        guarded = step > 0  # step 0: warm-up (a logging step)
-        cuda = device.type == "cuda"
-        if guarded and cuda:
-            torch.cuda.set_sync_debug_mode("error")
-        mode = HostSyncOps() if guarded and not cuda else contextlib.nullcontext()
+        # step 0: warm-up (lazy CUDA initialisation; a logging step)
+        guard = no_host_sync(device) if step > 0 else contextlib.nullcontext()
         try:
-            mode.__enter__()
-            loss = module(batch)["loss"]
-            loss.backward()
-            if step == args.nan_step:  # copies on the device: compared after the loop
-                next(p for p in module.parameters() if p.grad is not None).grad.view(-1)[0] = nan
-                before = [p.detach().clone() for p in module.parameters()]
-            bad = nonfinite_flag(~torch.isfinite(loss.detach()), module.parameters(), device)
-            optimizer.found_inf = skips.record(bad.float())
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if step == args.nan_step:
-                after = [p.detach().clone() for p in module.parameters()]
+            with guard:
+                loss = module(batch)["loss"]
+                loss.backward()
+                if step == args.nan_step:  # copies on the device: compared after the loop
+                    grad = next(p.grad for p in module.parameters() if p.grad is not None)
+                    grad.view(-1)[0] = nan
+                    before = [p.detach().clone() for p in module.parameters()]
+                bad = nonfinite_flag(~torch.isfinite(loss.detach()), module.parameters(), device)
+                optimizer.found_inf = skips.record(bad.float())
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if step == args.nan_step:
+                    after = [p.detach().clone() for p in module.parameters()]
         except RuntimeError as error:
             frames = [
                 f"{Path(f.filename).name}:{f.lineno} {f.line}"
@@ -174,10 +187,6 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
             return f"SYNC at step {step}: {str(error).splitlines()[0]} | " + " <- ".join(
                 reversed(frames[-3:])
             )
-        finally:
-            mode.__exit__(None, None, None)
-            if guarded and cuda:
-                torch.cuda.set_sync_debug_mode(0)
     if device.type == "cuda":
         torch.cuda.synchronize()
     skipped = skips.settle()[0]

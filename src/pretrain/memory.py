@@ -89,10 +89,11 @@ def memory_metrics(device: torch.device | None = None) -> dict[str, float]:
     main = process_memory_bytes(os.getpid()) or (0, None)
     workers = [process_memory_bytes(pid) for pid in descendant_pids(os.getpid())]
     workers = [sizes for sizes in workers if sizes is not None]
+    workers_total = sum(size for size, _ in workers)
     metrics = {
-        "sys/host_memory_gb": (main[0] + sum(size for size, _ in workers)) / GB,
+        "sys/host_memory_gb": (main[0] + workers_total) / GB,
         "sys/host_memory_main_gb": main[0] / GB,
-        "sys/host_memory_workers_gb": sum(size for size, _ in workers) / GB,
+        "sys/host_memory_workers_gb": workers_total / GB,
         "sys/workers": float(len(workers)),
     }
     anon = [main[1], *(size for _, size in workers)]
