@@ -130,8 +130,8 @@ golden: $(STAMP)
 # Rewrite the options tables of README.md and conf/README.md from conf/ after adding, renaming or
 # re-describing a config (tests/unit/test_conf_tables.py fails while they are stale).
 conf-tables: $(STAMP)
-	$(PY) -m pretrain.conf_tables
-	$(PY) -m pretrain.param_counts --write-table
+	$(PY) -m pretrain.cli.conf_tables
+	$(PY) -m pretrain.cli.params --write-table
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src data_pipelines tests benchmarks

@@ -41,7 +41,7 @@ FORMATS = {
 def stream(overrides: list[str], length: int, batch_size: int, shards: Path):
     """(run, stream spec, objective class) of a run with `overrides` on `shards`."""
     from pretrain.config import compose_config
-    from pretrain.run import build_stream
+    from pretrain.runtime.run import build_stream
 
     return build_stream(
         compose_config(
@@ -60,14 +60,14 @@ def padding(
     name: str, length: int, batch_size: int, shards: Path, limit: int
 ) -> tuple[int, int, int]:
     """(batches, real tokens, padded tokens) of up to `limit` batches of format `name`."""
-    from pretrain.data.stream import training_stream
+    from pretrain.data.stream import EpochStream
 
     overrides = list(FORMATS[name])
     if name.endswith("tokens_per_batch"):  # as many tokens as the fixed batches hold
         overrides += [f"data.tokens_per_batch={batch_size * length}", "data.stream_partitions=1"]
     _, spec, _ = stream(overrides, length, batch_size, shards)
     batches = real = padded = 0
-    for batch in training_stream(spec, epoch=0):
+    for batch in EpochStream(spec, epoch=0):
         batches += 1
         real += int(batch["attention_mask"].sum())
         padded += batch["input_ids"].numel()
@@ -81,7 +81,7 @@ def speed(model: str, length: int, args: argparse.Namespace) -> tuple[float, flo
     `model` on DOC-SENTENCES batches; the two modules hold the same weights."""
     import torch
 
-    from pretrain.data.stream import training_stream
+    from pretrain.data.stream import EpochStream
 
     overrides = ["objective=mlm", f"model={model}", "data=doc_sentences", "seed=3"]
     modules = {}
@@ -92,7 +92,7 @@ def speed(model: str, length: int, args: argparse.Namespace) -> tuple[float, flo
         torch.manual_seed(0)
         modules[unpad] = module_class(run, spec.vocab).train()
     modules["true"].load_state_dict(modules["false"].state_dict())
-    batches = list(itertools.islice(training_stream(spec, epoch=0), args.speed_batches))
+    batches = list(itertools.islice(EpochStream(spec, epoch=0), args.speed_batches))
     real = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["input_ids"].numel() for b in batches)
     optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in modules.items()}

@@ -9,7 +9,7 @@ made before them): read and format every document of the epoch before the positi
 Makes (or reuses) a corpus of short documents from the built-in corpus's paragraphs with
 `--docs-per-shard` documents per shard (default: a few hundred shards), walks the epoch once
 (untimed) to record the positions at 1%, 50% and 99% of it, then times, in this one process
-(one thread), the first batch of `training_stream` at each, both ways.
+(one thread), the first batch of `EpochStream` at each, both ways.
 
     .venv/bin/python benchmarks/bench_resume.py [--megabytes 5] [--work-dir DIR] [--repeats 3]
 """
@@ -28,7 +28,7 @@ from prepare import write_corpus  # noqa: E402
 
 from pretrain.data.reading import effective_partitions, next_position  # noqa: E402
 from pretrain.data.shard_format import load_manifest  # noqa: E402
-from pretrain.data.stream import StreamSpec, rank_sequences, training_stream  # noqa: E402
+from pretrain.data.stream import EpochStream, StreamSpec, rank_sequences  # noqa: E402
 from pretrain.data.vocab import load_vocabulary  # noqa: E402
 from pretrain.objectives.mlm import MaskedLMCorruption  # noqa: E402
 
@@ -89,7 +89,7 @@ def positions_at(spec: StreamSpec, samples: list[int]) -> dict[int, dict]:
 
 def first_batch_seconds(spec: StreamSpec, start: int, positions: dict | None) -> float:
     began = time.perf_counter()
-    next(iter(training_stream(spec, 0, start, positions=positions)))
+    next(iter(EpochStream(spec, 0, start, positions=positions)))
     return time.perf_counter() - began
 
 

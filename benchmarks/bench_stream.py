@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from pretrain.data.reading import effective_partitions  # noqa: E402
 from pretrain.data.shard_format import file_sha256, load_manifest, read_documents  # noqa: E402
-from pretrain.data.stream import StreamSpec, training_stream  # noqa: E402
+from pretrain.data.stream import EpochStream, StreamSpec  # noqa: E402
 from pretrain.data.vocab import load_vocabulary  # noqa: E402
 from pretrain.objectives.mlm import MaskedLMCorruption  # noqa: E402
 
@@ -69,7 +69,7 @@ def time_stream(paths: list[str], tokenizer_dir: str) -> tuple[float, int, int]:
     )
     start = time.perf_counter()
     batches = tokens = 0
-    for batch in training_stream(spec, epoch=0):
+    for batch in EpochStream(spec, epoch=0):
         batches += 1
         tokens += int(batch["attention_mask"].sum())
     return time.perf_counter() - start, batches, tokens

@@ -45,8 +45,8 @@ import torch  # noqa: E402
 
 from pretrain.config import compose_config  # noqa: E402
 from pretrain.data.reading import collate, collated_fields, corrupt_to_tensors  # noqa: E402
-from pretrain.data.stream import training_stream  # noqa: E402
-from pretrain.run import build_stream  # noqa: E402
+from pretrain.data.stream import EpochStream  # noqa: E402
+from pretrain.runtime.run import build_stream  # noqa: E402
 
 
 def clock() -> float:
@@ -148,7 +148,7 @@ def formatted_batches(spec) -> list[tuple[list[dict], dict]]:
 
     stream.collate, stream.corrupt_to_tensors = recording_collate, recording_corrupt
     try:
-        for _ in training_stream(spec, 0):
+        for _ in EpochStream(spec, 0):
             pass
     finally:
         stream.collate, stream.corrupt_to_tensors = real_collate, real_corrupt
@@ -227,7 +227,7 @@ def padded_offsets(collator):
 def time_stream(spec) -> tuple[float, int]:
     start = clock()
     rows = 0
-    for batch in training_stream(spec, 0):
+    for batch in EpochStream(spec, 0):
         rows += batch["input_ids"].shape[0]
     return clock() - start, rows
 

@@ -21,10 +21,11 @@ from torch.utils.data import DataLoader
 
 from pretrain.config import compose_config
 from pretrain.data.datamodule import open_corpus, split_holdout
-from pretrain.data.stream import StreamSpec, training_stream
-from pretrain.evaluate import heldout_accuracy
+from pretrain.data.reading import StreamSpec
+from pretrain.data.stream import EpochStream
 from pretrain.objectives.mlm import MaskedLMCorruption
-from pretrain.run import prepare_run, train
+from pretrain.runtime.heldout import heldout_accuracy
+from pretrain.runtime.run import prepare_run, train
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "data" / "compare"
@@ -80,7 +81,7 @@ def heldout_batches(
         pair_task=pair_task,
         short_seq_probability=0.0,
     )
-    return list(DataLoader(training_stream(held, epoch=0), batch_size=None))
+    return list(DataLoader(EpochStream(held, epoch=0), batch_size=None))
 
 
 def run_one(

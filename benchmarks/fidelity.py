@@ -3,7 +3,7 @@ statistics measured on real batches of the project's stream, one command:
 
     .venv/bin/python benchmarks/fidelity.py [--batches 40] [--only mlm,span] [--no-write]
 
-Batches come from the stream (`pretrain.run.build_stream`: shards, partitions, input format,
+Batches come from the stream (`pretrain.runtime.run.build_stream`: shards, partitions, input format,
 collation; epoch 0), 4,096 tokens each: 32 sequences of 128 tokens, or 8 of 512 for ALBERT's
 n-grams and SpanBERT's spans (their papers' length; fewer units cut by a segment's end).
 Corpora (`fidelity_corpora.py`, prepared once into data/fidelity/): the built-in English
@@ -37,8 +37,8 @@ from pretrain.data.masking import (
     word_start_flags,
 )
 from pretrain.data.reading import MARKS_KEY, collate
-from pretrain.data.stream import rank_sequences, training_stream
-from pretrain.run import build_stream
+from pretrain.data.stream import EpochStream, rank_sequences
+from pretrain.runtime.run import build_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- fidelity:begin -->", "<!-- fidelity:end -->"
@@ -250,7 +250,7 @@ def run_structbert(english: Path, chinese: Path, batches: int) -> list[Row]:
     specials = torch.tensor(spec.vocab.special_ids)
     free = shuffled = 0
     labels = []
-    for batch in islice(training_stream(spec, 0), batches):
+    for batch in islice(EpochStream(spec, 0), batches):
         unmasked = batch["attention_mask"].bool() & (batch["labels"] == IGNORE_INDEX)
         free += int((unmasked & ~torch.isin(batch["input_ids"], specials)).sum())
         shuffled += int((batch["shuffle_labels"] != IGNORE_INDEX).sum())
@@ -274,7 +274,7 @@ def run_xlnet(english: Path, chinese: Path, batches: int) -> list[Row]:
     rows, model = [], ["objective=xlnet", "model=xlnet_tiny", "data=full_sentences"]
     for data in ("xlnet_pair", "xlnet_memory"):
         spec = stream_spec(english, *model, f"data.format={data}")
-        stream = list(islice(training_stream(spec, 0), batches))
+        stream = list(islice(EpochStream(spec, 0), batches))
         targets = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in stream)
         real = sum(int(b["attention_mask"].sum()) - 3 * len(b["keys"]) for b in stream)
         rows.append((f"XLNet ({data})", "targets (1/K, K = 6)", "16.7%", percent(targets / real)))
@@ -312,7 +312,7 @@ def text_positions(batch: dict, row: int, spec) -> np.ndarray:
 def run_bart(english: Path, chinese: Path, batches: int) -> list[Row]:
     counts = Counts()
     spec = stream_spec(english, "objective=bart", "model=bart_tiny", "data=full_sentences")
-    for batch in islice(training_stream(spec, 0), batches):
+    for batch in islice(EpochStream(spec, 0), batches):
         original = (batch["labels"] != IGNORE_INDEX).sum(1).numpy()
         encoder = batch["attention_mask"].sum(1).numpy()
         masks = (batch["input_ids"] == spec.vocab.mask).sum(1).numpy()  # one per span
@@ -329,7 +329,7 @@ def run_bart(english: Path, chinese: Path, batches: int) -> list[Row]:
 def run_mass(english: Path, chinese: Path, batches: int) -> list[Row]:
     counts = Counts()
     spec = stream_spec(english, "objective=mass", "model=bart_tiny", "data=full_sentences")
-    for batch in islice(training_stream(spec, 0), batches):
+    for batch in islice(EpochStream(spec, 0), batches):
         predicted = (batch["labels"] != IGNORE_INDEX).numpy()
         labels = batch["labels"].numpy()
         count_split(counts, predicted, batch["input_ids"].numpy(), labels, spec.vocab.mask)

@@ -3,7 +3,7 @@
 Runs `pretrain experiment=<demo>` for `--steps` optimizer steps per demo (CSV logger, a
 scratch run directory, logging every `--every` steps), reads the run's own memory metrics
 from its metrics.csv (`sys/host_memory_gb`: PSS of the main process and its data-loader
-workers, `pretrain.memory`; and `sys/host_anon_memory_gb`, the PSS of their anonymous and
+workers, `pretrain.runtime.memory`; and `sys/host_anon_memory_gb`, the PSS of their anonymous and
 shared-memory pages, which other processes on the machine do not move), prints a table of memory against the step and the growth from
 `--from-step` to the last step, and writes a PNG when matplotlib is installed.
 

@@ -114,7 +114,7 @@ def no_host_sync(device: torch.device):
 def build(objective: str, shards: Path, scratch: Path, teacher: Path | None):
     """(module, stream spec) of `objective` on `shards`: batches of 8 sequences of 128."""
     from pretrain.config import compose_config
-    from pretrain.run import build_stream
+    from pretrain.runtime.run import build_stream
 
     name = "xlnet" if objective.startswith("xlnet") else objective
     overrides = [
@@ -149,8 +149,8 @@ def on_device(batch: dict, device: torch.device) -> dict:
 
 def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
     """'ok', or what synchronised (the error and the last frames under src/pretrain)."""
-    from pretrain.data.stream import training_stream
-    from pretrain.objectives.nonfinite import DeviceSkips, nonfinite_flag
+    from pretrain.data.stream import EpochStream
+    from pretrain.runtime.nonfinite import DeviceSkips, nonfinite_flag
 
     device = torch.device(args.device)
     module, spec = build(objective, args.shards, scratch, teacher)
@@ -158,7 +158,7 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)  # takes found_inf
     skips = DeviceSkips()
     nan, before, after = float("nan"), [], []
-    batches = iter(training_stream(spec, 0))
+    batches = iter(EpochStream(spec, 0))
     for step in range(args.steps + 1):
         # as Lightning moves it: the host-side hook first (the unpadded layout's index)
         batch = on_device(module.host_batch(next(batches)), device)

@@ -218,7 +218,7 @@ def first_shard_read(shards_dir: Path) -> Path:
     """The first shard of epoch 0's order in the default tiny CPU run on `shards_dir`."""
     from pretrain.config import compose_config
     from pretrain.data.reading import shard_sharing
-    from pretrain.run import build_stream
+    from pretrain.runtime.run import build_stream
 
     _, spec, _ = build_stream(compose_config(cpu_run_overrides(shards_dir, Path("unused"))))
     return Path(spec.shard_paths[shard_sharing(spec, 0, spec.stream_partitions)[0][0]])

@@ -15,13 +15,17 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pretrain.batching import BatchPlan, batch_plan
 from pretrain.errors import ConfigError, require, require_unit_interval
+from pretrain.runtime.batching import BatchPlan, batch_plan
 
 LR_SCALINGS = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "deepspeed")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
-KERNEL_IMPLS = ("auto", "torch", "apex")  # optim.impl, model.layer_norm_impl (pretrain.kernels)
+KERNEL_IMPLS = (
+    "auto",
+    "torch",
+    "apex",
+)  # optim.impl, model.layer_norm_impl (pretrain.runtime.kernels)
 T = TypeVar("T")
 
 
@@ -224,7 +228,7 @@ class DataConfig:
     # null: derived, one per memory slot of the global batch for xlnet_memory, else 64.
     stream_partitions: int | None = DEFAULT_STREAM_PARTITIONS
     # Samples per optimizer step over all ranks; null = batch_size x accumulation x ranks.
-    # When set, trainer.accumulate_grad_batches is derived from it (pretrain.batching).
+    # When set, trainer.accumulate_grad_batches is derived from it (pretrain.runtime.batching).
     global_batch_size: int | None = None
     # Batches by token budget instead (RoBERTa): about this many tokens per optimizer step
     # over all ranks, in micro-batches of a varying number of sequences (data/stream.py);
@@ -436,7 +440,7 @@ class TrainerConfig:
     # Seconds a collective (all-reduce, barrier) may wait for the other ranks before the run
     # fails with an error naming the step, instead of hanging until the job's time limit.
     collective_timeout_s: float = 600.0
-    # Held-out evaluation (pretrain.validation) every this many optimizer steps and at the
+    # Held-out evaluation (pretrain.runtime.validation) every this many optimizer steps and at the
     # last, when data.holdout_shards >= 1; null: none.
     val_check_interval: int | None = 500
     # Batches (of data.batch_size sequences) of the held-out shards each evaluation reads.
@@ -605,7 +609,7 @@ class TrainConfig:
     resume: str = "auto"
     # A Hugging Face directory or a `pretrain` .ckpt whose weights initialise a new run
     # (continued pretraining); an error when the run directory holds a checkpoint of a run
-    # that did not start from it (pretrain.checkpointing.check_init_from).
+    # that did not start from it (pretrain.checkpoint.resume.check_init_from).
     init_from: str | None = None
 
     def __post_init__(self) -> None:
@@ -639,7 +643,9 @@ class TrainConfig:
         # global batch cannot be made for the configured ranks.
         self.batch_plan: BatchPlan = batch_plan(self)
         memory_partitions(self)  # XLNet's memory: partitions = slots, checked here
-        from pretrain.strategies import check_strategy  # late: it imports Lightning, DeepSpeed
+        from pretrain.runtime.strategies import (
+            check_strategy,  # late: it imports Lightning, DeepSpeed
+        )
 
         check_strategy(self)
 

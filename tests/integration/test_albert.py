@@ -14,12 +14,12 @@ from test_train import tiny_overrides
 
 from data_pipelines.prepare_config import TokenizerSettings
 from data_pipelines.tokenizer import save_tokenizer, train_tokenizer
+from pretrain.cli.params import parameter_counts
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.export import ExportError, export_checkpoint, import_hf_model
 from pretrain.models import build_encoder, count_parameters
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
-from pretrain.param_counts import parameter_counts
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 transformers = pytest.importorskip("transformers")
 

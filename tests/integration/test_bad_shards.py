@@ -15,8 +15,8 @@ from conftest import cpu_run_overrides, damage_first_shard, first_shard_read
 from pretrain.config import compose_config
 from pretrain.data.datamodule import open_corpus
 from pretrain.data.shard_format import ShardError, read_documents
-from pretrain.data.stream import training_stream
-from pretrain.run import build_stream
+from pretrain.data.stream import EpochStream
+from pretrain.runtime.run import build_stream
 
 PRETRAIN = str(Path(sys.executable).parent / "pretrain")
 
@@ -58,12 +58,12 @@ def test_skip_policy_leaves_the_whole_shard_out_and_says_so(damaged_corpus):
     trained = {
         key.rsplit(":", 1)[0]
         for rank in range(2)
-        for batch in training_stream(replace(spec, rank=rank, world_size=2), epoch=0)
+        for batch in EpochStream(replace(spec, rank=rank, world_size=2), epoch=0)
         for key in batch["keys"]
     }
     assert trained and not trained & keys
     with pytest.raises(ShardError, match="sha256 differs"):  # the default policy: an error
-        list(training_stream(replace(spec, bad_shards="error"), epoch=0))
+        list(EpochStream(replace(spec, bad_shards="error"), epoch=0))
 
 
 def test_skip_policy_trains_to_the_end_and_warns(damaged_corpus, tmp_path):

@@ -172,7 +172,8 @@ def test_bart_demo_trains_exports_and_reconstructs_like_transformers(prepared_co
 
 def noised_batch(module, config, vocab) -> dict[str, torch.Tensor]:
     """One corrupted training batch of the run's own stream."""
-    from pretrain.data.stream import StreamSpec, training_stream
+    from pretrain.data.reading import StreamSpec
+    from pretrain.data.stream import EpochStream
 
     spec = StreamSpec(
         shard_paths=tuple(sorted(str(p) for p in Path(config["data"]["shards_dir"]).glob("*.tar"))),
@@ -183,4 +184,4 @@ def noised_batch(module, config, vocab) -> dict[str, torch.Tensor]:
         batch_size=4,
         shuffle_buffer_documents=10,
     )
-    return next(iter(training_stream(spec, epoch=0)))
+    return next(iter(EpochStream(spec, epoch=0)))

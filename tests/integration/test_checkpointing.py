@@ -12,19 +12,19 @@ import pytest
 import torch
 from test_train import tiny_overrides
 
-from pretrain import checkpointing
-from pretrain.checkpointing import (
-    AtomicCheckpointIO,
+from pretrain.checkpoint import atomic
+from pretrain.checkpoint import resume as relaunch
+from pretrain.checkpoint.atomic import AtomicCheckpointIO, replace_directory
+from pretrain.checkpoint.resume import (
     check_relaunch,
     config_changes,
     find_resume_checkpoint,
     refused_changes,
-    replace_directory,
     set_aside_checkpoints,
 )
 from pretrain.config import compose_config
 from pretrain.errors import ConfigError
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 
 def save(path: Path, step: int) -> Path:
@@ -50,7 +50,7 @@ def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         f.write(b"half a checkpoint")
         raise KeyboardInterrupt  # killed while writing
 
-    monkeypatch.setattr(checkpointing.torch, "save", crash)
+    monkeypatch.setattr(atomic.torch, "save", crash)
     with pytest.raises(KeyboardInterrupt):
         AtomicCheckpointIO().save_checkpoint({"global_step": 2}, path)
     monkeypatch.undo()
@@ -63,13 +63,13 @@ def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_the_directory_is_fsynced_after_the_rename(tmp_path, monkeypatch):
     synced: list[tuple[Path, list[str]]] = []
-    real = checkpointing.fsync_directory
+    real = atomic.fsync_directory
 
     def record(directory):
         synced.append((Path(directory), sorted(p.name for p in Path(directory).iterdir())))
         real(directory)
 
-    monkeypatch.setattr(checkpointing, "fsync_directory", record)
+    monkeypatch.setattr(atomic, "fsync_directory", record)
     save(tmp_path / "last.ckpt", 1)
     assert synced == [(tmp_path, ["last.ckpt"])]  # after the rename, without the .partial
     synced.clear()
@@ -278,7 +278,7 @@ def test_step_names_are_ordered_by_number_past_seven_digits(tmp_path):
     directory = tmp_path / "checkpoints"
     for step in (9_999_999, 10_000_000, 999_999, 100_000_001):
         save(directory / f"step-{step:07d}.ckpt", step)
-    names = [path.name for path in checkpointing.step_checkpoints(directory)]
+    names = [path.name for path in relaunch.step_checkpoints(directory)]
     assert names == [
         "step-0999999.ckpt",
         "step-9999999.ckpt",
@@ -299,7 +299,7 @@ def crash_at_rename(monkeypatch, source_suffix: str) -> None:
             raise KeyboardInterrupt
         real(source, target)
 
-    monkeypatch.setattr(checkpointing.os, "replace", replace)
+    monkeypatch.setattr(atomic.os, "replace", replace)
 
 
 @pytest.mark.parametrize("previous", [True, False])
@@ -319,7 +319,7 @@ def test_a_crash_between_the_two_renames_loses_no_zero_checkpoint(tmp_path, monk
     assert not final.exists() and written.is_dir()  # the state the crash left
     assert (directory / "last.ckpt.replaced").is_dir() == previous
     assert find_resume_checkpoint(tmp_path, "auto") == str(final)
-    assert checkpointing.checkpoint_step(final) == 8
+    assert relaunch.checkpoint_step(final) == 8
     assert sorted(p.name for p in directory.iterdir()) == ["last.ckpt"]
 
 
@@ -330,5 +330,5 @@ def test_an_unfinished_write_falls_back_to_the_replaced_checkpoint(tmp_path, mon
     deepspeed_dir(directory / "last.ckpt.replaced", 5)
     deepspeed_dir(directory / "last.ckpt.partial", 8)  # `latest` written, not marked complete
     assert find_resume_checkpoint(tmp_path, "auto") == str(directory / "last.ckpt")
-    assert checkpointing.checkpoint_step(directory / "last.ckpt") == 5
+    assert relaunch.checkpoint_step(directory / "last.ckpt") == 5
     assert sorted(p.name for p in directory.iterdir()) == ["last.ckpt"]

@@ -8,8 +8,8 @@ from tokenizers import Tokenizer
 
 from pretrain.config import compose_config
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.stream import training_stream
-from pretrain.run import build_stream, train
+from pretrain.data.stream import EpochStream
+from pretrain.runtime.run import build_stream, train
 
 
 def test_chinese_words_are_masked_whole(prepared_chinese_corpus):
@@ -26,7 +26,7 @@ def test_chinese_words_are_masked_whole(prepared_chinese_corpus):
     tokenizer = Tokenizer.from_file(f"{run.data.tokenizer_dir}/tokenizer.json")
     multi_char_words, jieba_words = 0, 0
     for epoch in range(3):
-        for batch in training_stream(spec, epoch=epoch):
+        for batch in EpochStream(spec, epoch=epoch):
             labels = batch["labels"].numpy()
             starts = batch["word_starts"].numpy()
             for row in range(len(labels)):

@@ -10,6 +10,7 @@ from test_import import EncoderWithHead, assert_logits_match, family_config, mak
 from test_objectives_train import logged
 from test_train import tiny_overrides
 
+from pretrain.cli.params import parameter_counts
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.vocab import load_vocabulary
 from pretrain.export import export_checkpoint
@@ -18,8 +19,7 @@ from pretrain.objectives.distillation import (
     cosine_loss,
     distillation_kl,
 )
-from pretrain.param_counts import parameter_counts
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,6 +11,7 @@ import torch
 from test_export import PAD_ID, WORDS, random_batch, tokenizer_dir  # noqa: F401 (fixture)
 from test_train import tiny_overrides
 
+from pretrain.cli.params import parameter_counts
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
@@ -20,8 +21,7 @@ from pretrain.export.hf import read_hf_model
 from pretrain.models.electra import generator_config
 from pretrain.objectives.electra import ElectraModule, sample_replacements
 from pretrain.objectives.predictions import gather_targets
-from pretrain.param_counts import parameter_counts
-from pretrain.run import initialise_from, train
+from pretrain.runtime.run import initialise_from, train
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pretrain.compare import eval_results, find_runs, write_report
+from pretrain.eval.compare import eval_results, find_runs, write_report
 from pretrain.eval.tracking import pretraining_logger, should_log, wandb_metrics
 
 pytest.importorskip("transformers")

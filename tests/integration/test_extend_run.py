@@ -12,8 +12,8 @@ from test_one_line_errors import exit_line
 from test_train import tiny_overrides
 
 from pretrain.config import compose_config
-from pretrain.run import train
-from pretrain.schedule import LearningRateSchedule
+from pretrain.runtime.run import train
+from pretrain.runtime.schedule import LearningRateSchedule
 
 COMMON = ("trainer.log_every_n_steps=1", "optim.warmup_steps=2", "optim.schedule=linear")
 LR = 1e-3  # tiny_overrides' optim.optimizer.lr

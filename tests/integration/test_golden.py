@@ -1,7 +1,7 @@
 """Golden loss curves: every objective's first steps on the test corpus, compared with the
 values stored in tests/golden/<case>.json (relative tolerance 1e-5).
 
-Each case is a real run (`pretrain.run.train`: config composition, stream, objective module,
+Each case is a real run (`pretrain.runtime.run.train`: config composition, stream, objective module,
 Lightning Trainer) of a tiny model for `STEPS` optimizer steps, one thread, fixed seed,
 single process, no data-loader workers; its per-step losses come from the run's CSV log.
 Every other numerics test is relative (resumed == uninterrupted, DDP == one process, "the loss
@@ -25,7 +25,7 @@ from conftest import ENGLISH_ENTITIES, cpu_run_overrides, prepare_small_corpus
 
 from data_pipelines.prepare_config import EntitySettings, PhraseSettings
 from pretrain.config import compose_config
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 GOLDEN_DIR = Path(__file__).parents[1] / "golden"
 REGENERATE = os.environ.get("REGENERATE_GOLDEN") == "1"

@@ -14,7 +14,7 @@ from pretrain.data.vocab import load_vocabulary
 from pretrain.export import ExportError, export_checkpoint, import_hf_model
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 transformers = pytest.importorskip("transformers")
 

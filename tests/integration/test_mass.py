@@ -9,9 +9,9 @@ from test_objectives_train import logged
 from test_seq2seq import assert_loss_falls, train_tiny
 
 from pretrain.config import ConfigError, compose_config, validate
-from pretrain.data.stream import training_stream
+from pretrain.data.stream import EpochStream
 from pretrain.objectives.mass import MassCorruption
-from pretrain.run import build_stream
+from pretrain.runtime.run import build_stream
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -47,7 +47,7 @@ def test_real_stream_fragment_follows_80_10_10_in_the_encoder(prepared_corpus):
     vocab_size = spec.vocab.size
     counts = np.zeros(3, np.int64)  # fragment tokens shown as [MASK], unchanged, other
     random_ids = []
-    for index, batch in enumerate(training_stream(spec, epoch=0)):
+    for index, batch in enumerate(EpochStream(spec, epoch=0)):
         if index == 8:
             break
         encoder, decoder = batch["input_ids"].numpy(), batch["decoder_input_ids"].numpy()

@@ -11,8 +11,8 @@ import torch
 
 from pretrain.config import compose_config
 from pretrain.objectives.base import NonFiniteError
-from pretrain.run import prepare_run
-from pretrain.trainer import build_trainer
+from pretrain.runtime.run import prepare_run
+from pretrain.runtime.trainer import build_trainer
 
 NAN_STEP = 2
 
@@ -132,7 +132,7 @@ def test_a_diverged_run_stops_with_status_3_and_a_warning(prepared_corpus, tmp_p
     """optim.optimizer.lr=1e6: after the first steps every step is non-finite; the run stops
     once trainer.max_consecutive_skipped_steps were skipped in a row (exit 3, one line), the
     skips were reported, and no checkpoint follows the divergence."""
-    from pretrain.run import run_or_exit
+    from pretrain.runtime.run import run_or_exit
 
     run_dir = tmp_path / "run"
     cfg = tiny_config(

@@ -7,7 +7,7 @@ import pytest
 from test_train import tiny_overrides
 
 from pretrain.config import ConfigError, compose_config, validate
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 # objective -> (data group, settings it adds to MaskedLMConfig with their paper values)
 OBJECTIVES = {

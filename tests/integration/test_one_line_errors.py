@@ -11,14 +11,14 @@ import pytest
 import torch
 from test_train import tiny_overrides
 
-from pretrain import checkpointing
-from pretrain.checkpointing import AtomicCheckpointIO
+from pretrain.checkpoint import atomic
+from pretrain.checkpoint.atomic import AtomicCheckpointIO
 from pretrain.config import compose_config, validate
 from pretrain.data import preview
 from pretrain.data.shard_blocks import ShardError
 from pretrain.errors import ConfigError, RunEnvironmentError, report_error
-from pretrain.run import run_or_exit
-from pretrain.trainer import check_accelerator
+from pretrain.runtime.run import run_or_exit
+from pretrain.runtime.trainer import check_accelerator
 
 
 def exit_line(capsys, cfg) -> str:
@@ -39,7 +39,7 @@ def test_a_full_disk_while_saving_names_the_file(tmp_path, monkeypatch):
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(checkpointing.os, "fsync", full)
+    monkeypatch.setattr(atomic.os, "fsync", full)
     with pytest.raises(RunEnvironmentError) as refused:
         AtomicCheckpointIO().save_checkpoint({"global_step": 2}, path)
     monkeypatch.undo()
@@ -53,7 +53,7 @@ def test_a_full_disk_during_a_run_exits_2(prepared_corpus, tmp_path, monkeypatch
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(checkpointing.os, "fsync", full)
+    monkeypatch.setattr(atomic.os, "fsync", full)
     run_dir = tmp_path / "run"
     cfg = compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=1"))
     line = exit_line(capsys, cfg)

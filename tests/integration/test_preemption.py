@@ -16,18 +16,18 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from test_train import step_losses, tiny_overrides
 
-import pretrain.trainer
-from pretrain import job_signals
-from pretrain.config import ConfigError, compose_config
-from pretrain.data.worker_processes import worker_context
-from pretrain.preemption import (
+import pretrain.runtime.trainer
+from pretrain.cluster import signals as job_signals
+from pretrain.cluster.preemption import (
     PREEMPTED_EXIT_STATUS,
     Preempted,
     PreemptionCheckpoint,
     parse_signal,
     slurm_job_id,
 )
-from pretrain.run import run_or_exit, train
+from pretrain.config import ConfigError, compose_config
+from pretrain.data.worker_processes import worker_context
+from pretrain.runtime.run import run_or_exit, train
 
 MAX_STEPS = 8
 COMMON = (
@@ -69,7 +69,7 @@ def test_usr1_saves_at_the_next_step_requeues_and_resume_matches(
     monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
     preemption = PreemptionCheckpoint("USR1", requeue=lambda job: requeued.append(job) or True)
     monkeypatch.setattr(
-        pretrain.trainer,
+        pretrain.runtime.trainer,
         "preemption_callbacks",
         lambda config: [preemption, SignalAtStep(3, signal.SIGUSR1)],
     )
@@ -113,7 +113,7 @@ def test_sigterm_during_accumulation_saves_after_the_optimizer_step_without_requ
                 os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(
-        pretrain.trainer,
+        pretrain.runtime.trainer,
         "preemption_callbacks",
         lambda config: [preemption, SignalMidAccumulation()],
     )

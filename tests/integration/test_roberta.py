@@ -17,13 +17,13 @@ from test_objectives_train import logged
 from test_train import tiny_overrides
 
 from data_pipelines.prepare_config import TokenizerSettings
+from pretrain.cli.params import model_info
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.vocab import load_vocabulary
 from pretrain.export import ExportError, export_checkpoint
 from pretrain.models.bert import BertEncoder
 from pretrain.models.roberta import RobertaEncoder, roberta_position_ids
-from pretrain.param_counts import model_info
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,10 +9,10 @@ from omegaconf import OmegaConf
 from test_objectives_train import logged
 from test_train import tiny_overrides
 
+from pretrain.cli.params import parameter_counts
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.models.seq2seq import EncoderDecoder, TiedLMHead, sinusoidal_table
-from pretrain.param_counts import parameter_counts
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 TINY = {
     "d_model": 32,

@@ -15,7 +15,7 @@ from test_golden import CASES
 from pretrain.config import compose_config
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.prediction_budget import batch_shape, describe_shape_set, shape_set
-from pretrain.data.stream import training_stream
+from pretrain.data.stream import EpochStream
 from pretrain.objectives.causal_lm import CausalLanguageModel
 from pretrain.objectives.denoising import DenoisingAutoencoder
 from pretrain.objectives.distillation import DistillationModule
@@ -24,7 +24,7 @@ from pretrain.objectives.mlm import MaskedLanguageModel
 from pretrain.objectives.span import SpanBert
 from pretrain.objectives.structbert import StructBert
 from pretrain.objectives.xlnet import PermutationLanguageModel
-from pretrain.run import build_stream
+from pretrain.runtime.run import build_stream
 
 STREAM_BATCHES = 300  # per objective, over as many epochs as the test corpus needs
 
@@ -44,7 +44,7 @@ def full_batches(spec, count: int):
     last batch never reaches the model: `StepAlignedLoader` holds it back)."""
     taken, epoch = 0, 0
     while True:
-        for batch in training_stream(spec, epoch):
+        for batch in EpochStream(spec, epoch):
             if batch["input_ids"].shape[0] == spec.batch_size:
                 yield batch
                 taken += 1

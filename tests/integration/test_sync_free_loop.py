@@ -12,8 +12,8 @@ import pytest
 from conftest import cpu_run_overrides
 
 from pretrain.config import compose_config
-from pretrain.run import prepare_run
-from pretrain.trainer import build_trainer
+from pretrain.runtime.run import prepare_run
+from pretrain.runtime.trainer import build_trainer
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 

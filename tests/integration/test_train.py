@@ -11,7 +11,7 @@ import torch
 from conftest import cpu_run_overrides
 
 from pretrain.config import compose_config
-from pretrain.run import prepare_run, train
+from pretrain.runtime.run import prepare_run, train
 
 
 def tiny_overrides(shards_dir: Path, run_dir: Path, *extra: str) -> list[str]:

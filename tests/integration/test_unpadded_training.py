@@ -6,7 +6,7 @@ from conftest import cpu_run_overrides
 from test_train import step_losses
 
 from pretrain.config import compose_config
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 

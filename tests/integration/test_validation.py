@@ -1,4 +1,4 @@
-"""Held-out curves (pretrain.validation): `val/*` logged during training equal a direct
+"""Held-out curves (pretrain.runtime.validation): `val/*` logged during training equal a direct
 computation on the same held-out batches with the checkpoint of that step; every objective
 family reports its own held-out metrics; evaluation leaves the training's state alone."""
 
@@ -13,9 +13,9 @@ from test_train import tiny_overrides
 
 from pretrain.config import compose_config, validate
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.evaluate import heldout_accuracy
-from pretrain.run import build_stream, train
-from pretrain.validation import heldout_batches, heldout_spec, means_of, metric_sums
+from pretrain.runtime.heldout import heldout_accuracy
+from pretrain.runtime.run import build_stream, train
+from pretrain.runtime.validation import heldout_batches, heldout_spec, means_of, metric_sums
 
 
 def val_rows(run_dir: Path) -> dict[int, dict[str, float]]:

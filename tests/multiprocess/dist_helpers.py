@@ -80,7 +80,7 @@ class Recording:
             {
                 "end": True,
                 "skipped_steps": self.skipped_steps,
-                "epoch_tails": self.epoch_tails,
+                "loaders": self.loaders,
                 "scheduler_steps": scheduler.last_epoch,
                 "param_checksum": checksum,
             },

@@ -1,6 +1,6 @@
 """Distributed training on 2 CPU processes (gloo): DDP, DeepSpeed ZeRO-2 and ZeRO-3.
 
-Every multi-process run launches `python -m pretrain.train trainer.devices=2 ...` (Lightning's
+Every multi-process run launches `python -m pretrain.cli.train trainer.devices=2 ...` (Lightning's
 own launcher starts the second rank) with a test-only objective that records each rank's
 sample keys and losses (tests/dist_helpers.py) and forces a NaN loss on rank 1 at the last
 step. The runs are compared with a single process that trains on exactly the samples both
@@ -23,10 +23,10 @@ from conftest import cpu_run_overrides
 from dist_helpers import RECORDING_MLM, read_records
 from torch.utils.data import DataLoader
 
-from pretrain.checkpointing import find_resume_checkpoint
+from pretrain.checkpoint.resume import find_resume_checkpoint
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.stream import training_stream
+from pretrain.data.stream import EpochStream
 
 TESTS_DIR = Path(__file__).parent
 STEPS = 6
@@ -61,7 +61,7 @@ def launch(shards_dir: Path, run_dir: Path, record_dir: Path, *extra: str) -> di
     """Train with 2 CPU processes; returns the records of both ranks."""
     env = os.environ | record_env(record_dir)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "pretrain.train", *overrides(shards_dir, run_dir, *extra)]
+    command = [sys.executable, "-m", "pretrain.cli.train", *overrides(shards_dir, run_dir, *extra)]
     result = subprocess.run(
         [*command, "trainer.devices=2"],
         env=env,
@@ -130,8 +130,8 @@ def runs(prepared_corpus, tmp_path_factory):
 
 def single_process_reference(shards_dir: Path, root: Path) -> dict:
     """One process, global batch 8 = the two ranks' micro-batches of 4 merged, same seed."""
-    from pretrain.run import prepare_run
-    from pretrain.trainer import build_trainer
+    from pretrain.runtime.run import prepare_run
+    from pretrain.runtime.trainer import build_trainer
 
     sys.path.insert(0, str(TESTS_DIR))
     old_env = dict(os.environ)
@@ -140,7 +140,7 @@ def single_process_reference(shards_dir: Path, root: Path) -> dict:
         cfg = compose_config(overrides(shards_dir, root / "single", "data.batch_size=8"))
         config, module, datamodule = prepare_run(cfg)
         spec = replace(datamodule.spec, batch_size=4, world_size=2)
-        ranks = [iter(training_stream(replace(spec, rank=r), epoch=0)) for r in (0, 1)]
+        ranks = [iter(EpochStream(replace(spec, rank=r), epoch=0)) for r in (0, 1)]
         batches = [
             merge_batches(next(ranks[0]), next(ranks[1]), spec.vocab.pad) for _ in range(STEPS)
         ]
@@ -205,7 +205,7 @@ def test_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(runs):
 def test_zero_checkpoints_consolidate_resume_and_export(runs, tmp_path, monkeypatch):
     import transformers
 
-    from pretrain import checkpoint_safety
+    from pretrain.checkpoint import safety as checkpoint_safety
 
     # these runs store the test's recording objective, which the allow-list rightly refuses
     allowed = {**checkpoint_safety.ALLOWED_TARGETS}
@@ -256,7 +256,7 @@ def test_half_written_zero_checkpoint_is_never_resumed_from(tmp_path):
 
 
 def test_replace_directory_swaps_a_complete_checkpoint_in(tmp_path):
-    from pretrain.checkpointing import replace_directory
+    from pretrain.checkpoint.atomic import replace_directory
 
     final, written = tmp_path / "last.ckpt", tmp_path / "last.ckpt.partial"
     (final / "checkpoint").mkdir(parents=True)
@@ -287,7 +287,7 @@ def compose_strategy(*extra: str) -> dict:
 )
 def test_strategy_configs_compose_and_pass_deepspeeds_parser(strategy):
 
-    from pretrain.strategies import CPUDeepSpeedStrategy, build_strategy, deepspeed_config
+    from pretrain.runtime.strategies import CPUDeepSpeedStrategy, build_strategy, deepspeed_config
 
     cfg = compose_config(
         ["trainer=cpu", f"strategy={strategy}", "trainer.devices=2", "data.global_batch_size=256"]

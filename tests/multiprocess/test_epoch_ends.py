@@ -1,5 +1,5 @@
 """Multi-rank runs across epoch ends: every rank takes the same number of steps in every epoch
-(`pretrain.data.epoch_tail`), with ZeRO-2 on 2 and DDP on 4 CPU processes; every sample of a
+(`pretrain.data.loader`), with ZeRO-2 on 2 and DDP on 4 CPU processes; every sample of a
 completed epoch is trained by exactly one rank, except the logged tail; a stuck rank or a bad
 shard fails the run instead of hanging it; a run resumed on 2 ranks continues the 1-rank order.
 (Preemption and resume across epoch ends, DDP and ZeRO-2: test_resume_matrix.py.)"""
@@ -16,7 +16,7 @@ from conftest import cpu_run_overrides, damage_first_shard
 from dist_helpers import RECORDING_MLM, read_records
 
 from pretrain.config import compose_config
-from pretrain.data.stream import training_stream
+from pretrain.data.stream import EpochStream
 
 TESTS_DIR = Path(__file__).parent
 GUARD_S = 900  # a run that would hang fails the test after this long (a guard, not a speed check)
@@ -42,7 +42,7 @@ def launch(
     records.mkdir(parents=True, exist_ok=True)
     environment = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {})
     environment["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "pretrain.train", *overrides(shards_dir, run_dir, *extra)]
+    command = [sys.executable, "-m", "pretrain.cli.train", *overrides(shards_dir, run_dir, *extra)]
     try:
         return subprocess.run(
             [*command, f"trainer.devices={ranks}"],
@@ -58,13 +58,13 @@ def launch(
 
 def rank_streams(shards_dir: Path, ranks: int, epoch: int, *extra: str) -> dict[int, list[str]]:
     """{rank: sample keys of its whole stream in `epoch`}, built in this process."""
-    from pretrain.run import build_stream
+    from pretrain.runtime.run import build_stream
 
     _, spec, _ = build_stream(compose_config(overrides(shards_dir, Path("unused"), *extra)))
     return {
         rank: [
             key
-            for batch in training_stream(replace(spec, rank=rank, world_size=ranks), epoch)
+            for batch in EpochStream(replace(spec, rank=rank, world_size=ranks), epoch)
             for key in batch["keys"]
         ]
         for rank in range(ranks)
@@ -84,7 +84,7 @@ def check_epochs(shards_dir: Path, records: dict, ranks: int, steps: int, *extra
         assert [e["step"] for e in entries[r]] == list(range(steps)), r
     end = next(e for e in records[0] if e.get("end"))
     assert end["scheduler_steps"] == steps  # the learning rate moved once per step, not per epoch
-    tails = end["epoch_tails"]
+    tails = end["loaders"]
     assert [epoch for epoch, _, _ in tails] == [0, 1], tails  # crossed two epoch ends
     for epoch, end_step, dropped in tails:
         per_rank = {r: [e["step"] for e in entries[r] if e["epoch"] == epoch] for r in records}
@@ -199,7 +199,7 @@ def test_a_token_budget_run_reshaped_mid_epoch_trains_each_steps_samples_once(
     `test_token_budget.global_steps`), none lost or repeated."""
     from test_token_budget import global_steps
 
-    from pretrain.run import build_stream
+    from pretrain.runtime.run import build_stream
 
     budget = ("data=doc_sentences", "data.stream_partitions=4", "data.tokens_per_batch=2048")
     extra = (
@@ -228,7 +228,7 @@ def test_a_token_budget_run_reshaped_mid_epoch_trains_each_steps_samples_once(
                 trained.setdefault((e["epoch"], e["step"]), []).extend(e["keys"])
     assert sorted(step for _, step in trained) == list(range(32))
     _, spec, _ = build_stream(compose_config(overrides(prepared_corpus, tmp_path, *budget)))
-    end = next(step for epoch, step, _ in records[0][-1]["epoch_tails"] if epoch == 0)
+    end = next(step for epoch, step, _ in records[0][-1]["loaders"] if epoch == 0)
     want = {0: global_steps(spec), 1: global_steps(spec, epoch=1)}
     assert len(want[0]) - 1 <= end <= len(want[0])  # the last step may lack a partition
     for (epoch, step), keys in trained.items():

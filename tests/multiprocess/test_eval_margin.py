@@ -66,7 +66,7 @@ def pretrained_export(prepared_corpus: Path, tmp_path_factory) -> Path:
     """The exported encoder of a short MLM pretraining on `prepared_corpus`: 400 steps,
     then extended to 1200 (warmed up again over 20 steps, then decaying to 0)."""
     from pretrain.export import export_checkpoint
-    from pretrain.run import train
+    from pretrain.runtime.run import train
 
     run_dir = tmp_path_factory.mktemp("margin") / "run"
     for steps in ("trainer.max_steps=400", "trainer.max_steps=1200 optim.extend=rewarm"):

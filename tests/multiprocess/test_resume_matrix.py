@@ -78,7 +78,7 @@ def launch(
     environment = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {})
     environment["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
     overrides = cpu_run_overrides(shards_dir, run_dir, *RECORDING, *extra)
-    command = [sys.executable, "-m", "pretrain.train", *overrides, f"trainer.devices={ranks}"]
+    command = [sys.executable, "-m", "pretrain.cli.train", *overrides, f"trainer.devices={ranks}"]
     try:
         return subprocess.run(
             command,
@@ -136,7 +136,7 @@ def run_chain(shards_dir: Path, tmp_path: Path, config: tuple, total: int, stops
             assert loss == pytest.approx(want_loss, abs=1e-5), (rank, step, ends)
         last, reference = got[rank][-1], want[rank][-1]  # the weights at the end, too
         assert last["param_checksum"] == pytest.approx(reference["param_checksum"], rel=1e-6)
-        assert last["epoch_tails"][-1] == reference["epoch_tails"][-1]
+        assert last["loaders"][-1] == reference["loaders"][-1]
 
 
 @pytest.mark.slow

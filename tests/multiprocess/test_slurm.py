@@ -22,7 +22,7 @@ from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 from data_pipelines.slices import merge_slices, prepare_slice, prepare_tokenizer, work_dir
 from pretrain.config import compose_config
 from pretrain.paths import REPO_ROOT
-from pretrain.run import train
+from pretrain.runtime.run import train
 
 LOCAL_CONF = Path(os.environ.get("LOCAL_CLUSTER_DIR", "/tmp/pretrain-slurm")) / "slurm.conf"
 TERMINAL = (

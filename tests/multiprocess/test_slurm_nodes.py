@@ -322,7 +322,7 @@ def test_sweep_points_run_on_different_nodes(prepared_corpus, tmp_path):
     the two points run on n1 and n2 (scontrol's NodeList of each array task), each in its own
     run directory with its own offline wandb run, whose id derives from that directory. (On
     a cluster where other jobs hold a node, both points would take turns on the other one.)"""
-    from pretrain.trainer import wandb_run_id
+    from pretrain.runtime.trainer import wandb_run_id
 
     env = {k: v for k, v in slurm_env().items() if k != "WANDB_API_KEY"}
     env["WANDB_MODE"] = "offline"

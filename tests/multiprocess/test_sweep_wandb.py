@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from wandb.proto import wandb_internal_pb2
 
-from pretrain.compare import write_report
 from pretrain.config import compose_config
-from pretrain.run import train
-from pretrain.trainer import wandb_run_id
+from pretrain.eval.compare import write_report
+from pretrain.runtime.run import train
+from pretrain.runtime.trainer import wandb_run_id
 
 POINT_OVERRIDES = [
     "trainer=cpu",
@@ -114,7 +114,7 @@ def test_sweep_points_are_separate_wandb_runs_and_resume_keeps_the_id(
     command = [
         sys.executable,
         "-m",
-        "pretrain.train",
+        "pretrain.cli.train",
         "-m",
         f"data.shards_dir={prepared_corpus}",
         "experiment_name=sweep",
@@ -139,7 +139,7 @@ def test_sweep_points_are_separate_wandb_runs_and_resume_keeps_the_id(
         assert "train/mlm_loss" in info["summary"] and "val/mlm_accuracy" in info["summary"]
 
     result = subprocess.run(
-        [sys.executable, "-m", "pretrain.compare", str(tmp_path / "runs" / "sweep")],
+        [sys.executable, "-m", "pretrain.eval.compare", str(tmp_path / "runs" / "sweep")],
         env=env,
         capture_output=True,
         text=True,

@@ -12,8 +12,8 @@ from conftest import cpu_run_overrides
 from test_validation import direct_metrics, val_rows
 
 from pretrain.config import compose_config
-from pretrain.run import build_stream
-from pretrain.validation import heldout_batches, heldout_spec
+from pretrain.runtime.run import build_stream
+from pretrain.runtime.validation import heldout_batches, heldout_spec
 
 VAL_BATCHES = 4  # 2 per rank
 
@@ -35,7 +35,7 @@ def test_val_metrics_under_ddp_reduce_over_ranks(prepared_corpus, tmp_path):
         batch_size=4,
     )
     result = subprocess.run(
-        [sys.executable, "-m", "pretrain.train", *overrides, "trainer.devices=2"],
+        [sys.executable, "-m", "pretrain.cli.train", *overrides, "trainer.devices=2"],
         env=os.environ | {"OMP_NUM_THREADS": "1"},
         cwd=tmp_path,
         capture_output=True,

@@ -7,14 +7,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pretrain.batching import (
+from pretrain.config import ConfigError, TrainConfig, compose_config, run_config, validate
+from pretrain.runtime.batching import (
     batch_plan,
     count_devices,
     learning_rate,
     lr_scale,
     warmup_steps,
 )
-from pretrain.config import ConfigError, TrainConfig, compose_config, run_config, validate
 
 
 def plain(*overrides: str) -> dict:

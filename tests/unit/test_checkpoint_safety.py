@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrain import generate
-from pretrain.checkpoint_safety import (
+from pretrain.checkpoint.atomic import AtomicCheckpointIO
+from pretrain.checkpoint.resume import checkpoint_step, newest_checkpoint, saved_config
+from pretrain.checkpoint.safety import (
     ALLOWED_TARGETS,
     UnsafeCheckpointError,
     check_resume_strategy,
@@ -17,12 +18,7 @@ from pretrain.checkpoint_safety import (
     load_weights_only,
     weights_only_loading,
 )
-from pretrain.checkpointing import (
-    AtomicCheckpointIO,
-    checkpoint_step,
-    newest_checkpoint,
-    saved_config,
-)
+from pretrain.cli import generate
 from pretrain.errors import ConfigError
 from pretrain.export import ExportError, read_checkpoint
 from pretrain.paths import CONF_DIR
@@ -186,7 +182,7 @@ def test_the_allow_list_holds_every_class_our_configs_name():
             target = node.get("_target_")
             if target is not None:
                 assert target in ALLOWED_TARGETS[f"{key}._target_"], (
-                    f"{path}: add {target} to pretrain.checkpoint_safety's allow-list"
+                    f"{path}: add {target} to pretrain.checkpoint.safety's allow-list"
                 )
     check_stored_targets(
         {"model": {"_target_": "pretrain.models.bert.BertEncoder"}, "optim": {}}, "x.ckpt"

@@ -28,10 +28,10 @@ def call(name, main, argv):
 
 results = {}
 shards_dir, heavy_names = sys.argv[1], sys.argv[2].split(",")
-from pretrain.train import main as train
+from pretrain.cli.train import main as train
 from pretrain.eval.cli import main as evaluate
-from pretrain.param_counts import deprecated_main as info
-from pretrain.compare import main as compare
+from pretrain.cli.params import deprecated_main as info
+from pretrain.eval.compare import main as compare
 from data_pipelines.cli import main as data
 
 call("pretrain", train, ["--help", "model=bert_base"])
@@ -74,13 +74,13 @@ def test_help_cfg_and_info_import_no_heavy_package(prepared_corpus: Path) -> Non
 
 
 def test_help_with_a_bad_override_names_it() -> None:
-    from pretrain.cli_help import print_app_help
+    from pretrain.cli.help import print_app_help
 
     assert print_app_help("pretrain", "usage", "train", ["--help", "model=no_such_model"]) == 2
 
 
 def test_config_groups_are_the_conf_folders() -> None:
-    from pretrain.cli_help import config_groups
+    from pretrain.cli.help import config_groups
     from pretrain.paths import CONF_DIR
 
     groups = config_groups(CONF_DIR)

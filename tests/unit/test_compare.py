@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from pretrain.compare import FIGURES, find_runs, read_metrics, write_report, x_values
+from pretrain.eval.compare import FIGURES, find_runs, read_metrics, write_report, x_values
 
 
 def write_run(run_dir: Path, lr: float, launches: list[list[dict]]) -> None:

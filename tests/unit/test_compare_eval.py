@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pretrain.compare import eval_results, write_report
+from pretrain.eval.compare import eval_results, write_report
 
 
 def write_run(run_dir: Path, lr: float, results: dict[str, dict[str, float]]) -> None:

@@ -15,7 +15,7 @@ from conftest import cpu_run_overrides
 
 from pretrain.config import compose_config
 from pretrain.paths import CONF_DIR
-from pretrain.run import prepare_run
+from pretrain.runtime.run import prepare_run
 
 OBJECTIVES = sorted(path.stem for path in (CONF_DIR / "objective").glob("*.yaml"))
 

@@ -2,7 +2,7 @@
 
 import re
 
-from pretrain.conf_tables import description, group_options, shorten, stale_files
+from pretrain.cli.conf_tables import description, group_options, shorten, stale_files
 from pretrain.paths import CONF_DIR, REPO_ROOT
 
 
@@ -10,7 +10,7 @@ def test_committed_tables_are_current():
     stale = stale_files()
     assert not stale, (
         f"stale options tables in {', '.join(map(str, stale))}: "
-        "run `python -m pretrain.conf_tables` and commit the result"
+        "run `python -m pretrain.cli.conf_tables` and commit the result"
     )
 
 

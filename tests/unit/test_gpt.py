@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from pretrain.cli.params import parameter_counts
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
@@ -18,7 +19,6 @@ from pretrain.export import ExportError, export_checkpoint, import_hf_model
 from pretrain.export.gpt2 import from_hf, to_hf
 from pretrain.export.hf import HFModel, write_hf_model
 from pretrain.objectives.causal_lm import CausalLanguageModel, CausalLMCorruption
-from pretrain.param_counts import parameter_counts
 
 transformers = pytest.importorskip("transformers")
 
@@ -204,7 +204,7 @@ def demo_overrides(shards_dir: Path, run_dir: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def trained_run(prepared_corpus, tmp_path_factory) -> Path:
-    from pretrain.run import train
+    from pretrain.runtime.run import train
 
     run_dir = tmp_path_factory.mktemp("gpt_demo") / "run"
     train(compose_config(demo_overrides(prepared_corpus, run_dir)))
@@ -223,7 +223,7 @@ def test_gpt_demo_trains_with_falling_loss(trained_run):
 
 @pytest.mark.slow
 def test_checkpoint_exports_and_generates(trained_run, tmp_path, capsys):
-    from pretrain.generate import generate_text, load_for_generation
+    from pretrain.cli.generate import generate_text, load_for_generation
 
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     out = export_checkpoint(ckpt, tmp_path / "hf")
@@ -253,14 +253,14 @@ def test_checkpoint_exports_and_generates(trained_run, tmp_path, capsys):
     for source in (ckpt, out):  # a checkpoint and the exported directory generate alike
         module, tok = load_for_generation(source)
         assert generate_text(module, tok, "the value of", max_new_tokens=8) == continuation
-    from pretrain.generate import main
+    from pretrain.cli.generate import main
 
     status = main([str(out), "--text", "the value of", "--num-beams", "3", "--max-new-tokens", "6"])
     assert status == 0 and capsys.readouterr().out.startswith("the value of => ")
 
 
 def test_generate_refuses_an_mlm_checkpoint_directory(tmp_path):
-    from pretrain.generate import main
+    from pretrain.cli.generate import main
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (tmp_path / "model.safetensors").write_bytes(b"")

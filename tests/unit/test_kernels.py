@@ -1,4 +1,4 @@
-"""Kernel selection (`pretrain.kernels`, issue 14 item 3): optim.impl and
+"""Kernel selection (`pretrain.runtime.kernels`, issue 14 item 3): optim.impl and
 model.layer_norm_impl pick apex's fused kernels where apex and CUDA are there, torch's
 otherwise; asking for apex where it cannot run is an error naming the key."""
 
@@ -8,10 +8,10 @@ import types
 import pytest
 import torch
 
-from pretrain import kernels
 from pretrain.config import compose_config, validate
 from pretrain.errors import ConfigError, RunEnvironmentError
-from pretrain.kernels import optimizer_settings, use_layer_norm_impl
+from pretrain.runtime import kernels
+from pretrain.runtime.kernels import optimizer_settings, use_layer_norm_impl
 
 ADAMW = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-4, "weight_decay": 0.01}
 LAMB = {**ADAMW, "_target_": "pytorch_optimizer.Lamb"}
@@ -95,7 +95,7 @@ def test_the_gpu_preset_composes_and_stops_clearly_without_a_gpu(tmp_path) -> No
     assert run.optim.impl == "auto"  # fused AdamW (torch) or apex's on CUDA
     assert validate(compose_config(["trainer=gpu", "trainer.compile=true"])).trainer.compile
     if not torch.cuda.is_available():
-        from pretrain.trainer import build_trainer
+        from pretrain.runtime.trainer import build_trainer
 
         with pytest.raises(RunEnvironmentError, match="trainer.accelerator=gpu: this machine"):
             build_trainer(run, tmp_path)

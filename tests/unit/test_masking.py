@@ -131,8 +131,8 @@ def test_static_masking_seeds_every_objective_with_the_epochs_copy(prepared_corp
     from dataclasses import replace
 
     from pretrain.config import compose_config
-    from pretrain.data.stream import training_stream
-    from pretrain.run import build_stream
+    from pretrain.data.stream import EpochStream
+    from pretrain.runtime.run import build_stream
 
     data = {"mlm_nsp": "segment_pair", "bart": "full_sentences", "xlnet": "xlnet_pair"}[objective]
     overrides = [f"data.shards_dir={prepared_corpus}", f"objective={objective}", f"data={data}"]
@@ -147,7 +147,7 @@ def test_static_masking_seeds_every_objective_with_the_epochs_copy(prepared_corp
         seen.append(epoch)
         return spec.corruption(batch, epoch)
 
-    next(iter(training_stream(replace(spec, corruption=corruption), epoch=4)))
+    next(iter(EpochStream(replace(spec, corruption=corruption), epoch=4)))
     assert seen == [1]
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from pretrain.memory import GB, memory_metrics
+from pretrain.runtime.memory import GB, memory_metrics
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.exists("/proc/self/smaps_rollup"),

@@ -83,7 +83,7 @@ def test_loss_counts_only_masked_positions():
 
 
 def test_heldout_accuracy_counts_predictions():
-    from pretrain.evaluate import heldout_accuracy
+    from pretrain.runtime.heldout import heldout_accuracy
 
     torch.manual_seed(0)
     module = make_module().eval()

@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
+from pretrain.cli.params import deprecated_main, main, model_info, read_table, shipped_counts
 from pretrain.models.heads import NextSentenceHead
-from pretrain.param_counts import deprecated_main, main, model_info, read_table, shipped_counts
 
 
 @pytest.mark.parametrize("name", ["bert_base", "bert_large"])
@@ -103,7 +103,7 @@ def test_old_name_still_works_and_says_so(capsys):
 def test_stored_table_equals_a_fresh_count_of_every_shipped_model():
     # param_counts.json answers the shipped configs without torch; it must be what a build gives
     stored = read_table()
-    assert stored == shipped_counts(), "stale: run `python -m pretrain.param_counts --write-table`"
+    assert stored == shipped_counts(), "stale: run `python -m pretrain.cli.params --write-table`"
     assert {"bert_base", "albert_xxlarge", "xlnet_large", "bart_large"} <= set(stored)
 
 

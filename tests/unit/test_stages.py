@@ -16,11 +16,11 @@ from pretrain.config import compose_config, stage_configs, validate
 from pretrain.data.masking import ENTITY_START, IGNORE_INDEX, INSIDE_SPAN, PHRASE_START, mask_budget
 from pretrain.data.reading import MARKS_KEY
 from pretrain.data.stages import first_sample_of_stage, sample_progress_tokens
-from pretrain.data.stream import training_stream
+from pretrain.data.stream import EpochStream
 from pretrain.errors import ConfigError
 from pretrain.objectives.ernie import ErnieConfig
 from pretrain.objectives.mlm import MaskedLMConfig
-from pretrain.run import build_stream
+from pretrain.runtime.run import build_stream
 
 ERNIE = "pretrain.objectives.ernie.ErnieMaskedLM"
 LENGTH = 64  # data.max_seq_length of these streams
@@ -43,7 +43,7 @@ def staged_spec(shards_dir, stages: str, *overrides: str):
 
 
 def collect(spec, workers=0, start=0) -> list[dict]:
-    loader = DataLoader(training_stream(spec, 0, start), batch_size=None, num_workers=workers)
+    loader = DataLoader(EpochStream(spec, 0, start), batch_size=None, num_workers=workers)
     return list(loader)
 
 

@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader
 from pretrain.config import compose_config
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.reading import collate
-from pretrain.data.stream import training_stream
-from pretrain.run import build_stream
+from pretrain.data.stream import EpochStream
+from pretrain.runtime.run import build_stream
 
 
 def stream_spec(shards_dir, *overrides):
@@ -29,7 +29,7 @@ def stream_spec(shards_dir, *overrides):
 
 
 def collect(spec, epoch, workers=0, start=0) -> list[dict]:
-    loader = DataLoader(training_stream(spec, epoch, start), batch_size=None, num_workers=workers)
+    loader = DataLoader(EpochStream(spec, epoch, start), batch_size=None, num_workers=workers)
     return list(loader)
 
 
@@ -237,7 +237,7 @@ def fake_batches(sizes: list[int]) -> list[dict]:
 
 @pytest.mark.parametrize(("accumulation", "start"), [(1, 0), (3, 0), (3, 2), (4, 8)])
 def test_step_aligned_loader_yields_whole_steps_then_the_end_marker(accumulation, start):
-    from pretrain.data.epoch_tail import StepAlignedLoader, is_end_of_epoch
+    from pretrain.data.loader import StepAlignedLoader, is_end_of_epoch
 
     batches = fake_batches([4] * 10 + [3])
     loader = StepAlignedLoader(batches, accumulation=accumulation, start_batch=start)
@@ -252,7 +252,7 @@ def test_step_aligned_loader_yields_whole_steps_then_the_end_marker(accumulation
 
 
 def test_step_aligned_loader_drain_counts_what_another_rank_cut_off():
-    from pretrain.data.epoch_tail import StepAlignedLoader
+    from pretrain.data.loader import StepAlignedLoader
 
     batches = fake_batches([4] * 10)
     loader = StepAlignedLoader(batches, accumulation=2)
@@ -263,7 +263,7 @@ def test_step_aligned_loader_drain_counts_what_another_rank_cut_off():
 
 
 def test_step_aligned_loader_holds_back_short_batches():
-    from pretrain.data.epoch_tail import StepAlignedLoader, is_end_of_epoch
+    from pretrain.data.loader import StepAlignedLoader, is_end_of_epoch
 
     batches = fake_batches([4, 4, 2, 4, 3, 4, 4])  # readers' short last batches, interleaved
     loader = StepAlignedLoader(batches, accumulation=2, full_batch=4)

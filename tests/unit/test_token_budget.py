@@ -12,14 +12,14 @@ from test_stream import stream_spec
 from torch.utils.data import DataLoader
 
 from pretrain.data.datamodule import check_token_budget
-from pretrain.data.epoch_tail import (
+from pretrain.data.loader import (
     LOSS_TOKENS_KEY,
     STEP_LOSS_TOKENS_KEY,
     StepAlignedLoader,
     predicted_tokens,
 )
 from pretrain.data.reading import MARKS_KEY, next_position
-from pretrain.data.stream import token_budget_batches, training_stream
+from pretrain.data.stream import EpochStream, token_budget_batches
 from pretrain.errors import ConfigError
 
 BUDGET = 4 * 64 * 4  # 4 partitions x 64 tokens (data.max_seq_length) x 4
@@ -43,7 +43,7 @@ def global_steps(spec, ranks=1, accumulation=1, resume=None, workers=0, epoch=0)
     for rank in range(ranks):
         shape = replace(spec, rank=rank, world_size=ranks, accumulation=accumulation)
         loader = DataLoader(
-            training_stream(shape, epoch, positions=resume), batch_size=None, num_workers=workers
+            EpochStream(shape, epoch, positions=resume), batch_size=None, num_workers=workers
         )
         for n, batch in enumerate(loader):
             step = n // accumulation
@@ -66,7 +66,7 @@ def test_steps_hold_about_the_budget_and_more_tokens_than_fixed_batches(prepared
     assert np.all(np.abs(tokens - BUDGET) <= spec.stream_partitions * spec.max_seq_length)
     assert abs(tokens.mean() - BUDGET) < 0.1 * BUDGET
     fixed = replace(spec, tokens_per_batch=None, batch_size=BUDGET // spec.max_seq_length)
-    fixed_tokens = [int(b["attention_mask"].sum()) for b in training_stream(fixed, 0)][:-1]
+    fixed_tokens = [int(b["attention_mask"].sum()) for b in EpochStream(fixed, 0)][:-1]
     assert np.mean(fixed_tokens) < 0.95 * tokens.mean()
 
 
@@ -108,7 +108,7 @@ def test_micro_batches_are_weighed_by_their_share_of_the_steps_predictions(prepa
     weights of a step sum to the accumulation (what Lightning divides back out)."""
     spec = replace(budget_spec(prepared_corpus), accumulation=2)
     loader = StepAlignedLoader(
-        training_stream(spec, 0), accumulation=2, token_budget=True, full_batch=None
+        EpochStream(spec, 0), accumulation=2, token_budget=True, full_batch=None
     )
     batches = list(loader)[:-1]  # the last is the epoch's end marker
     assert len(batches) >= 20 and len(batches) % 2 == 0
@@ -125,7 +125,7 @@ def test_weighted_loss_equals_the_steps_mean_over_predicted_tokens(prepared_corp
     """Module level: two micro-batches' weighted losses, divided by the accumulation as
     Lightning does, sum to the mean loss over every predicted token of the step."""
     from pretrain.config import compose_config
-    from pretrain.run import prepare_run
+    from pretrain.runtime.run import prepare_run
 
     run, module, _ = prepare_run(
         compose_config(
@@ -141,7 +141,7 @@ def test_weighted_loss_equals_the_steps_mean_over_predicted_tokens(prepared_corp
     )
     spec = replace(budget_spec(prepared_corpus), accumulation=2)
     loader = StepAlignedLoader(
-        training_stream(spec, 0), accumulation=2, token_budget=True, full_batch=None
+        EpochStream(spec, 0), accumulation=2, token_budget=True, full_batch=None
     )
     first, second = list(loader)[:2]
     module.eval()
@@ -164,7 +164,7 @@ def test_budgets_too_small_for_a_sequence_per_partition_are_refused(prepared_cor
 
 
 def test_a_relaunch_may_change_accumulation_only_under_a_token_budget():
-    from pretrain.checkpointing import refused_changes
+    from pretrain.checkpoint.resume import refused_changes
     from pretrain.config import compose_config, plain_config, validate
 
     def config(*overrides):

@@ -10,14 +10,14 @@ from pretrain.config import compose_config
 from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX, word_start_flags
 from pretrain.data.span_masking import ngram_length_probabilities, sample_lengths
-from pretrain.data.stream import training_stream
+from pretrain.data.stream import EpochStream
 from pretrain.objectives.ernie import ErnieCorruption
 from pretrain.objectives.mlm import MaskedLMCorruption
 from pretrain.objectives.ngram import NgramCorruption
 from pretrain.objectives.span import SpanCorruption
 from pretrain.objectives.structbert import StructBertCorruption
 from pretrain.objectives.whole_word import WholeWordCorruption
-from pretrain.run import build_stream
+from pretrain.runtime.run import build_stream
 
 VOCAB, PAD, CLS, SEP, MASK_ID = 1000, 0, 2, 3, 4
 SPECIAL = (0, 1, 2, 3, 4)
@@ -309,7 +309,7 @@ def masked_batches(cfg, n_batches: int, epoch: int = 0):
     """The first batches of `epoch` of the real stream of `cfg`, as numpy, each with its
     selected positions and its candidates (non-special, non-padding tokens before corruption)."""
     _, spec, _ = build_stream(cfg)
-    for index, batch in enumerate(training_stream(spec, epoch=epoch)):
+    for index, batch in enumerate(EpochStream(spec, epoch=epoch)):
         if index == n_batches:
             return
         batch = {k: (v if k == "keys" else v.numpy()) for k, v in batch.items()}

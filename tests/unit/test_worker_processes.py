@@ -10,8 +10,8 @@ import sys
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from pretrain.cluster.signals import PREEMPTION_SIGNALS
 from pretrain.data.worker_processes import worker_context
-from pretrain.job_signals import PREEMPTION_SIGNALS
 
 
 class WhoAmI(IterableDataset):

@@ -7,11 +7,11 @@ import pytest
 
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.reading import reader_documents
-from pretrain.data.stream import training_stream
+from pretrain.data.stream import EpochStream
 from pretrain.data.vocab import Vocabulary
 from pretrain.data.xlnet_formats import reversed_document
 from pretrain.objectives.xlnet import PermutationLanguageModel
-from pretrain.run import build_stream
+from pretrain.runtime.run import build_stream
 
 BATCHES = 40
 
@@ -28,7 +28,7 @@ def _stream(shards_dir, random_b: float) -> tuple[list[dict], dict[str, dict], V
         f"objective.memory_random_b_probability={random_b}",
     ]  # fmt: skip
     _, spec, _ = build_stream(compose_config(overrides))
-    batches = [b for _, b in zip(range(BATCHES), training_stream(spec, 0), strict=False)]
+    batches = [b for _, b in zip(range(BATCHES), EpochStream(spec, 0), strict=False)]
     documents = {d["key"]: d for d in reader_documents(spec, 0, 0, 1, (0, 0))}
     return batches, documents, spec.vocab
 

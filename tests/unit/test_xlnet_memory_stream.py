@@ -8,8 +8,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from pretrain.config import ConfigError, compose_config, validate
-from pretrain.data.stream import memory_rows, training_stream
-from pretrain.run import build_stream
+from pretrain.data.stream import EpochStream, memory_rows
+from pretrain.runtime.run import build_stream
 
 STEPS = 12
 MICRO_BATCH = 4  # rows per rank and forward pass
@@ -31,7 +31,7 @@ def global_rows(spec, ranks: int, accumulation: int, workers: int, bi_data: bool
     rows = {}
     for rank in range(ranks):
         layout = memory_rows(rank, ranks, accumulation, MICRO_BATCH, bi_data)
-        stream = training_stream(replace(spec, rank=rank, world_size=ranks), 0)
+        stream = EpochStream(replace(spec, rank=rank, world_size=ranks), 0)
         loader = DataLoader(stream, batch_size=None, num_workers=workers)
         for n, batch in zip(range(STEPS * accumulation), loader, strict=False):
             step, phase = divmod(n, accumulation)
@@ -92,7 +92,7 @@ def test_bi_data_memory_resumed_with_another_micro_batch(prepared_corpus, tmp_pa
 
     import torch
 
-    from pretrain.run import train
+    from pretrain.runtime.run import train
 
     def run(run_dir, batch_size: int, *extra: str) -> list[float]:
         overrides = [

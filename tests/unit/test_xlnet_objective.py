@@ -9,11 +9,11 @@ import torch
 
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.stream import training_stream
+from pretrain.data.stream import EpochStream
 from pretrain.data.vocab import Vocabulary
 from pretrain.data.xlnet_formats import make_xlnet_pairs, memory_sequences
 from pretrain.objectives.xlnet import PermutationCorruption, PermutationLanguageModel
-from pretrain.run import build_stream
+from pretrain.runtime.run import build_stream
 
 VOCAB = Vocabulary(size=200, pad=0, unk=1, cls=2, sep=3, mask=4)
 
@@ -172,7 +172,7 @@ def test_xlnet_pair_through_the_stream(prepared_corpus):
         "experiment=xlnet_demo", f"data.shards_dir={prepared_corpus}", "data.format=xlnet_pair",
     ]  # fmt: skip
     _, spec, _ = build_stream(compose_config(overrides))
-    batch = next(iter(training_stream(spec, 0)))
+    batch = next(iter(EpochStream(spec, 0)))
     last = batch["attention_mask"].sum(1) - 1
     rows = torch.arange(len(last))
     assert (batch["input_ids"][rows, last] == spec.vocab.cls).all()
@@ -193,8 +193,8 @@ def test_memory_stream_same_batches_with_workers(prepared_corpus):
         "data.max_seq_length=48", "model.reuse_len=16",
     ]  # fmt: skip
     _, spec, _ = build_stream(compose_config(overrides))
-    alone = [b["keys"] for _, b in zip(range(6), training_stream(spec, 0), strict=False)]
-    loader = torch.utils.data.DataLoader(training_stream(spec, 0), batch_size=None, num_workers=2)
+    alone = [b["keys"] for _, b in zip(range(6), EpochStream(spec, 0), strict=False)]
+    loader = torch.utils.data.DataLoader(EpochStream(spec, 0), batch_size=None, num_workers=2)
     shared = [b["keys"] for _, b in zip(range(6), loader, strict=False)]
     assert alone == shared
 
@@ -205,7 +205,7 @@ def _logged(run_dir, column: str) -> list[float]:
 
 
 def test_xlnet_demo_trains_with_falling_loss(prepared_corpus, tmp_path):
-    from pretrain.run import train
+    from pretrain.runtime.run import train
 
     run_dir = tmp_path / "xlnet"
     train(
@@ -237,7 +237,7 @@ def test_xlnet_demo_trains_with_falling_loss(prepared_corpus, tmp_path):
     import transformers
 
     from pretrain.export import export_checkpoint, import_hf_model, read_checkpoint
-    from pretrain.run import initialise_from
+    from pretrain.runtime.run import initialise_from
 
     out = export_checkpoint(run_dir / "checkpoints" / "last.ckpt", tmp_path / "hf")
     hf = transformers.XLNetLMHeadModel.from_pretrained(out).eval()
@@ -290,7 +290,7 @@ def test_resumed_memory_run_matches_the_uninterrupted_one(prepared_corpus, tmp_p
     uninterrupted run's losses and weights."""
     import shutil
 
-    from pretrain.run import train
+    from pretrain.runtime.run import train
 
     def run(run_dir):
         train(
@@ -352,7 +352,7 @@ def test_memory_producing_positions_never_see_the_next_segments_targets(prepared
         "data.max_seq_length=48", f"model.reuse_len={reuse}", f"objective.order={order}",
     ]  # fmt: skip
     _, spec, _ = build_stream(compose_config(overrides))
-    batches = [b for _, b in zip(range(30), training_stream(spec, 0), strict=False)]
+    batches = [b for _, b in zip(range(30), EpochStream(spec, 0), strict=False)]
     pairs = seen = reuse_targets = 0
     for before, after in zip(batches, batches[1:], strict=False):
         mask = before["perm_mask"].numpy()

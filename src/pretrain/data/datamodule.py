@@ -8,8 +8,9 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from pretrain.data.epoch_tail import StepAlignedLoader
-from pretrain.data.reading import MIN_PARTITION_DOCUMENTS
+from pretrain.cluster.signals import ignore_in_data_worker
+from pretrain.data.loader import StepAlignedLoader
+from pretrain.data.reading import MIN_PARTITION_DOCUMENTS, StreamSpec
 from pretrain.data.shard_format import (
     Manifest,
     ShardError,
@@ -18,11 +19,10 @@ from pretrain.data.shard_format import (
     load_manifest,
     verify_shard,
 )
-from pretrain.data.stream import StreamSpec, rows_per_sample, training_stream
+from pretrain.data.stream import EpochStream, rows_per_sample
 from pretrain.data.vocab import Vocabulary, load_vocabulary
 from pretrain.data.worker_processes import worker_context
 from pretrain.errors import ConfigError, write_line
-from pretrain.job_signals import ignore_in_data_worker
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def verified_shards(manifest: Manifest, indices: range, bad_shards: str) -> list
 
 
 class PretrainingDataModule(L.LightningDataModule):
-    """Serves `training_stream(spec, epoch)` in whole optimizer steps (`StepAlignedLoader`,
+    """Serves `EpochStream(spec, epoch)` in whole optimizer steps (`StepAlignedLoader`,
     so every rank ends the epoch at the same step); the loader is rebuilt every epoch (the
     Trainer runs with reload_dataloaders_every_n_epochs=1) so each epoch has its own shard
     order, shuffle and masks. Every epoch's workers are forked by a forkserver that does not
@@ -163,7 +163,7 @@ class PretrainingDataModule(L.LightningDataModule):
         self.teardown("fit")  # the previous epoch's loader and its workers
         self._loader_epoch = epoch
         self._loader = StepAlignedLoader(
-            training_stream(
+            EpochStream(
                 spec, epoch, self._start_samples, errors_as_batches=True, positions=positions
             ),
             accumulation=trainer.accumulate_grad_batches if trainer else 1,
@@ -252,7 +252,7 @@ def gather_positions(positions: dict[int, list[int]], timeout_s: float) -> dict[
     partition the furthest (most samples). Itself alone in a one-process run."""
     import torch.distributed as dist
 
-    from pretrain.collectives import host_group
+    from pretrain.cluster.collectives import host_group
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return positions

@@ -12,7 +12,7 @@ it by a unit and then take the next width. Computed in the data-loader workers, 
 reads the width from the array's shape, without a host synchronisation.
 
 A run's documented shape set (`shape_set`, printed on the batch-plan line at start) is, by
-axis: the micro-batch (fixed: short batches are held back, `epoch_tail.py`), the sequence
+axis: the micro-batch (fixed: short batches are held back, `data/loader.py`), the sequence
 length (collated to the next of at most `SEQUENCE_BUCKETS` lengths, `sequence_widths`), and
 the corruption's own axes (`shape_axes`: prediction widths, decoder lengths, bucketed alike).
 `batch_shape` reads those axes off a batch. An encoder run unpadded (model.unpad) adds one

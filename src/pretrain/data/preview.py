@@ -13,9 +13,9 @@ from tokenizers import Tokenizer
 
 from pretrain.config import compose_config
 from pretrain.data.masking import IGNORE_INDEX
-from pretrain.data.stream import training_stream
+from pretrain.data.stream import EpochStream
 from pretrain.errors import report_error
-from pretrain.run import build_stream
+from pretrain.runtime.run import build_stream
 
 USAGE = "usage: pretrain-data preview [hydra overrides] [n=8] [--format text|json]"
 
@@ -50,7 +50,7 @@ def preview_records(overrides: list[str], n: int) -> tuple[list[dict], str, str]
     objective produced, cut at the sequence's length), the tokenizer dir and the pair task."""
     run, spec, _ = build_stream(compose_config(overrides))
     records = []
-    for batch_index, batch in enumerate(training_stream(spec, epoch=0)):
+    for batch_index, batch in enumerate(EpochStream(spec, epoch=0)):
         for row, key in enumerate(batch["keys"]):
             length = int(batch["attention_mask"][row].sum())
             record = {"batch": batch_index, "key": key}

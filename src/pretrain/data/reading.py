@@ -10,7 +10,7 @@ tokens so far (the manifest's token counts), so readers' planned shares differ b
 unit. A shard dealt to several readers is read by each of them and split document by
 document in proportion to their units (`read_split`). Shares thus differ by about a unit plus
 a document per shared shard, whatever the shard sizes, which keeps the tail an epoch drops
-at its end small (`epoch_tail.py`). With one reader, every document is read in the epoch's
+at its end small (`data/loader.py`). With one reader, every document is read in the epoch's
 shard order. When there are fewer shards than UNITS_PER_READER x R, shards are read by
 several readers: prepare a large corpus with enough shards to avoid that.
 """

@@ -22,7 +22,7 @@ consecutive segments, so step t's global batch holds segment t of every slot, an
 micro-batch m of every step holds the same slots (`memory_rows`), whatever the shape.
 With bi_data a sample is two rows, the slot read forward and backward: a micro-batch's
 first half forward, its second half the same slots backward. Where an epoch ends on every
-rank alike: `epoch_tail.py`.
+rank alike: `data/loader.py`.
 """
 
 from collections.abc import Iterator
@@ -31,10 +31,9 @@ from itertools import count, islice
 import numpy as np
 import torch
 
-from pretrain.data.epoch_tail import data_error_batch
 from pretrain.data.input_formats import INPUT_FORMATS
+from pretrain.data.loader import data_error_batch
 from pretrain.data.reading import (
-    Corruption,
     StreamSpec,
     collate,
     collated_fields,
@@ -43,8 +42,6 @@ from pretrain.data.reading import (
     worker_role,
 )
 from pretrain.data.shard_format import ShardError
-
-__all__ = ["Corruption", "EpochStream", "StreamSpec", "memory_rows", "training_stream"]
 
 
 class EpochStream(torch.utils.data.IterableDataset):
@@ -219,6 +216,3 @@ def token_budget_batches(
 def _chunks(items: Iterator[dict], size: int) -> Iterator[list[dict]]:
     while chunk := list(islice(items, size)):
         yield chunk
-
-
-training_stream = EpochStream  # the pipeline of one epoch, as an IterableDataset of batches

@@ -27,12 +27,12 @@ import signal
 import sys
 from multiprocessing.context import BaseContext
 
-from pretrain.job_signals import PREEMPTION_SIGNALS
+from pretrain.cluster.signals import PREEMPTION_SIGNALS
 
 START_METHOD = "forkserver"
 # What the forkserver imports once, so a worker does not import it again each epoch
 # ("__main__": the entry point, which multiprocessing imports in every new process).
-PRELOAD = ("__main__", "torch", "numpy", "pretrain.job_signals", "pretrain.data.stream")
+PRELOAD = ("__main__", "torch", "numpy", "pretrain.cluster.signals", "pretrain.data.stream")
 
 
 def worker_context(num_workers: int, corruption: object = None) -> BaseContext | None:

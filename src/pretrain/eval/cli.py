@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import pretrain.config  # noqa: F401  (the ${sweep_suffix:} resolver)
-from pretrain.cli_help import print_app_help, wants_help
+from pretrain.cli.help import print_app_help, wants_help
 from pretrain.errors import ConfigError
 from pretrain.eval.config import register_eval_schema
 from pretrain.paths import CONF_DIR
@@ -59,7 +59,7 @@ hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="evaluate", versi
 
 def main() -> None:
     """The console script: `--help` prints the groups and the composed config
-    (`pretrain.cli_help`), anything else goes to Hydra."""
+    (`pretrain.cli.help`), anything else goes to Hydra."""
     if wants_help(sys.argv[1:]):
         sys.exit(print_app_help("pretrain-eval", __doc__, "evaluate", sys.argv[1:]))
     hydra_main()

@@ -18,7 +18,7 @@ def pretraining_logger(run_dir: Path) -> dict[str, Any]:
     """{wandb: did the pretraining run log to wandb, project, group, mode (auto, offline,
     online)} from the run's saved config; wandb False, project `pretrain`, group `eval`, mode
     auto where there is none."""
-    from pretrain.compare import read_config
+    from pretrain.eval.compare import read_config
 
     config = read_config(run_dir) if run_dir.is_dir() else {}
     return {
@@ -49,7 +49,7 @@ def log_to_wandb(result: dict[str, Any], name: str, run_dir: Path, save_dir: Pat
     run's local directory."""
     import wandb
 
-    from pretrain.trainer import own_wandb_service
+    from pretrain.runtime.trainer import own_wandb_service
 
     where = pretraining_logger(run_dir)
     mode = own_wandb_service(where["mode"])

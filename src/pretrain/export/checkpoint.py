@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from pretrain.checkpoint_safety import (
+from pretrain.checkpoint.safety import (
     UnsafeCheckpointError,
     check_stored_targets,
     load_weights_only,
@@ -66,7 +66,7 @@ def consolidate_zero_checkpoint(path: Path, output_file: str | Path | None = Non
     a pickle that would run code is refused."""
     import tempfile
 
-    from pretrain.checkpointing import is_deepspeed_checkpoint
+    from pretrain.checkpoint.atomic import is_deepspeed_checkpoint
 
     if not is_deepspeed_checkpoint(path):
         raise ExportError(

@@ -14,7 +14,7 @@ from torch import nn
 from pretrain.models.unpadding import set_unpadding
 
 RUNTIME_KEYS = ("vocab_size", "pad_token_id")
-# of ModelConfig, not constructor arguments (layer_norm_impl: pretrain.kernels swaps LayerNorms;
+# of ModelConfig, not constructor arguments (layer_norm_impl: pretrain.runtime.kernels swaps LayerNorms;
 # unpad: an attribute of the encoder, set by build_encoder)
 DESCRIPTIVE_KEYS = ("name", "reference_vocab_size", "layer_norm_impl", "unpad")
 

@@ -294,7 +294,7 @@ class KeyValueCache:
 
 
 class CachedDecoderStep:
-    """A generation step (`pretrain.generation`) over a GPTModel with a key/value cache:
+    """A generation step (`pretrain.models.generation`) over a GPTModel with a key/value cache:
     called with ids (rows, t) that extend the previous call's rows by one token, it runs only
     that token; any other ids are decoded from scratch. Beam search calls `reorder(rows)`
     when it reorders its beams. Returns (rows, vocab) next-token logits."""

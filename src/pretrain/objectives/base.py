@@ -12,22 +12,22 @@ import torch
 from hydra.utils import instantiate
 from torch.optim.lr_scheduler import LambdaLR
 
-from pretrain.batching import BatchPlan, learning_rate, warmup_steps
 from pretrain.config import TrainConfig, plain_config, run_config, settings_from, stage_configs
-from pretrain.data.epoch_tail import LOSS_TOKENS_KEY
+from pretrain.data.loader import LOSS_TOKENS_KEY
 from pretrain.data.stages import StagedCorruption
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
-from pretrain.flops import device_peak_tflops, training_flops
-from pretrain.kernels import optimizer_settings, use_layer_norm_impl
-from pretrain.memory import memory_metrics
 from pretrain.models.unpadding import with_unpadded_index
-from pretrain.objectives.nonfinite import (
+from pretrain.runtime.batching import BatchPlan, learning_rate, warmup_steps
+from pretrain.runtime.flops import device_peak_tflops, training_flops
+from pretrain.runtime.kernels import optimizer_settings, use_layer_norm_impl
+from pretrain.runtime.memory import memory_metrics
+from pretrain.runtime.nonfinite import (
     DeviceSkips,
     nonfinite_flag,
     skips_on_device,
 )
-from pretrain.schedule import (
+from pretrain.runtime.schedule import (
     LearningRateSchedule,
     describe_extension,
     extended,
@@ -57,7 +57,7 @@ SKIP_WARNING_INTERVAL_S = 30.0  # at most one "step skipped" warning line per in
 
 
 def model_flops_metrics(flops_per_s: float, peak_tflops: float | None) -> dict:
-    """This rank's model FLOP/s (`pretrain.flops`: the family's FLOP model, else the 6N rule)
+    """This rank's model FLOP/s (`pretrain.runtime.flops`: the family's FLOP model, else the 6N rule)
     in TFLOP/s as `train/model_tflops`, and over the device's peak (TFLOP/s:
     `trainer.peak_tflops`, else the table or a measured CPU GEMM) as `train/mfu`."""
     metrics = {"train/model_tflops": flops_per_s / 1e12}
@@ -135,7 +135,7 @@ class PretrainingModule(L.LightningModule):
         self._nonfinite_loss: torch.Tensor | None = None  # any micro-batch of this step
         self._device_skips = DeviceSkips()  # steps skipped on the device, not yet counted
         self._last_step_applied = False  # an optimizer step was applied since the schedule's last
-        self.epoch_tails: list[tuple[int, int, int]] = []  # (epoch, step, sequences dropped)
+        self.loaders: list[tuple[int, int, int]] = []  # (epoch, step, sequences dropped)
         self._lr_schedule: LearningRateSchedule | None = None  # the scheduler's (schedule.py)
         self._saved_schedule: list[dict] | None = None  # a resumed checkpoint's segments
         self._loss_scale = 1.0  # token-budget batches: ranks x accumulation / step's tokens
@@ -318,12 +318,12 @@ class PretrainingModule(L.LightningModule):
             logger.log_hyperparams({f"kernels/{part}": choice.split(": ", 1)[1]})
 
     def forward_flops(self, batch: dict) -> torch.Tensor | None:
-        """Forward FLOPs of one micro-batch by the family's FLOP model (`pretrain.flops`), or
+        """Forward FLOPs of one micro-batch by the family's FLOP model (`pretrain.runtime.flops`), or
         None: the 6N rule. Objectives with a formula override it."""
         return None
 
     def set_peak_tflops(self) -> None:
-        """The device peak MFU is taken against: trainer.peak_tflops, else `pretrain.flops`'s
+        """The device peak MFU is taken against: trainer.peak_tflops, else `pretrain.runtime.flops`'s
         table (GPU) or a measured GEMM (CPU); printed once."""
         self.peak_tflops, source = self.run.trainer.peak_tflops, "trainer.peak_tflops"
         if self.peak_tflops is None:
@@ -333,7 +333,7 @@ class PretrainingModule(L.LightningModule):
             print(f"MFU against a device peak of {peak} ({source})", flush=True)
 
     def _continue_schedule(self) -> None:
-        """A resumed launch follows the checkpoint's schedule (`pretrain.schedule`), extended
+        """A resumed launch follows the checkpoint's schedule (`pretrain.runtime.schedule`), extended
         per optim.extend when its max_steps passes the end of a decaying one (ConfigError under
         `refuse`); the rate of the next step is set from it."""
         saved, self._saved_schedule = self._saved_schedule, None
@@ -464,7 +464,7 @@ class PretrainingModule(L.LightningModule):
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> int | None:
         """Ends the epoch on every rank alike (returns -1) at the first optimizer step some
-        rank lacks batches for (`pretrain.data.epoch_tail`); restores a resumed run's random
+        rank lacks batches for (`pretrain.data.loader`); restores a resumed run's random
         state at its first batch."""
         if batch_idx % self.trainer.accumulate_grad_batches == 0 and not self._epoch_continues(
             batch, batch_idx
@@ -479,8 +479,8 @@ class PretrainingModule(L.LightningModule):
         host); when not, counts, logs and prints the sequences the ranks' tails held."""
         import torch.distributed as dist
 
-        from pretrain.collectives import reduce_on_host
-        from pretrain.data.epoch_tail import (
+        from pretrain.cluster.collectives import reduce_on_host
+        from pretrain.data.loader import (
             DATA_ERROR_KEY,
             STEP_LOSS_TOKENS_KEY,
             StepAlignedLoader,
@@ -506,7 +506,7 @@ class PretrainingModule(L.LightningModule):
         loader = self.trainer.train_dataloader
         tail = loader.drain(batch_idx) if isinstance(loader, StepAlignedLoader) else 0
         dropped = reduce_on_host(tail, dist.ReduceOp.SUM, timeout)
-        self.epoch_tails.append((self.current_epoch, self.global_step, dropped))
+        self.loaders.append((self.current_epoch, self.global_step, dropped))
         if self.trainer.is_global_zero:  # the same number on every rank: written once
             for logger in self.loggers:
                 logger.log_metrics({"train/epoch_dropped_samples": dropped}, self.global_step)
@@ -520,7 +520,7 @@ class PretrainingModule(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         """The micro-batch's loss (the objective's `forward`), logged; with token-budget
-        batches (`epoch_tail.weigh_step`) weighed by its predicted tokens over the step's (all
+        batches (`loader.weigh_step`) weighed by its predicted tokens over the step's (all
         ranks), times ranks x accumulation, which Lightning and DDP divide back out: the
         step's gradient is that of the mean loss over every predicted token of the step."""
         out = self(batch)
@@ -543,7 +543,7 @@ class PretrainingModule(L.LightningModule):
         """Once per optimizer step (after all accumulated micro-batches): the learning rate,
         and on log steps (and the launch's first step, for the summary) the summary loss
         (`summary_metric`), on log steps tokens/s since the last log and the run's memory
-        (`pretrain.memory`, `sys/*`). Other steps read nothing back from the device."""
+        (`pretrain.runtime.memory`, `sys/*`). Other steps read nothing back from the device."""
         self.log("train/lr", optimizer.param_groups[0]["lr"])
         every = self.trainer.log_every_n_steps
         log_step = (self.global_step + 1) % every == 0

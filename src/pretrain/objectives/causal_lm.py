@@ -25,12 +25,12 @@ from pretrain.config import DataConfig, ObjectiveConfig, TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
-from pretrain.flops import gpt_flops, sequence_sizes
-from pretrain.generation import GenerationSetup
 from pretrain.models import build_encoder
+from pretrain.models.generation import GenerationSetup
 from pretrain.models.gpt import CachedDecoderStep
 from pretrain.objectives.base import PretrainingModule
 from pretrain.objectives.predictions import masked_classification_metrics
+from pretrain.runtime.flops import gpt_flops, sequence_sizes
 
 CAUSAL_FORMATS = ("full_sentences", "doc_sentences")
 
@@ -82,7 +82,7 @@ class CausalLanguageModel(PretrainingModule):
             )
 
     def forward_flops(self, batch: dict) -> torch.Tensor | None:
-        """Forward FLOPs of a batch (`pretrain.flops.gpt_flops`): the blocks on the real
+        """Forward FLOPs of a batch (`pretrain.runtime.flops.gpt_flops`): the blocks on the real
         tokens, the LM head on every position but the last; None (6N) for another family."""
         if not hasattr(self.run.model, "n_embd"):
             return None

@@ -32,9 +32,8 @@ from pretrain.data.prediction_budget import (
 )
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import require, require_probabilities, require_unit_interval
-from pretrain.flops import seq2seq_flops
-from pretrain.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models import build_encoder
+from pretrain.models.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models.seq2seq import TiedLMHead
 from pretrain.objectives.base import PretrainingModule
 from pretrain.objectives.predictions import (
@@ -43,6 +42,7 @@ from pretrain.objectives.predictions import (
     masked_classification_metrics,
     masked_mean,
 )
+from pretrain.runtime.flops import seq2seq_flops
 
 
 @dataclass
@@ -188,7 +188,7 @@ class DenoisingAutoencoder(PretrainingModule):
         }
 
     def forward_flops(self, batch: dict) -> torch.Tensor:
-        """Forward FLOPs of a batch (`pretrain.flops.seq2seq_flops`): encoder and decoder on
+        """Forward FLOPs of a batch (`pretrain.runtime.flops.seq2seq_flops`): encoder and decoder on
         their real tokens, the LM head on the prediction slots (or every decoder position)."""
         source = batch["attention_mask"].sum(dim=1, dtype=torch.float32)  # (batch,)
         mask = batch.get("decoder_attention_mask")

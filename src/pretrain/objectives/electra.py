@@ -25,7 +25,6 @@ from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require, require_positive, require_unit_interval
-from pretrain.flops import embedding_size, encoder_flops, mlm_head_flops, sequence_sizes
 from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
 from pretrain.models.heads import MaskedLMHead
@@ -39,6 +38,7 @@ from pretrain.objectives.predictions import (
     masked_mean,
     predicted_positions,
 )
+from pretrain.runtime.flops import embedding_size, encoder_flops, mlm_head_flops, sequence_sizes
 
 
 @dataclass
@@ -157,7 +157,7 @@ class ElectraModule(PretrainingModule):
         return replaced, replaced != original
 
     def forward_flops(self, batch: dict) -> torch.Tensor:
-        """Forward FLOPs of a batch (`pretrain.flops`): the generator (its encoder on the real
+        """Forward FLOPs of a batch (`pretrain.runtime.flops`): the generator (its encoder on the real
         tokens, its MLM head on the prediction slots), then the discriminator (the encoder on
         the real tokens, the replaced-token head h -> h -> 1 on every position)."""
         model, generator = self.run.model, self.generator_model_config

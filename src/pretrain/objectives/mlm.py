@@ -27,14 +27,6 @@ from pretrain.data.masking import candidate_tokens, corrupt_selected, select_exa
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require_unit_interval
-from pretrain.flops import (
-    bert_family,
-    embedding_size,
-    encoder_flops,
-    mlm_head_flops,
-    sentence_head_flops,
-    sequence_sizes,
-)
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.models.unpadding import unpadded_inputs
@@ -44,6 +36,14 @@ from pretrain.objectives.predictions import (
     gather_targets,
     masked_classification_metrics,
     predicted_positions,
+)
+from pretrain.runtime.flops import (
+    bert_family,
+    embedding_size,
+    encoder_flops,
+    mlm_head_flops,
+    sentence_head_flops,
+    sequence_sizes,
 )
 
 SENTENCE_TASK_LABELS = {"nsp": 2, "sop": 2, "three_way": 3}
@@ -238,7 +238,7 @@ class MaskedLanguageModel(PretrainingModule):
         return {}
 
     def forward_flops(self, batch: dict) -> torch.Tensor | None:
-        """Forward FLOPs of a batch (`pretrain.flops`): the encoder on its real tokens, the
+        """Forward FLOPs of a batch (`pretrain.runtime.flops`): the encoder on its real tokens, the
         MLM head on the prediction budget's slots (the sparse head), the sentence head on one
         row a sequence, and the subclass's `extra_head_flops`; None (the 6N rule) for an
         encoder outside the BERT family."""

@@ -44,11 +44,11 @@ from pretrain.data.prediction_budget import prediction_widths, width_for
 from pretrain.data.stream import memory_rows
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require, require_unit_interval
-from pretrain.flops import xlnet_flops
 from pretrain.models import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
 from pretrain.objectives.base import PretrainingModule
 from pretrain.objectives.predictions import masked_classification_metrics
+from pretrain.runtime.flops import xlnet_flops
 
 XLNET_FORMATS = ("xlnet_pair", "xlnet_memory", "full_sentences", "doc_sentences")
 
@@ -312,7 +312,7 @@ class PermutationLanguageModel(PretrainingModule):
         self._restored_memory = memory if memory and memory.get("rows") == "global" else None
 
     def forward_flops(self, batch: dict) -> float:
-        """Forward FLOPs of a batch (`pretrain.flops.xlnet_flops`), on its padded shape and
+        """Forward FLOPs of a batch (`pretrain.runtime.flops.xlnet_flops`), on its padded shape and
         the carried memory's length (the next batch's, the same in a steady run)."""
         rows, qlen = batch["input_ids"].shape
         mems = self._mems.get(self._phase) if self.use_memory else None

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 
-from pretrain.checkpointing import PARTIAL_SUFFIX, replace_directory
+from pretrain.checkpoint.atomic import PARTIAL_SUFFIX, replace_directory
 from pretrain.errors import ConfigError
 
 
@@ -116,8 +116,8 @@ class PretrainDeepSpeedStrategy(DeepSpeedStrategy):
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
         """DeepSpeed's engine loads the directory with every file read weights_only
-        (`pretrain.checkpoint_safety.weights_only_loading`): a pickle cannot run code."""
-        from pretrain.checkpoint_safety import weights_only_loading
+        (`pretrain.checkpoint.safety.weights_only_loading`): a pickle cannot run code."""
+        from pretrain.checkpoint.safety import weights_only_loading
 
         with weights_only_loading():
             return super().load_checkpoint(checkpoint_path, weights_only)

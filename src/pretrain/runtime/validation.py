@@ -22,10 +22,10 @@ from lightning.fabric.utilities import move_data_to_device
 
 from pretrain.data.datamodule import open_corpus, split_holdout
 from pretrain.data.input_formats import INPUT_FORMATS
-from pretrain.data.reading import effective_partitions
+from pretrain.data.reading import StreamSpec, effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stages import StagedCorruption
-from pretrain.data.stream import StreamSpec, rows_per_sample, training_stream
+from pretrain.data.stream import EpochStream, rows_per_sample
 from pretrain.errors import ConfigError
 
 # exp of the mean of the loss (nats per predicted token) named by the key: its perplexity;
@@ -74,7 +74,7 @@ def heldout_batches(spec: StreamSpec, limit: int) -> list[dict]:
     """The first `limit` full batches (spec.batch_size sequences) of epoch 0 of the held-out
     stream `spec` (`heldout_spec`), corrupted; fewer when the shards hold fewer."""
     batches = []
-    for batch in training_stream(spec, epoch=0):
+    for batch in EpochStream(spec, epoch=0):
         if "input_ids" not in batch:  # a stream's marker of a shard that failed its checks
             message = next((v for v in batch.values() if isinstance(v, str)), "a bad shard")
             raise ShardError(f"held-out shards (data.holdout_shards): {message}")

@@ -1,7 +1,7 @@
 """The options tables of the READMEs, generated from `conf/`, so they list what is there.
 
-    python -m pretrain.conf_tables           # rewrite the tables in README.md and conf/README.md
-    python -m pretrain.conf_tables --check   # exit 1, naming the files, when a table is stale
+    python -m pretrain.cli.conf_tables           # rewrite the tables in README.md and conf/README.md
+    python -m pretrain.cli.conf_tables --check   # exit 1, naming the files, when a table is stale
 
 Each table sits between two marker comments (`<!-- BEGIN/END options ... -->`) and is
 replaced whole; the text around it is written by hand. An option's description is the first
@@ -99,7 +99,7 @@ def summary_table(conf_dir: Path = CONF_DIR) -> str:
 
 
 def _markers(name: str) -> tuple[str, str]:
-    command = "python -m pretrain.conf_tables"
+    command = "python -m pretrain.cli.conf_tables"
     return (
         f"<!-- BEGIN options {name}: generated from conf/ by `{command}`; do not edit -->",
         f"<!-- END options {name} -->",
@@ -149,7 +149,7 @@ def write_tables() -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     """Write the tables (or, with --check, only report stale ones: exit status 1)."""
     parser = argparse.ArgumentParser(
-        prog="python -m pretrain.conf_tables", description=__doc__.split("\n\n")[0]
+        prog="python -m pretrain.cli.conf_tables", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--check", action="store_true", help="report stale tables, change nothing")
     args = parser.parse_args(argv)
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_files()
         for path in stale:
-            print(f"{path}: options table is stale; run python -m pretrain.conf_tables")
+            print(f"{path}: options table is stale; run python -m pretrain.cli.conf_tables")
         return 1 if stale else 0
     for path in write_tables():
         print(f"rewrote the options table of {path}")

@@ -6,7 +6,7 @@ encoder (embeddings and the rest) and the pooler.
 The model is built on the meta device, so no weights are allocated: even xxlarge sizes print
 in a few seconds, most of them torch's import. The shipped model configs at their paper
 vocabularies are answered from `param_counts.json` without importing torch (under a second):
-a table this module writes (`python -m pretrain.param_counts --write-table`, also run by
+a table this module writes (`python -m pretrain.cli.params --write-table`, also run by
 `make conf-tables`), each entry keyed by the SHA-256 of the composed model config, so any
 override misses it and is counted afresh; a test rebuilds every entry and compares. The
 vocabulary is the paper's (`model.reference_vocab_size`) unless `vocab_size=N` is given.

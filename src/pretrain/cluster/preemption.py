@@ -24,7 +24,7 @@ A run stopped this way before `trainer.max_steps` is not finished: `train` raise
 and the process exits with `PREEMPTED_EXIT_STATUS` (75, EX_TEMPFAIL of sysexits.h: a temporary
 failure, try again), distinct from success (0), config/data errors (2), a non-finite loss (3)
 and a stuck rank (4), so scripts and `make` do not take it for a finished run. Data-loader
-workers ignore the signals (`pretrain.job_signals`), and a signal that comes during start-up,
+workers ignore the signals (`pretrain.cluster.signals`), and a signal that comes during start-up,
 before the handlers below exist, is held by the entry point and taken at `setup`.
 
 Handlers are installed at `setup` (so a signal that comes while the checkpoint is restored is
@@ -46,8 +46,8 @@ import lightning as L
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from pretrain.cluster.signals import PREEMPTION_SIGNALS, is_holding, take_held
 from pretrain.errors import ConfigError
-from pretrain.job_signals import PREEMPTION_SIGNALS, is_holding, take_held
 
 STOP_SIGNAL = signal.SIGTERM
 SUBMITIT_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)  # submitit's timeout signal is USR2
@@ -175,7 +175,7 @@ class PreemptionCheckpoint(Callback):
         self._take_held_signals(handled)
 
     def _take_held_signals(self, handled: dict[signal.Signals, None]) -> None:
-        """Signals held since the entry point started (`pretrain.job_signals`): a handled one
+        """Signals held since the entry point started (`pretrain.cluster.signals`): a handled one
         counts as received now; the others get their default action back (and, when one
         came, it is delivered again: the process ends as it would have)."""
         unhandled = [s for s in PREEMPTION_SIGNALS if s not in handled]

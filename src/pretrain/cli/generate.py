@@ -22,7 +22,7 @@ from pretrain.config import component_config
 from pretrain.data.vocab import load_vocabulary
 from pretrain.errors import report_error
 from pretrain.export import ExportError, import_hf_model, read_checkpoint
-from pretrain.generation import beam_search, greedy_search
+from pretrain.models.generation import beam_search, greedy_search
 
 # Hugging Face model_type -> the objective module that generates with that family.
 HF_OBJECTIVES = {"gpt2": "pretrain.objectives.causal_lm.CausalLanguageModel"}

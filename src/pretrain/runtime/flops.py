@@ -193,7 +193,10 @@ def device_peak_tflops(precision: str, device: torch.device) -> tuple[float | No
         for fragment, peaks in DEVICE_PEAK_TFLOPS.items():
             if fragment in name and peaks.get(kind):
                 return peaks[kind], f"{fragment} {kind} (table)"
-        return None, f"{name} is not in pretrain.flops.DEVICE_PEAK_TFLOPS: set trainer.peak_tflops"
+        return (
+            None,
+            f"{name} is not in pretrain.runtime.flops.DEVICE_PEAK_TFLOPS: set trainer.peak_tflops",
+        )
     if device.type == "cpu":
         return measured_gemm_tflops(), "measured CPU GEMM (fp32)"
     return None, f"no peak known for {device.type}: set trainer.peak_tflops"

@@ -1,5 +1,5 @@
 """Builds the Lightning Trainer of a run: loggers, checkpointing, precision, strategy
-(pretrain.strategies) and accumulation (derived from the global batch, pretrain.batching)."""
+(pretrain.runtime.strategies) and accumulation (derived from the global batch, pretrain.runtime.batching)."""
 
 import hashlib
 import os
@@ -11,11 +11,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
-from pretrain.checkpointing import AtomicCheckpointIO, checkpoint_dir
+from pretrain.checkpoint.atomic import AtomicCheckpointIO, checkpoint_dir
+from pretrain.cluster.preemption import preemption_callbacks, slurm_plugins
 from pretrain.errors import RunEnvironmentError
-from pretrain.preemption import preemption_callbacks, slurm_plugins
-from pretrain.progress_log import ProgressLog
-from pretrain.strategies import build_strategy
+from pretrain.runtime.progress_log import ProgressLog
+from pretrain.runtime.strategies import build_strategy
 
 
 class StepCheckpoint(ModelCheckpoint):

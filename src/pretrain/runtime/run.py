@@ -8,17 +8,16 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from pretrain.batching import describe as describe_batching
-from pretrain.batching import warmup_steps
-from pretrain.checkpoint_safety import check_resume_strategy
-from pretrain.checkpointing import (
+from pretrain.checkpoint.resume import (
     check_relaunch,
     find_resume_checkpoint,
     save_hydra_config,
     saved_config,
     set_aside_checkpoints,
 )
-from pretrain.collectives import CollectiveTimeout, collective_failure
+from pretrain.checkpoint.safety import check_resume_strategy
+from pretrain.cluster.collectives import CollectiveTimeout, collective_failure
+from pretrain.cluster.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
 from pretrain.config import (
     TrainConfig,
     settings_from,
@@ -33,17 +32,18 @@ from pretrain.data.datamodule import (
     verified_shards,
 )
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
+from pretrain.data.reading import StreamSpec
 from pretrain.data.shard_format import ShardError
-from pretrain.data.stream import StreamSpec
 from pretrain.errors import ConfigError, RunEnvironmentError, report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.models import DESCRIPTIVE_KEYS
 from pretrain.models.unpadding import describe_unpadded_rows
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
-from pretrain.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
-from pretrain.schedule import check_extension
-from pretrain.trainer import build_trainer, finish_loggers
-from pretrain.validation import heldout_callbacks
+from pretrain.runtime.batching import describe as describe_batching
+from pretrain.runtime.batching import warmup_steps
+from pretrain.runtime.schedule import check_extension
+from pretrain.runtime.trainer import build_trainer, finish_loggers
+from pretrain.runtime.validation import heldout_callbacks
 
 
 def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[PretrainingModule]]:
@@ -172,7 +172,7 @@ def initialise_from(module: PretrainingModule, source: str) -> None:
     """Load the weights of a Hugging Face directory or a `pretrain` checkpoint (a file, or a
     DeepSpeed ZeRO directory) into `module`;
     the model sizes must match the run's (a mismatch names the key)."""
-    from pretrain.checkpointing import is_deepspeed_checkpoint
+    from pretrain.checkpoint.atomic import is_deepspeed_checkpoint
     from pretrain.export import import_hf_model, read_checkpoint
 
     if Path(source).is_dir() and not is_deepspeed_checkpoint(source):

@@ -3,7 +3,7 @@
 SLURM delivers preemption as SIGTERM or a warning signal (`--signal=USR1@90`, submitit's
 USR2), often to every process of the job: `scancel --full`, a time limit and
 `--signal=USR1@...` without `B:` reach the data-loader workers too, and a signal can come
-before the training loop is ready to save. `pretrain.preemption.PreemptionCheckpoint`
+before the training loop is ready to save. `pretrain.cluster.preemption.PreemptionCheckpoint`
 decides what happens (a checkpoint at the next step boundary, exit status 75); this module
 keeps the signals from killing processes before it can:
 

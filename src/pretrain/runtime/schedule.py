@@ -87,8 +87,8 @@ def check_extension(checkpoint: str | Path, run: Any, warmup_steps: int) -> None
     directory) with the run's (typed TrainConfig) max_steps would extend its decaying
     schedule under optim.extend=refuse (`extended`). Checkpoints without a stored schedule
     ended it at their config's trainer.max_steps."""
-    from pretrain.checkpoint_safety import load_weights_only
-    from pretrain.checkpointing import deepspeed_client_state_file
+    from pretrain.checkpoint.resume import deepspeed_client_state_file
+    from pretrain.checkpoint.safety import load_weights_only
 
     path = Path(checkpoint)
     state = load_weights_only(

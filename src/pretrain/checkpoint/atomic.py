@@ -1,0 +1,169 @@
+"""Checkpoints that a crash cannot corrupt, and finding the one to resume from.
+
+Every checkpoint is written beside its final name (`NAME.partial`), flushed to disk, then
+renamed over the final name, and the directory is fsynced so the rename itself survives a
+crash: a file named `*.ckpt` is complete once "saved" is printed. Leftover `.partial` files
+are ignored and cleaned up. `resume=auto` takes the newest complete checkpoint by the step
+stored in it (`last.ckpt` or a `step-*.ckpt`); one that cannot be read is skipped, named.
+
+Under DeepSpeed a checkpoint is a directory (`last.ckpt/` holding `latest` and a tag folder
+of per-rank shards), written by DeepSpeed's engine rather than CheckpointIO. The strategy
+(`pretrain.runtime.strategies.PretrainDeepSpeedStrategy`) writes it aside as `NAME.partial/` and
+renames it into place once every rank has written its part; a directory counts as complete
+only when DeepSpeed's `latest` file (written last) is in it. Before the renames rank 0 marks
+the written directory complete (`COMPLETE_MARKER`), so a crash between them loses nothing:
+resuming finishes the replacement (`recover_replacements`).
+"""
+
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from pretrain.checkpoint.safety import load_weights_only
+from pretrain.errors import RunEnvironmentError
+
+PARTIAL_SUFFIX = ".partial"
+REPLACED_SUFFIX = ".replaced"
+COMPLETE_MARKER = "complete"  # in a ZeRO directory: every rank has written its part
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """TorchCheckpointIO that writes aside, fsyncs, then renames into place."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + PARTIAL_SUFFIX)
+        try:
+            with open(partial, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, RuntimeError) as error:  # torch.save reports a full disk as either
+            partial.unlink(missing_ok=True)
+            if is_disk_full(error):
+                raise RunEnvironmentError(
+                    f"{path}: no space left on device while saving the checkpoint; the previous "
+                    f"checkpoints in {path.parent} are intact: free space there and run the same "
+                    "command again to resume"
+                ) from None
+            raise
+        os.replace(partial, path)
+        fsync_directory(path.parent)
+
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = "cpu", weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Always weights_only (`pretrain.checkpoint.safety`): a checkpoint is data; a
+        pickle that asks for more is refused with a one-line error naming the file."""
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such checkpoint file")
+        return load_weights_only(path, map_location=map_location)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        fs = get_filesystem(path)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """An OSError ENOSPC (or EDQUOT), or torch.save's RuntimeError wrapping one."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
+
+
+def fsync_directory(directory: str | Path) -> None:
+    """Flush `directory`'s entries (a rename into it) to disk."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and directory under `root` (a DeepSpeed checkpoint written by
+    `torch.save` without fsync) to disk."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(Path(directory) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_directory(directory)
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    """`<run_dir>/checkpoints`: where a run's checkpoints are written and resumed from."""
+    return Path(run_dir) / "checkpoints"
+
+
+def is_deepspeed_checkpoint(path: str | Path) -> bool:
+    """True for a complete DeepSpeed checkpoint directory (it holds DeepSpeed's `latest`)."""
+    return (Path(path) / "latest").is_file()
+
+
+def is_complete_checkpoint(path: str | Path) -> bool:
+    """A `.ckpt` file (always complete, see AtomicCheckpointIO) or a complete ZeRO directory."""
+    return Path(path).is_file() or is_deepspeed_checkpoint(path)
+
+
+def replace_directory(written: Path, final: Path) -> None:
+    """Move the complete directory `written` to `final`, replacing an older one (moved to
+    `final.replaced` first). `written` is marked complete before the renames, so a crash
+    between them leaves a checkpoint that resuming recovers (`recover_replacements`)."""
+    marker = written / COMPLETE_MARKER
+    marker.touch()
+    fsync_tree(written)
+    replaced = final.with_name(final.name + REPLACED_SUFFIX)
+    if replaced.exists():
+        shutil.rmtree(replaced)
+    if final.exists():
+        os.replace(final, replaced)
+    os.replace(written, final)
+    fsync_directory(final.parent)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def recover_replacements(directory: Path) -> None:
+    """Finish the replacements of ZeRO directories that a crash interrupted (`replace_directory`):
+    a `NAME.partial` marked complete becomes `NAME`; else a `NAME.replaced` (the previous one)
+    goes back to a missing `NAME`. Other leftovers (`.partial` writes that did not finish,
+    `.replaced` copies no longer needed) are removed. Safe when several ranks run it at once."""
+    for partial in sorted(directory.glob(f"*{PARTIAL_SUFFIX}")):
+        final = partial.with_name(partial.name.removesuffix(PARTIAL_SUFFIX))
+        try:
+            if (partial / COMPLETE_MARKER).is_file():
+                print(f"finishing the interrupted replacement of {final}", flush=True)
+                replace_directory(partial, final)
+            else:
+                _remove(partial)  # an interrupted write; the previous checkpoint is intact
+        except FileNotFoundError:
+            pass  # another rank finished it
+    for replaced in sorted(directory.glob(f"*{REPLACED_SUFFIX}")):
+        final = replaced.with_name(replaced.name.removesuffix(REPLACED_SUFFIX))
+        try:
+            if not final.exists() and is_deepspeed_checkpoint(replaced):
+                os.replace(replaced, final)
+            else:
+                _remove(replaced)
+        except FileNotFoundError:
+            pass
+    fsync_directory(directory)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
