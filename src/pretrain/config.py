@@ -40,7 +40,7 @@ class ModelConfig:
     # parameter-count checks; training takes the size of the run's own tokenizer.
     reference_vocab_size: int | None = None
     # LayerNorm kernels: auto (apex's FusedLayerNorm on CUDA when apex is installed, else
-    # torch's) | torch | apex (an error where apex cannot run); see pretrain/kernels.py.
+    # torch's) | torch | apex (an error where apex cannot run); see pretrain/runtime/kernels.py.
     layer_norm_impl: str = "auto"
     # The unpadded encoder path (BERT family; pretrain/models/unpadding.py): dense layers on
     # the real tokens only. auto (unpadded on CUDA when a batch has padding to drop, padded
@@ -326,7 +326,7 @@ class OptimConfig:
     schedule_steps: int | None = None
     # A later launch with trainer.max_steps past the end of a decaying schedule (stored in the
     # checkpoint): refuse (an error), or rewarm (warm up again, then decay to the new
-    # max_steps); see pretrain/schedule.py.
+    # max_steps); see pretrain/runtime/schedule.py.
     extend: str = "refuse"
     # Warm-up in samples instead of optimizer steps (null: use warmup_steps); the same
     # samples of warm-up whatever the global batch size.
@@ -336,7 +336,7 @@ class OptimConfig:
     lr_scaling: str = "none"
     reference_batch_size: int = 256
     # Optimizer kernels: auto (apex's FusedAdam/FusedLAMB on CUDA when apex is installed, else
-    # torch's, fused on CUDA) | torch | apex (an error where apex cannot run); pretrain/kernels.py.
+    # torch's, fused on CUDA) | torch | apex (an error where apex cannot run); pretrain/runtime/kernels.py.
     impl: str = "auto"
 
     def __post_init__(self) -> None:
@@ -432,7 +432,7 @@ class TrainerConfig:
     max_skipped_steps: int | None = 100
     # The peak of one device in TFLOP/s at the run's precision (e.g. 989 for an H100's dense
     # bf16), for train/mfu = train/model_tflops / peak_tflops; null: the table of
-    # pretrain/flops.py for a known GPU, a measured GEMM on a CPU (no MFU for another device).
+    # pretrain/runtime/flops.py for a known GPU, a measured GEMM on a CPU (no MFU for another device).
     peak_tflops: float | None = None
     # Signal that means "save last.ckpt at the next step boundary, requeue, stop" (sbatch
     # --signal / the launcher's); SIGTERM always saves and stops. null: SIGTERM only.

@@ -1,10 +1,9 @@
-"""Checkpoints that a crash cannot corrupt, and finding the one to resume from.
+"""Checkpoints that a crash cannot corrupt: written aside, fsynced, renamed into place.
 
 Every checkpoint is written beside its final name (`NAME.partial`), flushed to disk, then
 renamed over the final name, and the directory is fsynced so the rename itself survives a
 crash: a file named `*.ckpt` is complete once "saved" is printed. Leftover `.partial` files
-are ignored and cleaned up. `resume=auto` takes the newest complete checkpoint by the step
-stored in it (`last.ckpt` or a `step-*.ckpt`); one that cannot be read is skipped, named.
+are ignored and cleaned up (which checkpoint a run resumes from: `checkpoint/resume.py`).
 
 Under DeepSpeed a checkpoint is a directory (`last.ckpt/` holding `latest` and a tag folder
 of per-rank shards), written by DeepSpeed's engine rather than CheckpointIO. The strategy

@@ -1,5 +1,8 @@
 """Finding the checkpoint to resume from, and the relaunch policy: which config changes a
 resumed or initialised run may make (`config_changes`, `check_relaunch`, `check_init_from`).
+
+`resume=auto` takes the newest complete checkpoint by the step stored in it (`last.ckpt` or a
+`step-*.ckpt`); one that cannot be read is skipped, named.
 """
 
 import os

@@ -8,7 +8,7 @@ columns are the config keys that differ between the runs (a batch-size sweep rea
 RoBERTa's Table 3), then the final training and held-out metrics, then the downstream results
 `pretrain-eval` wrote in the run (`<run>/eval/<name>.json`: a column `eval/<name>/<metric>`
 each). Figures: training and held-out loss against tokens seen and against
-wall-clock seconds, throughput (tokens/s, model TFLOP/s by the FLOP model of pretrain/flops.py,
+wall-clock seconds, throughput (tokens/s, model TFLOP/s by the FLOP model of pretrain/runtime/flops.py,
 and MFU against the device peak), learning rate and skipped steps against tokens seen. Never
 needs wandb.
 """
@@ -38,7 +38,7 @@ FIGURES = {
         "train/tokens_seen",
         [
             ("tokens/s", "train/tokens_per_s"),
-            ("model TFLOP/s", "train/model_tflops"),  # pretrain/flops.py
+            ("model TFLOP/s", "train/model_tflops"),  # pretrain/runtime/flops.py
             ("MFU", "train/mfu"),
         ],
     ),
