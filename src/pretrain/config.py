@@ -432,7 +432,7 @@ class TrainerConfig:
     max_skipped_steps: int | None = 100
     # The peak of one device in TFLOP/s at the run's precision (e.g. 989 for an H100's dense
     # bf16), for train/mfu = train/model_tflops / peak_tflops; null: the table of
-    # pretrain/runtime/flops.py for a known GPU, a measured GEMM on a CPU (no MFU for another device).
+    # pretrain/runtime/flops.py for a known GPU; no MFU on a CPU or another device unless set.
     peak_tflops: float | None = None
     # Signal that means "save last.ckpt at the next step boundary, requeue, stop" (sbatch
     # --signal / the launcher's); SIGTERM always saves and stops. null: SIGTERM only.
@@ -609,7 +609,7 @@ class TrainConfig:
     resume: str = "auto"
     # A Hugging Face directory or a `pretrain` .ckpt whose weights initialise a new run
     # (continued pretraining); an error when the run directory holds a checkpoint of a run
-    # that did not start from it (pretrain.checkpoint.resume.check_init_from).
+    # that did not start from it (pretrain.checkpoint.relaunch.check_init_from).
     init_from: str | None = None
 
     def __post_init__(self) -> None:

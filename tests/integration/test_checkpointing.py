@@ -12,16 +12,10 @@ import pytest
 import torch
 from test_train import tiny_overrides
 
-from pretrain.checkpoint import atomic
-from pretrain.checkpoint import resume as relaunch
+from pretrain.checkpoint import atomic, resume
 from pretrain.checkpoint.atomic import AtomicCheckpointIO, replace_directory
-from pretrain.checkpoint.resume import (
-    check_relaunch,
-    config_changes,
-    find_resume_checkpoint,
-    refused_changes,
-    set_aside_checkpoints,
-)
+from pretrain.checkpoint.relaunch import check_relaunch, config_changes, refused_changes
+from pretrain.checkpoint.resume import find_resume_checkpoint, set_aside_checkpoints
 from pretrain.config import compose_config
 from pretrain.errors import ConfigError
 from pretrain.runtime.run import train
@@ -214,9 +208,9 @@ def test_a_refused_relaunch_says_what_differs_and_how_to_proceed(capsys):
     started = plain(init_from="hf/bert")
     check_relaunch(started, plain(init_from="hf/bert"), "last.ckpt", "auto")
     check_relaunch(started, plain(), "last.ckpt", "auto")
-    for resume in ("auto", "force"):
+    for mode in ("auto", "force"):
         with pytest.raises(ConfigError, match="init_from=other: the run directory already"):
-            check_relaunch(started, plain(init_from="other"), "last.ckpt", resume)
+            check_relaunch(started, plain(init_from="other"), "last.ckpt", mode)
 
 
 def test_never_sets_the_old_checkpoints_aside(tmp_path):
@@ -278,7 +272,7 @@ def test_step_names_are_ordered_by_number_past_seven_digits(tmp_path):
     directory = tmp_path / "checkpoints"
     for step in (9_999_999, 10_000_000, 999_999, 100_000_001):
         save(directory / f"step-{step:07d}.ckpt", step)
-    names = [path.name for path in relaunch.step_checkpoints(directory)]
+    names = [path.name for path in resume.step_checkpoints(directory)]
     assert names == [
         "step-0999999.ckpt",
         "step-9999999.ckpt",
@@ -319,7 +313,7 @@ def test_a_crash_between_the_two_renames_loses_no_zero_checkpoint(tmp_path, monk
     assert not final.exists() and written.is_dir()  # the state the crash left
     assert (directory / "last.ckpt.replaced").is_dir() == previous
     assert find_resume_checkpoint(tmp_path, "auto") == str(final)
-    assert relaunch.checkpoint_step(final) == 8
+    assert resume.checkpoint_step(final) == 8
     assert sorted(p.name for p in directory.iterdir()) == ["last.ckpt"]
 
 
@@ -330,5 +324,5 @@ def test_an_unfinished_write_falls_back_to_the_replaced_checkpoint(tmp_path, mon
     deepspeed_dir(directory / "last.ckpt.replaced", 5)
     deepspeed_dir(directory / "last.ckpt.partial", 8)  # `latest` written, not marked complete
     assert find_resume_checkpoint(tmp_path, "auto") == str(directory / "last.ckpt")
-    assert relaunch.checkpoint_step(directory / "last.ckpt") == 5
+    assert resume.checkpoint_step(directory / "last.ckpt") == 5
     assert sorted(p.name for p in directory.iterdir()) == ["last.ckpt"]

@@ -106,9 +106,9 @@ def test_sweep_over_two_runs_is_one_table_in_wandb_and_compare(
     write_report(find_runs([tmp_path / "runs"]), tmp_path / "report")
     with open(tmp_path / "report" / "summary.csv") as f:
         header, *lines = list(csv.reader(f))
-    assert header[:2] == ["run", "optim.lr"]
+    assert header[:2] == ["run", "status"] and header[-1] == "optim.lr"
     column = header.index("eval/builtin_order/accuracy")
-    assert header.index("train/loss") < column
+    assert header.index("train/loss") < column < header.index("optim.lr")
     assert [line[column] for line in lines] == [f"{r['metrics']['accuracy']:.4g}" for r in results]
 
 

@@ -67,8 +67,10 @@ def test_report_has_one_line_per_run_and_the_differing_config_keys(tmp_path):
             assert labels == [run.name for run in runs], (name, panel)
     with open(tmp_path / "report" / "summary.csv") as f:
         header, *rows = list(csv.reader(f))
-    assert header[:2] == ["run", "optim.optimizer.lr"]  # run_dir differs too, but names the run
-    assert "seed" not in header and "val/loss" in header
+    # losses first, then progress, then the differing config keys (run_dir names the run)
+    assert header[:4] == ["run", "status", "train/loss", "val/loss"]
+    assert header[-1] == "optim.optimizer.lr" and "seed" not in header
+    assert [row[1] for row in rows] == ["unknown"] * 3  # no run_state.json, no max_steps
     assert [row[header.index("step")] for row in rows] == ["8"] * 3
     assert [row[header.index("train/tokens_seen")] for row in rows] == ["800"] * 3
     assert [row[header.index("train/mfu")] for row in rows] == ["2.4e-06"] * 3
@@ -91,3 +93,55 @@ def test_cli_starts_without_plotting_libraries_and_names_an_empty_directory(tmp_
         result.stderr.strip().splitlines()[-1]
         == f"error: no run directory (one with csv/) in {tmp_path}"
     )
+
+
+def loss_run(run_dir: Path, objective: str, losses: dict[str, float], config: dict) -> None:
+    """A one-launch run of `objective` that logged `losses` at steps 0-3."""
+    folder = run_dir / "csv" / "version_0"
+    folder.mkdir(parents=True)
+    full = {"objective": {"_target_": objective}, **config}
+    (folder / "hparams.yaml").write_text(yaml.safe_dump(full))
+    with open(folder / "metrics.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, ["epoch", "step", *losses])
+        writer.writeheader()
+        writer.writerows({"epoch": 0, "step": s, **losses} for s in range(4))
+
+
+def test_losses_of_different_objectives_get_their_own_axes_and_runs_their_state(tmp_path):
+    from pretrain.eval.compare import loss_panels, read_config, summary_table
+    from pretrain.runtime.run_state import write_run_state
+
+    both = {"train/loss": 9.0, "train/mlm_loss": 8.0, "train/nsp_loss": 1.0}
+    training = {"trainer": {"max_steps": 10, "log_every_n_steps": 5}, "data": {"num_workers": 2}}
+    loss_run(tmp_path / "bert", "MaskedLanguageModel/nsp", both, training)
+    other = {"trainer": {"max_steps": 10, "log_every_n_steps": 1}, "data": {"num_workers": 0}}
+    loss_run(
+        tmp_path / "roberta",
+        "MaskedLanguageModel/none",
+        {"train/loss": 8.5, "train/mlm_loss": 8.5},
+        other,
+    )
+    write_run_state(tmp_path / "bert", "preempted", 4, 10)
+    write_run_state(tmp_path / "roberta", "finished", 10, 10)
+    runs = [tmp_path / "bert", tmp_path / "roberta"]
+    metrics = [read_metrics(run) for run in runs]
+    configs = [read_config(run) for run in runs]
+    # an MLM+NSP total beside an MLM-only one compares nothing: no total axis, one per kind
+    panels = loss_panels(metrics, [c["objective._target_"] for c in configs])
+    assert [column for _, column in panels] == ["train/mlm_loss", "train/nsp_loss"]
+    same = loss_panels(metrics, ["MaskedLanguageModel", "MaskedLanguageModel"])
+    assert [column for _, column in same][0] == "train/loss"
+    _, drawn = write_report(runs, tmp_path / "report")
+    assert drawn["loss_vs_tokens.png"] == {
+        "training mlm loss": ["bert", "roberta"],
+        "training nsp loss": ["bert"],
+    }
+    with open(tmp_path / "report" / "summary.csv") as f:
+        header, *rows = list(csv.reader(f))
+    assert [row[1] for row in rows] == ["preempted (step 4 of 10)", "finished"]
+    # logging and worker settings differ too, but do not change what is trained
+    assert header[-1] == "objective._target_"
+    assert "trainer.log_every_n_steps" not in header and "data.num_workers" not in header
+    finals = [{"step": 4.0}]
+    header, rows = summary_table(["x"], ["failed (step 4 of 10)"], [{}], finals)
+    assert rows == [["x", "failed (step 4 of 10)", "4"]]

@@ -27,7 +27,7 @@ def write_run(run_dir: Path, lr: float, results: dict[str, dict[str, float]]) ->
         path.write_text(json.dumps({"task": name, "metrics": metrics}))
 
 
-def test_eval_results_are_columns_after_the_training_metrics(tmp_path):
+def test_eval_results_are_columns_after_the_losses(tmp_path):
     write_run(tmp_path / "a", 1e-3, {"builtin_next": {"accuracy": 0.61234}, "qa": {"f1": 30.5}})
     write_run(tmp_path / "b", 3e-3, {"builtin_next": {"accuracy": 0.5}})
     assert eval_results(tmp_path / "a") == {
@@ -37,8 +37,9 @@ def test_eval_results_are_columns_after_the_training_metrics(tmp_path):
     write_report([tmp_path / "a", tmp_path / "b"], tmp_path / "report")
     with open(tmp_path / "report" / "summary.csv") as f:
         header, *rows = list(csv.reader(f))
-    assert header[-3:] == ["val/loss", "eval/builtin_next/accuracy", "eval/qa/f1"]
-    assert [row[-2:] for row in rows] == [["0.6123", "30.5"], ["0.5", ""]]  # blank: none
+    assert header[2:6] == ["train/loss", "val/loss", "eval/builtin_next/accuracy", "eval/qa/f1"]
+    assert [row[4:6] for row in rows] == [["0.6123", "30.5"], ["0.5", ""]]  # blank: none
+    assert header[-1] == "optim.lr"  # the config keys that differ come last
     assert "eval/qa/f1" in (tmp_path / "report" / "report.html").read_text()
 
 

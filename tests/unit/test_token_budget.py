@@ -164,7 +164,7 @@ def test_budgets_too_small_for_a_sequence_per_partition_are_refused(prepared_cor
 
 
 def test_a_relaunch_may_change_accumulation_only_under_a_token_budget():
-    from pretrain.checkpoint.resume import refused_changes
+    from pretrain.checkpoint.relaunch import refused_changes
     from pretrain.config import compose_config, plain_config, validate
 
     def config(*overrides):

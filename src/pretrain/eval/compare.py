@@ -1,16 +1,20 @@
 """`pretrain-compare RUN_OR_EXPERIMENT_DIR... [--out DIR]`: runs side by side, offline.
 
-Reads each run's CSV logs (`<run>/csv/version_*/metrics.csv`, every launch of a resumed run)
-and config (the newest `hparams.yaml` beside them) and writes to `--out` (default:
-`<first dir>/report`) PNG figures (matplotlib, one line per run) and `report.html`, a single
-self-contained page (figures embedded) with a table of final metrics per run whose first
-columns are the config keys that differ between the runs (a batch-size sweep reads like
-RoBERTa's Table 3), then the final training and held-out metrics, then the downstream results
-`pretrain-eval` wrote in the run (`<run>/eval/<name>.json`: a column `eval/<name>/<metric>`
-each). Figures: training and held-out loss against tokens seen and against
-wall-clock seconds, throughput (tokens/s, model TFLOP/s by the FLOP model of pretrain/runtime/flops.py,
-and MFU against the device peak), learning rate and skipped steps against tokens seen. Never
-needs wandb.
+Reads each run's CSV logs (`<run>/csv/version_*/metrics.csv`, every launch of a resumed run),
+config (the newest `hparams.yaml` beside them) and how its last launch ended
+(`run_state.json`, `pretrain.runtime.run_state`), and writes to `--out` (default:
+`<first dir>/report`) PNG figures (matplotlib, one line per run), `summary.csv` and
+`report.html`, a single self-contained page (figures embedded). Its table reads: the run and
+its state (finished, preempted or failed at step s of max), the final losses (training and
+held-out), the downstream results `pretrain-eval` wrote in the run (`<run>/eval/<name>.json`:
+a column `eval/<name>/<metric>` each), progress and throughput, then the config keys that
+differ between the runs and change what is trained (logging, checkpointing, kernel and
+worker settings, `checkpoint.relaunch.RELAUNCH_KEYS`, left out; a batch-size sweep reads like
+RoBERTa's Table 3). Figures: each kind of loss on its own axes (an MLM+NSP total is never
+drawn beside an MLM-only loss: the total is drawn only when every run has the same
+objective), against tokens seen and against wall-clock seconds; throughput (tokens/s, model
+TFLOP/s by the FLOP model of pretrain/runtime/flops.py, and MFU against the device peak),
+learning rate and skipped steps against tokens seen. Never needs wandb.
 """
 
 import argparse
@@ -19,20 +23,19 @@ import csv
 import html
 import re
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
-# figure file -> (title, x axis, [(axis title, y column)]); x: tokens seen or seconds
+from pretrain.runtime.run_state import describe_run_state, read_run_state
+
+# figure file -> (title, x axis, [(axis title, y column)]); x: tokens seen or seconds. The
+# loss figures (`LOSS_FIGURES`) get one axis per loss kind the runs logged (`loss_panels`).
+LOSS_FIGURES = {
+    "loss_vs_tokens.png": ("Losses against tokens seen", "train/tokens_seen"),
+    "loss_vs_time.png": ("Losses against wall-clock time", "train/elapsed_s"),
+}
 FIGURES = {
-    "loss_vs_tokens.png": (
-        "Loss against tokens seen",
-        "train/tokens_seen",
-        [("training loss", "train/loss"), ("held-out loss", "val/loss")],
-    ),
-    "loss_vs_time.png": (
-        "Loss against wall-clock time",
-        "train/elapsed_s",
-        [("training loss", "train/loss"), ("held-out loss", "val/loss")],
-    ),
+    **{name: (title, x, []) for name, (title, x) in LOSS_FIGURES.items()},
     "throughput.png": (
         "Throughput (a rank's)",
         "train/tokens_seen",
@@ -51,15 +54,37 @@ FIGURES = {
 }
 X_LABELS = {"train/tokens_seen": "tokens seen", "train/elapsed_s": "wall-clock seconds"}
 # keys that name a run rather than describe it: never table columns
-IDENTITY_KEYS = ("run_dir", "run_name")
-FINAL_COLUMNS = (
+IDENTITY_KEYS = ("run_dir", "run_name", "experiment_name")
+# keys of RELAUNCH_KEYS that do change what is trained, so a comparison shows them
+COMPARED_RELAUNCH_KEYS = ("trainer.max_steps",)
+PROGRESS_COLUMNS = (
     "step",
     "train/tokens_seen",
     "train/elapsed_s",
-    "train/loss",
     "train/tokens_per_s",
     "train/mfu",
 )
+
+
+def is_loss(column: str) -> bool:
+    """Whether a logged column is a loss (`train/loss`, `train/mlm_loss`, `val/nsp_loss`)."""
+    prefix, _, name = column.partition("/")
+    return prefix in ("train", "val") and (name == "loss" or name.endswith("_loss"))
+
+
+def loss_panels(metrics: list[dict], objectives: list[object]) -> list[tuple[str, str]]:
+    """[(axis title, column)] of the loss figures: each loss kind any run logged, training
+    then held-out; the total (`train/loss`, `val/loss`) only when every run has the same
+    objective (totals of different objectives sum different terms)."""
+    columns = sorted({c for m in metrics for c in m if is_loss(c) and m[c]})
+    same_objective = len({repr(o) for o in objectives}) <= 1
+    if not same_objective:
+        columns = [c for c in columns if c.partition("/")[2] != "loss"]
+    names = {"train": "training", "val": "held-out"}
+    order = sorted(columns, key=lambda c: (c.partition("/")[2] != "loss", c.partition("/")[2], c))
+    return [
+        (f"{names[c.partition('/')[0]]} {c.partition('/')[2].replace('_', ' ')}", c) for c in order
+    ]
 
 
 def natural_order(path: Path) -> list:
@@ -120,11 +145,31 @@ def read_config(run_dir: Path) -> dict[str, object]:
 
 
 def differing_keys(configs: list[dict[str, object]]) -> list[str]:
-    """Config keys whose values are not the same in every run (missing counts as a value)."""
+    """Config keys whose values are not the same in every run (missing counts as a value) and
+    that change what is trained: not a run's name, nor a key of the relaunch policy's
+    `RELAUNCH_KEYS` (logging, checkpointing, kernels, workers) but `COMPARED_RELAUNCH_KEYS`."""
+    from pretrain.checkpoint.relaunch import RELAUNCH_KEYS
+
+    ignored = [k for k in RELAUNCH_KEYS if k not in COMPARED_RELAUNCH_KEYS]
     keys = sorted(set().union(*configs)) if configs else []
     return [
-        k for k in keys if k not in IDENTITY_KEYS and len({repr(c.get(k)) for c in configs}) > 1
+        k
+        for k in keys
+        if k not in IDENTITY_KEYS
+        and not any(fnmatch(k, pattern) for pattern in ignored)
+        and len({repr(c.get(k)) for c in configs}) > 1
     ]
+
+
+def run_status(run_dir: Path, final: dict, config: dict) -> str:
+    """How the run's last launch ended (`run_state.json`), else judged from its last logged
+    step against its config's trainer.max_steps."""
+    max_steps = config.get("trainer.max_steps")
+    return describe_run_state(
+        read_run_state(run_dir),
+        int(final["step"]) if "step" in final else None,
+        max_steps if isinstance(max_steps, int) else None,
+    )
 
 
 def x_values(
@@ -147,11 +192,11 @@ def x_values(
 def final_metrics(metrics: dict[str, dict[int, float]]) -> dict[str, float]:
     """The optimizer steps the run took ("step"; a training row's step s is its batch's, after
     which s + 1 steps were taken), and the last logged value of each column of
-    `FINAL_COLUMNS` and every `val/*`."""
+    `PROGRESS_COLUMNS`, every loss (`is_loss`) and every `val/*`."""
     taken = [max(v) + (0 if k.startswith("val/") else 1) for k, v in metrics.items() if v]
     final = {"step": float(max(taken, default=0))}
     for key, values in metrics.items():
-        if key in FINAL_COLUMNS or key.startswith("val/"):
+        if key in PROGRESS_COLUMNS or is_loss(key) or key.startswith("val/"):
             final[key] = values[max(values)]
     return final
 
@@ -173,9 +218,12 @@ def eval_results(run_dir: Path) -> dict[str, float]:
     return found
 
 
-def plot_figures(runs: dict[str, dict], out: Path) -> dict[str, dict[str, list[str]]]:
-    """Write the `FIGURES` PNGs for `runs` ({label: metrics}) to `out`; returns {file: {axis
-    title: labels of its lines}} (one line per run that logged the column)."""
+def plot_figures(
+    runs: dict[str, dict], out: Path, losses: list[tuple[str, str]]
+) -> dict[str, dict[str, list[str]]]:
+    """Write the `FIGURES` PNGs for `runs` ({label: metrics}) to `out`, the loss figures with
+    the axes `losses` (`loss_panels`); returns {file: {axis title: labels of its lines}} (one
+    line per run that logged the column)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,9 +231,13 @@ def plot_figures(runs: dict[str, dict], out: Path) -> dict[str, dict[str, list[s
 
     drawn: dict[str, dict[str, list[str]]] = {}
     for name, (title, x, panels) in FIGURES.items():
-        figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+        panels = losses if name in LOSS_FIGURES else panels
+        panels = panels or [("loss", "train/loss")]
+        columns = min(len(panels), 3)
+        rows = -(-len(panels) // columns)
+        figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4 * rows), squeeze=False)
         drawn[name] = {}
-        for axis, (panel, column) in zip(axes[0], panels, strict=True):
+        for axis, (panel, column) in zip(axes.flat, panels, strict=False):
             for label, metrics in runs.items():
                 values = metrics.get(column)
                 if not values:
@@ -202,6 +254,8 @@ def plot_figures(runs: dict[str, dict], out: Path) -> dict[str, dict[str, list[s
                 axis.legend(fontsize="small")
             else:
                 axis.text(0.5, 0.5, f"no {column} logged", ha="center", transform=axis.transAxes)
+        for axis in list(axes.flat)[len(panels) :]:
+            axis.set_visible(False)
         figure.suptitle(title)
         figure.tight_layout()
         figure.savefig(out / name, dpi=100)
@@ -216,22 +270,27 @@ def format_value(value: object) -> str:
 
 
 def summary_table(
-    labels: list[str], configs: list[dict], finals: list[dict]
+    labels: list[str], statuses: list[str], configs: list[dict], finals: list[dict]
 ) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): run, the differing config keys, then the final metrics (training,
-    held-out `val/*`, downstream `eval/*`; blank where a run lacks one)."""
+    """(header, rows): run and state, the final losses (training, then held-out), downstream
+    results (`eval/*`), progress and throughput, other held-out metrics, then the differing
+    config keys that change training (`differing_keys`); blank where a run lacks one."""
+    present = sorted({k for f in finals for k in f})
+    losses = sorted((k for k in present if is_loss(k)), key=lambda k: (k[:3] == "val", k))
+    results = [k for k in present if k.startswith("eval/")]
+    progress = [c for c in PROGRESS_COLUMNS if c in present]
+    other = [k for k in present if k.startswith("val/") and not is_loss(k)]
+    metrics = [*losses, *results, *progress, *other]
     keys = differing_keys(configs)
-    metrics = [c for c in FINAL_COLUMNS if any(c in f for f in finals)]
-    for prefix in ("val/", "eval/"):
-        metrics += sorted({k for f in finals for k in f if k.startswith(prefix)})
-    header = ["run", *keys, *metrics]
+    header = ["run", "status", *metrics, *keys]
     rows = [
         [
             label,
-            *(format_value(c.get(k, "")) for k in keys),
+            status,
             *(format_value(f.get(m, "")) for m in metrics),
+            *(format_value(c.get(k, "")) for k in keys),
         ]
-        for label, c, f in zip(labels, configs, finals, strict=True)
+        for label, status, c, f in zip(labels, statuses, configs, finals, strict=True)
     ]
     return header, rows
 
@@ -243,11 +302,13 @@ def write_report(run_dirs: list[Path], out: Path) -> tuple[Path, dict[str, dict[
     labels = [run.name for run in run_dirs]
     metrics = [read_metrics(run) for run in run_dirs]
     configs = [read_config(run) for run in run_dirs]
-    drawn = plot_figures(dict(zip(labels, metrics, strict=True)), out)
+    losses = loss_panels(metrics, [c.get("objective._target_") for c in configs])
+    drawn = plot_figures(dict(zip(labels, metrics, strict=True)), out, losses)
     finals = [
         final_metrics(m) | eval_results(run) for m, run in zip(metrics, run_dirs, strict=True)
     ]
-    header, rows = summary_table(labels, configs, finals)
+    statuses = [run_status(run, f, c) for run, f, c in zip(run_dirs, finals, configs, strict=True)]
+    header, rows = summary_table(labels, statuses, configs, finals)
     with open(out / "summary.csv", "w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
     cells = lambda tag, row: "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in row)  # noqa: E731
@@ -259,13 +320,17 @@ def write_report(run_dirs: list[Path], out: Path) -> tuple[Path, dict[str, dict[
         f'{base64.b64encode((out / name).read_bytes()).decode()}">'
         for name in FIGURES
     )
-    runs = "\n".join(f"<li><code>{html.escape(str(run))}</code></li>" for run in run_dirs)
+    runs = "\n".join(
+        f"<li><code>{html.escape(str(run))}</code>: {html.escape(status)}</li>"
+        for run, status in zip(run_dirs, statuses, strict=True)
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>pretrain-compare: {len(run_dirs)} runs</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style>
 </head><body><h1>{len(run_dirs)} runs</h1><ul>{runs}</ul>
-<h2>Final metrics (config keys that differ first)</h2><table>{table}</table>
+<h2>Final metrics (losses and results first, then the config keys that differ)</h2>
+<table>{table}</table>
 {images}
 </body></html>
 """

@@ -2,6 +2,7 @@
 Hugging Face directory, loaded with `transformers.AutoModel` (local files only, never a
 download), with its tokenizer; or a randomly initialised encoder of the same size."""
 
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,24 @@ def _load_hf_dir(directory: Path, init: str, seed: int) -> tuple[nn.Module, Any]
     return AutoModel.from_pretrained(directory, config=config, local_files_only=True), tokenizer
 
 
+def unfinished_run_warning(checkpoint: Path) -> str | None:
+    """One warning line when `checkpoint` (a file or ZeRO directory) holds fewer optimizer
+    steps than its run's trainer.max_steps (a preempted or failed run), else None."""
+    from pretrain.checkpoint.resume import checkpoint_step, saved_config
+
+    try:
+        step = checkpoint_step(checkpoint)
+        max_steps = int(saved_config(checkpoint)["trainer"]["max_steps"])
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError):
+        return None  # not readable here: the export that follows names the fault
+    if step >= max_steps:
+        return None
+    return (
+        f"warning: {checkpoint} is from an unfinished run (step {step} of {max_steps}): "
+        "the encoder evaluated is not the finished one; resume the run (same command) to finish it"
+    )
+
+
 def load_encoder(path: str | Path, init: str = "pretrained", seed: int = 0) -> LoadedEncoder:
     """Load the encoder at `path`: a Hugging Face directory (config.json, model.safetensors,
     tokenizer files, as `pretrain-export` writes) or a `pretrain` checkpoint (.ckpt or ZeRO
@@ -96,6 +115,8 @@ def load_encoder(path: str | Path, init: str = "pretrained", seed: int = 0) -> L
     else:
         from pretrain.export import export_checkpoint
 
+        if (warning := unfinished_run_warning(source)) is not None:
+            print(warning, file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as scratch:
             exported = export_checkpoint(source, Path(scratch) / "hf")
             model, tokenizer = _load_hf_dir(exported, init, seed)

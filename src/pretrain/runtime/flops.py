@@ -184,7 +184,9 @@ def parameter_rule_flops(module: torch.nn.Module, tokens: Any) -> Any:
 def device_peak_tflops(precision: str, device: torch.device) -> tuple[float | None, str]:
     """One device's dense peak in TFLOP/s for `precision` (Lightning's: 32-true, bf16-mixed,
     ...) and where it came from: the table for a known GPU (fp32 runs count TF32 when
-    `torch.backends.cuda.matmul.allow_tf32` is on), a measured GEMM on a CPU, else None."""
+    `torch.backends.cuda.matmul.allow_tf32` is on), else None: a CPU has no datasheet peak that
+    a run can read (a measured GEMM moves with the machine's load from run to run, so an MFU
+    against it compares nothing), so CPU runs log train/mfu only with trainer.peak_tflops."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         kind = precision_kind(precision)
@@ -198,7 +200,7 @@ def device_peak_tflops(precision: str, device: torch.device) -> tuple[float | No
             f"{name} is not in pretrain.runtime.flops.DEVICE_PEAK_TFLOPS: set trainer.peak_tflops",
         )
     if device.type == "cpu":
-        return measured_gemm_tflops(), "measured CPU GEMM (fp32)"
+        return None, "a CPU has no datasheet peak: set trainer.peak_tflops for train/mfu"
     return None, f"no peak known for {device.type}: set trainer.peak_tflops"
 
 
@@ -209,18 +211,3 @@ def precision_kind(precision: str) -> str:
     if precision.startswith("16"):
         return "fp16"
     return "fp32"
-
-
-def measured_gemm_tflops(size: int = 512, repeats: int = 8) -> float:
-    """The CPU's fp32 matmul rate in TFLOP/s on this process's threads: the best of `repeats`
-    products of two (size, size) matrices (2 size^3 FLOPs each) after one warm-up."""
-    import time
-
-    a = b = torch.full((size, size), 0.5)  # no draw: the run's random state is untouched
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / max(best, 1e-9) / 1e12

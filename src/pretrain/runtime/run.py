@@ -8,8 +8,8 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
+from pretrain.checkpoint.relaunch import check_relaunch
 from pretrain.checkpoint.resume import (
-    check_relaunch,
     find_resume_checkpoint,
     save_hydra_config,
     saved_config,
@@ -17,7 +17,12 @@ from pretrain.checkpoint.resume import (
 )
 from pretrain.checkpoint.safety import check_resume_strategy
 from pretrain.cluster.collectives import CollectiveTimeout, collective_failure
-from pretrain.cluster.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
+from pretrain.cluster.preemption import (
+    PREEMPTED_EXIT_STATUS,
+    Preempted,
+    PreemptionCheckpoint,
+    raise_if_preempted,
+)
 from pretrain.config import (
     TrainConfig,
     settings_from,
@@ -41,6 +46,7 @@ from pretrain.models.unpadding import describe_unpadded_rows
 from pretrain.objectives.base import NonFiniteError, PretrainingModule
 from pretrain.runtime.batching import describe as describe_batching
 from pretrain.runtime.batching import warmup_steps
+from pretrain.runtime.run_state import write_run_state
 from pretrain.runtime.schedule import check_extension
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
@@ -126,12 +132,14 @@ def train(cfg: DictConfig) -> Path:
             None if spec.tokens_per_batch else run.batch_plan.micro_batch_size,
         ) + describe_unpadded_rows(module)
         print(f"{describe_batching(run.optim, run.batch_plan)}; {shapes}", flush=True)
+        write_run_state(run_dir, "running", 0, run.trainer.max_steps)
     for logger in trainer.loggers:
         logger.log_hyperparams(module.config)
-    finished = False
+    finished, state = False, "failed"
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         finished = trainer.global_step >= run.trainer.max_steps
+        state = "finished" if finished else "preempted" if saved_by_signal(trainer) else "failed"
     except RuntimeError as error:
         stuck = collective_failure(error, trainer, run.trainer.collective_timeout_s)
         if stuck is not None:
@@ -146,10 +154,20 @@ def train(cfg: DictConfig) -> Path:
         raise
     finally:
         finish_loggers(trainer, finished)  # the next sweep point gets its own wandb run
+        if trainer.is_global_zero:
+            write_run_state(run_dir, state, trainer.global_step, run.trainer.max_steps)
     raise_if_preempted(trainer)  # stopped by a signal before max_steps: not finished
     if trainer.is_global_zero:
         print(summary(module, run_dir), flush=True)
     return run_dir
+
+
+def saved_by_signal(trainer: L.Trainer) -> bool:
+    """Whether a preemption signal stopped `trainer` after saving a complete checkpoint."""
+    return any(
+        isinstance(callback, PreemptionCheckpoint) and callback.saved_step is not None
+        for callback in trainer.callbacks
+    )
 
 
 def dead_worker_message(error: BaseException, datamodule: PretrainingDataModule) -> str:

@@ -3,11 +3,12 @@
 
 import hashlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
@@ -159,6 +160,78 @@ def check_accelerator(accelerator: str) -> None:
         )
 
 
+class ParameterSummary(ModelSummary):
+    """Lightning's table of submodules and parameter counts without its FLOP column and total:
+    those count FLOPs of an `example_input_array` forward, which no objective has (the table
+    read "Total FLOPs: 0"); a run's model FLOPs are logged as `train/model_tflops` instead
+    (`runtime/flops.py`)."""
+
+    @staticmethod
+    def summarize(summary_data, total_parameters, trainable_parameters, model_size, modes, **_):
+        from lightning.pytorch.callbacks.model_summary import log
+        from lightning.pytorch.utilities.model_summary.model_summary import (
+            _format_summary_table,
+        )
+
+        columns = [column for column in summary_data if column[0] != "FLOPs"]
+        table = _format_summary_table(
+            total_parameters, trainable_parameters, model_size, modes, 0, *columns
+        )
+        log.info("\n" + table.rsplit("\n", 1)[0])  # its last line is the FLOP total
+
+
+def format_duration(seconds: float) -> str:
+    """`seconds` as "1h02m", "4m20s" or "12s"."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+class StepLines(L.Callback):
+    """With the progress bar off (logs, sweeps, SLURM): one line on rank 0 at log steps
+    (`trainer.log_every_n_steps`, where the loss is read back anyway) once `every_s` seconds
+    passed or another tenth of max_steps was crossed, and at the last step: the step of max,
+    the training loss, steps/s over this launch and the ETA."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        self.every_s = every_s
+        self._start_step = self._seen_step = self._last_tenth = 0
+        self._start = self._last_line = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = self._last_line = time.monotonic()
+        self._start_step = self._seen_step = trainer.global_step
+        self._last_tenth = trainer.global_step * 10 // max(trainer.max_steps, 1)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *_: object) -> None:
+        step, total = trainer.global_step, max(trainer.max_steps, 1)
+        stepped, self._seen_step = step != self._seen_step, step
+        log_step = step % trainer.log_every_n_steps == 0 or step >= total
+        if not (trainer.is_global_zero and stepped and log_step):
+            return
+        now, tenth = time.monotonic(), step * 10 // total
+        if now - self._last_line < self.every_s and tenth == self._last_tenth and step < total:
+            return
+        self._last_line, self._last_tenth = now, tenth
+        loss = trainer.callback_metrics.get("loss")
+        print(step_line(step, total, loss, self._rate(step, now)), flush=True)
+
+    def _rate(self, step: int, now: float) -> float:
+        return (step - self._start_step) / max(now - self._start, 1e-9)
+
+
+def step_line(step: int, total: int, loss: object, steps_per_s: float) -> str:
+    """ "step 120/1000 (12%), loss 6.2130, 3.40 steps/s, ETA 4m19s"."""
+    loss_text = "" if loss is None else f", loss {float(loss):.4f}"
+    eta = format_duration((total - step) / steps_per_s) if steps_per_s > 0 else "?"
+    return (
+        f"step {step}/{total} ({step / total:.0%}){loss_text}, {steps_per_s:.2f} steps/s, ETA {eta}"
+    )
+
+
 def build_trainer(config: Any, run_dir: str | Path, callbacks: list | tuple = ()) -> L.Trainer:
     """A Trainer for `config` (the typed TrainConfig, with its batch plan) writing logs and
     checkpoints under `run_dir`, with `callbacks` besides its own (held-out evaluation)."""
@@ -189,7 +262,10 @@ def build_trainer(config: Any, run_dir: str | Path, callbacks: list | tuple = ()
         log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar,
         callbacks=[*callbacks, ProgressLog(), checkpoints, *preemption_callbacks(t)]
-        + ([StepProgressBar(refresh_rate=5)] if t.enable_progress_bar else []),
+        + [
+            ParameterSummary(),
+            StepProgressBar(refresh_rate=5) if t.enable_progress_bar else StepLines(),
+        ],
         logger=loggers,
         plugins=[AtomicCheckpointIO(), *slurm_plugins()],
         reload_dataloaders_every_n_epochs=1,

@@ -1,0 +1,142 @@
+"""The relaunch policy: which config changes a resumed or initialised run may make. Keys in
+`RELAUNCH_KEYS` (logging, checkpointing, kernels, workers, the run's length) change how a run
+is carried out, not what it trains; any other change, and a global batch that differs, is
+refused on resume (`check_relaunch`) unless resume=force. Torch-free, so reports and CLIs can
+read the policy without loading it."""
+
+from fnmatch import fnmatch
+
+from pretrain.errors import ConfigError
+from pretrain.runtime.batching import batch_plan
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+# Keys that may differ between the launches of one run: they say how long, where, how
+# visibly and how fast it trains, not what it trains (fnmatch patterns over dotted keys).
+# `trainer.devices` and `trainer.num_nodes` may change too while the global batch stays the
+# same (`data.global_batch_size` set), and with a token budget (`data.tokens_per_batch`,
+# whose steps hold the same samples for any shape) `trainer.accumulate_grad_batches` too.
+# Anything else makes `resume=auto` refuse.
+RELAUNCH_KEYS = (
+    "resume",
+    "run_name",
+    "run_dir",
+    "experiment_name",
+    "trainer.max_steps",
+    "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar",
+    "trainer.checkpoint_every_n_steps",
+    "trainer.keep_checkpoints",
+    "trainer.preemption_signal",
+    "trainer.collective_timeout_s",
+    "trainer.max_consecutive_skipped_steps",
+    "trainer.max_skipped_steps",
+    "trainer.peak_tflops",
+    "trainer.tf32",  # speed switches: the same model and data either way
+    "trainer.pin_memory",
+    "trainer.compile",
+    "trainer.compile_backend",
+    "trainer.val_*",
+    "logger.*",
+    "data.num_workers",
+    "data.verify_shards",
+    "data.bad_shards",
+    "optim.extend",
+    "optim.impl",  # kernels (apex or torch) compute the same update: a machine may lack apex
+    "model.layer_norm_impl",
+    "model.unpad",  # the unpadded path computes the same outputs
+)
+RANK_KEYS = ("trainer.devices", "trainer.num_nodes")
+UNSET = "<unset>"
+
+
+def config_changes(saved: dict, current: dict, ignore: tuple[str, ...] = ("resume",)) -> list[str]:
+    """Keys whose value differs between a checkpoint's config and the current one, as
+    'key: saved -> current' lines (keys matching a pattern of `ignore` are skipped). Give
+    `saved` through `config.with_schema_defaults`, so keys added since it was saved count at
+    their defaults."""
+    old, new = _flatten(saved), _flatten(current)
+    return [
+        f"{key}: {old.get(key, UNSET)!r} -> {new.get(key, UNSET)!r}"
+        for key in sorted(old.keys() | new.keys())
+        if not any(fnmatch(key, pattern) for pattern in ignore)
+        and old.get(key, UNSET) != new.get(key, UNSET)
+    ]
+
+
+def _global_batch(config: dict) -> int | None:
+    try:
+        return batch_plan(config).global_batch_size
+    except (ConfigError, KeyError, TypeError):
+        return None
+
+
+def refused_changes(saved: dict, current: dict) -> list[str]:
+    """The differences (`config_changes` lines) that stop `resume=auto` from continuing a
+    checkpoint with `current`: every key but `RELAUNCH_KEYS` and `init_from` (checked on its
+    own, `check_init_from`), and `RANK_KEYS` only when the global batch changes with them."""
+    allowed = (*RELAUNCH_KEYS, *RANK_KEYS, "init_from")
+    tokens = saved.get("data", {}).get("tokens_per_batch")
+    if tokens and tokens == current.get("data", {}).get("tokens_per_batch"):
+        allowed += ("trainer.accumulate_grad_batches",)  # token-budget steps do not depend on it
+    changes = config_changes(saved, current, allowed)
+    ranks = config_changes(saved, current, ())
+    ranks = [line for line in ranks if line.split(":")[0] in RANK_KEYS]
+    before, after = _global_batch(saved), _global_batch(current)
+    if ranks and (before is None or before != after):
+        batch = f" (global batch {before} -> {after} samples per step)"
+        changes += [line + batch for line in ranks]
+    return changes
+
+
+def check_init_from(saved: dict, current: dict, checkpoint: str) -> None:
+    """ConfigError when the run asks for `init_from` other than the one the checkpoint's run
+    started from: resuming continues the checkpoint's weights, so initialising from elsewhere
+    cannot be honoured. The same `init_from` (a relaunch or a requeue of that run) or none is
+    fine."""
+    wanted = current.get("init_from")
+    if wanted is None or wanted == saved.get("init_from"):
+        return
+    raise ConfigError(
+        f"init_from={wanted}: the run directory already holds a checkpoint ({checkpoint}) "
+        f"that started from {saved.get('init_from')!r}; resuming continues its weights, so "
+        "init_from cannot apply. To start a run from init_from, name a new run (run_name=...) "
+        "or start over here (resume=never)"
+    )
+
+
+def check_relaunch(saved: dict, current: dict, checkpoint: str, resume: str) -> None:
+    """Whether the run may continue `checkpoint` (whose config is `saved`) with `current`:
+    ConfigError listing the refused changes (`refused_changes`) and how to proceed for
+    `resume=auto`; printed as a warning for `resume=force` or an explicit path (the launch
+    names what it continues). `check_init_from` applies to every mode."""
+    check_init_from(saved, current, checkpoint)
+    changes = refused_changes(saved, current)
+    if not changes:
+        return
+    listing = "\n  ".join(changes)
+    if resume != "auto":
+        print(
+            f"warning: resume={resume}: continuing {checkpoint} although the config differs "
+            f"(saved -> now):\n  {listing}",
+            flush=True,
+        )
+        return
+    raise ConfigError(
+        f"the run directory holds a checkpoint ({checkpoint}) trained with another config; "
+        f"these keys differ (saved -> now):\n  {listing}\n"
+        f"Keys that may change between launches: {', '.join(RELAUNCH_KEYS)}; "
+        f"{' and '.join(RANK_KEYS)} with the same global batch.\n"
+        "To proceed: name a new run for this config (run_name=NAME), or start over in this "
+        "directory (resume=never; the old checkpoints move to checkpoints.previous/), or "
+        "continue the old run with the new values (resume=force)."
+    )
