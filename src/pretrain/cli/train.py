@@ -20,17 +20,38 @@ from pretrain.cluster.signals import hold_preemption_signals
 hold_preemption_signals()
 
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 import pretrain.config  # noqa: E402, F401 - registers the schema train.yaml names
 from pretrain.cli.help import print_app_help, wants_help  # noqa: E402
+from pretrain.errors import write_line  # noqa: E402
 from pretrain.paths import CONF_DIR  # noqa: E402
+
+
+def missing_corpus(shards_dir: str) -> str | None:
+    """Why the local corpus `data.shards_dir` cannot be trained on (no directory, or no
+    manifest.json in it), found before torch and Lightning load; None when it has a manifest
+    or is a URL (the storage layer opens those)."""
+    if "://" in shards_dir or shards_dir.startswith("pipe:"):
+        return None
+    path = Path(shards_dir)
+    if (path / "manifest.json").is_file():
+        return None
+    what = "no manifest.json in it" if path.is_dir() else "no such directory"
+    return (
+        f"data.shards_dir={shards_dir}: {what}; prepare a corpus there "
+        f"(pretrain-data prepare inputs=[...] out_dir={shards_dir}) or point at one"
+    )
 
 
 def run_training(cfg: DictConfig) -> None:
     """The task Hydra runs (and a submitit job unpickles, by reference to this module)."""
+    if (problem := missing_corpus(str(cfg.data.shards_dir))) is not None:
+        write_line(f"error: {problem}")
+        sys.exit(2)
     from pretrain.runtime.run import run_or_exit  # torch and Lightning load here, signals held
 
     run_or_exit(cfg)
