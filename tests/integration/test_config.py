@@ -73,11 +73,12 @@ def test_unknown_model_lists_the_available_ones():
     assert "model/bert_huge" in str(error.value) and "bert_base" in str(error.value)
 
 
-def test_cli_reports_a_bad_value_before_training(tmp_path):
+def test_cli_reports_a_bad_value_before_training(tmp_path, prepared_corpus):
     result = subprocess.run(
         [
             str(Path(sys.executable).parent / "pretrain"),
             "objective.mlm_probability=1.5",
+            f"data.shards_dir={prepared_corpus}",  # a missing corpus is reported first
             f"run_dir={tmp_path}/r",
         ],
         capture_output=True,
