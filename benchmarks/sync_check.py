@@ -2,7 +2,7 @@
 
 For every objective (a tiny model of its family on a prepared corpus), a few training steps
 (forward, loss, backward, the non-finite check and the optimizer step as
-`PretrainingModule.optimizer_step` does them on CUDA: `nonfinite_flag`, counted by
+`PretrainingTask.optimizer_step` does them on CUDA: `nonfinite_flag`, counted by
 `DeviceSkips`, handed to a fused AdamW as `found_inf`) run
 under torch.cuda.set_sync_debug_mode("error"),
 which raises at the first operation that makes the host wait for the device (boolean-mask

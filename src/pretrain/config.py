@@ -36,7 +36,7 @@ class ModelConfig:
 
     name: str = "bert_tiny"
     _target_: str = "pretrain.models.bert.BertEncoder"
-    # Vocabulary size (tokens) of the paper's tokenizer: used by `pretrain-info` and the
+    # Vocabulary size (tokens) of the paper's tokenizer: used by `pretrain-params` and the
     # parameter-count checks; training takes the size of the run's own tokenizer.
     reference_vocab_size: int | None = None
     # LayerNorm kernels: auto (apex's FusedLayerNorm on CUDA when apex is installed, else

@@ -35,7 +35,7 @@ from pretrain.errors import require, require_probabilities, require_unit_interva
 from pretrain.models import build_encoder
 from pretrain.models.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models.seq2seq import TiedLMHead
-from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.predictions import (
     gather_positions,
     gather_targets,
@@ -162,7 +162,7 @@ class DenoisingCorruption:
         }
 
 
-class DenoisingAutoencoder(PretrainingModule):
+class DenoisingAutoencoder(Objective):
     """Encoder-decoder (`encoder`, e.g. `EncoderDecoder`) + the tied output projection
     (`lm_head`); the loss is label-smoothed cross-entropy over the predicted target tokens."""
 
@@ -200,8 +200,9 @@ class DenoisingAutoencoder(PretrainingModule):
         rows = batch.get("prediction_positions", batch["decoder_input_ids"]).numel()
         return seq2seq_flops(self.run.model, source, target, rows, self.vocab.size)
 
-    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Losses and accuracy of one batch."""
+    def forward(self, batch: dict) -> Losses:
+        """Loss (label-smoothed cross-entropy) and metrics (it as `lm_loss`, the plain
+        cross-entropy `nll`, `accuracy`) of one batch."""
         hidden = self.encoder(
             batch["input_ids"],
             batch["attention_mask"],
@@ -221,7 +222,7 @@ class DenoisingAutoencoder(PretrainingModule):
             real = targets != IGNORE_INDEX
             nll = masked_classification_metrics("lm", logits, targets)["lm_loss"]
             accuracy = masked_mean(logits.argmax(-1) == targets, real)
-        return {"loss": loss, "lm_loss": loss, "nll": nll, "accuracy": accuracy}
+        return Losses(loss, {"lm_loss": loss, "nll": nll, "accuracy": accuracy})
 
     def prepare_generation(
         self, token_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

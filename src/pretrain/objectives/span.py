@@ -25,6 +25,7 @@ from pretrain.data.span_masking import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require
 from pretrain.models.heads import SpanBoundaryHead
+from pretrain.objectives.base import Losses
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
     MaskedLMConfig,
@@ -131,8 +132,8 @@ class SpanBert(MaskedLanguageModel):
         rows = predicted_positions(batch).numel()
         return 2 * rows * (3 * hidden * hidden + hidden * hidden + hidden * self.vocab.size)
 
-    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
-        """SBO loss and accuracy over the predicted tokens (the MLM's prediction positions);
+    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> Losses:
+        """The SBO loss, with its loss and accuracy as metrics, over the predicted tokens (the MLM's prediction positions);
         hidden (batch, seq, hidden)."""
         positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
         width = positions.shape[1]
@@ -142,6 +143,7 @@ class SpanBert(MaskedLanguageModel):
         logits = self.sbo_head(
             gather_positions(hidden, left), gather_positions(hidden, right), where
         )  # (batch * width, vocab)
-        return masked_classification_metrics(
+        metrics = masked_classification_metrics(
             "sbo", logits, gather_targets(batch["labels"], positions)
         )
+        return Losses(metrics["sbo_loss"], metrics)
