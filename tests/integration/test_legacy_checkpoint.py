@@ -65,7 +65,7 @@ def test_the_fixture_is_under_the_old_names_and_maps_onto_the_task(legacy_checkp
     names = {key.split(".")[0] for key in checkpoint["state_dict"]}
     assert names == {"encoder", "mlm_head", "sentence_head"}
     vocab = load_vocabulary(Path(checkpoint["config"]["data"]["tokenizer_dir"]))
-    task = PretrainingTask(checkpoint["config"], vocab)
+    task = PretrainingTask.from_config(checkpoint["config"], vocab)
     task.load_state_dict(task_state_dict(checkpoint["state_dict"]), strict=True)
     assert torch.equal(
         task.objective.encoder.word_embeddings.weight,
@@ -117,8 +117,8 @@ def test_a_legacy_checkpoint_initialises_a_new_run(legacy_checkpoint):
     config = checkpoint["config"]
     vocab = load_vocabulary(Path(config["data"]["tokenizer_dir"]))
     torch.manual_seed(1)  # other initial weights than the checkpoint's
-    task = PretrainingTask(config, vocab)
-    initialise_from(task, str(legacy_checkpoint))
+    task = PretrainingTask.from_config(config, vocab)
+    initialise_from(task.objective, str(legacy_checkpoint))
     ours = task.objective.state_dict()
     for key, saved in checkpoint["state_dict"].items():
         assert torch.equal(ours[key], saved), key

@@ -82,7 +82,7 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, Pretrain
     """`build_stream`, then the task around the objective (seeded) and the data module."""
     run, spec, objective_class = build_stream(cfg)
     L.seed_everything(run.seed, workers=False, verbose=False)
-    module = PretrainingTask(run, spec.vocab, objective_class(run, spec.vocab))
+    module = PretrainingTask(objective_class(run, spec.vocab))
     datamodule = PretrainingDataModule(
         spec,
         num_workers=run.data.num_workers,
@@ -115,7 +115,7 @@ def train(cfg: DictConfig) -> Path:
         check_extension(ckpt_path, run, warmup_steps(run.optim, run.batch_plan))
         print(f"Resuming from {ckpt_path}", flush=True)
     elif run.init_from:
-        initialise_from(module, run.init_from)
+        initialise_from(module.objective, run.init_from)
     trainer = build_trainer(run, run_dir, heldout_callbacks(run, datamodule.spec))
     if trainer.is_global_zero:
         if run.resume == "never" and (previous := set_aside_checkpoints(run_dir)):
@@ -169,9 +169,9 @@ def dead_worker_message(error: BaseException, datamodule: PretrainingDataModule)
     return ""
 
 
-def initialise_from(module: PretrainingTask, source: str) -> None:
+def initialise_from(objective: Objective, source: str) -> None:
     """Load the weights of a Hugging Face directory or a `pretrain` checkpoint (a file, or a
-    DeepSpeed ZeRO directory) into `module`;
+    DeepSpeed ZeRO directory, of any version: `pretrain.checkpoint.compat`) into `objective`;
     the model sizes must match the run's (a mismatch names the key)."""
     from pretrain.checkpoint.atomic import is_deepspeed_checkpoint
     from pretrain.export import import_hf_model, read_checkpoint
@@ -181,7 +181,7 @@ def initialise_from(module: PretrainingTask, source: str) -> None:
     else:
         state_dict, saved = read_checkpoint(source)
         model_cfg = saved["model"]
-    ours = module.config["model"]
+    ours = objective.config["model"]
     for key, value in model_cfg.items():
         if key in DESCRIPTIVE_KEYS:  # the name, the paper's vocabulary, kernel choices
             continue
@@ -191,7 +191,7 @@ def initialise_from(module: PretrainingTask, source: str) -> None:
                 f"{ours[key] if key in ours else 'unset'!r} in this run; choose the matching "
                 "model config"
             )
-    module.objective.load_pretrained(state_dict, source)
+    objective.load_pretrained(state_dict, source)
     print(f"Initialised from {source}", flush=True)
 
 

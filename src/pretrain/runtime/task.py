@@ -104,21 +104,12 @@ def objective_class(config: TrainConfig | Mapping) -> type[Objective]:
 
 
 class PretrainingTask(L.LightningModule):
-    """The LightningModule that trains `objective`. Built from the typed run config
-    (`TrainConfig`, or a plain run config such as a checkpoint's) and the vocabulary, which
-    build the objective `objective._target_` names, or around a built `objective`. `run` is the
-    typed config, `batch_plan` the launch's, and `config` the same as plain containers, which
-    checkpoints store."""
+    """The LightningModule that trains `objective` (its weights under `objective.*`). `run` is
+    the objective's typed run config, `batch_plan` the launch's, and `config` the same as plain
+    containers, which checkpoints store."""
 
-    def __init__(
-        self,
-        config: TrainConfig | Mapping | None,
-        vocab: Vocabulary | None,
-        objective: Objective | None = None,
-    ):
+    def __init__(self, objective: Objective):
         super().__init__()
-        if objective is None:
-            objective = objective_class(config)(config, vocab)
         self.objective = objective
         self.run: TrainConfig = objective.run
         self.batch_plan: BatchPlan = self.run.batch_plan
@@ -142,6 +133,12 @@ class PretrainingTask(L.LightningModule):
         self._lr_schedule: LearningRateSchedule | None = None  # the scheduler's (schedule.py)
         self._saved_schedule: list[dict] | None = None  # a resumed checkpoint's segments
         self._loss_scale = 1.0  # token-budget batches: ranks x accumulation / step's tokens
+
+    @classmethod
+    def from_config(cls, config: TrainConfig | Mapping, vocab: Vocabulary) -> "PretrainingTask":
+        """The task around the objective that the run config `config` (typed, or plain as a
+        checkpoint's) names in `objective._target_`, built for `vocab`."""
+        return cls(objective_class(config)(config, vocab))
 
     @property
     def summary_metric(self) -> str:
