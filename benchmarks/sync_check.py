@@ -130,8 +130,10 @@ def build(objective: str, shards: Path, scratch: Path, teacher: Path | None):
     if teacher is not None:
         overrides.append(f"objective.teacher={teacher}")
     run, spec, module_class = build_stream(compose_config(overrides))
+    from pretrain.runtime.task import PretrainingTask
+
     torch.manual_seed(0)
-    return module_class(run, spec.vocab), spec
+    return PretrainingTask(module_class(run, spec.vocab)), spec
 
 
 def make_teacher(shards: Path, scratch: Path) -> Path:

@@ -87,6 +87,8 @@ class ObjectiveConfig:
 
     name: str = "mlm_nsp"
     _target_: str = "pretrain.objectives.mlm.MaskedLanguageModel"
+    # dynamic: masks drawn again every epoch. static: BERT's dupe_factor copies, the mask of
+    # epoch e is the mask of copy e % dupe_factor.
     masking: str = "dynamic"
     dupe_factor: int = 10
     # Corruption settings by training progress (pretrain/data/stages.py): a list of

@@ -63,12 +63,12 @@ class DenoisingConfig(Seq2SeqObjectiveConfig):
 
     name: str = "bart"
     _target_: str = "pretrain.objectives.denoising.DenoisingAutoencoder"
-    token_masking: float = 0.0
-    token_deletion: float = 0.0
-    text_infilling: float = 0.3
-    poisson_lambda: float = 3.0
-    sentence_permutation: float = 1.0
-    document_rotation: float = 0.0
+    token_masking: float = NoiseSettings.token_masking
+    token_deletion: float = NoiseSettings.token_deletion
+    text_infilling: float = NoiseSettings.text_infilling
+    poisson_lambda: float = NoiseSettings.poisson_lambda
+    sentence_permutation: float = NoiseSettings.sentence_permutation
+    document_rotation: float = NoiseSettings.document_rotation
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -59,7 +59,7 @@ class DistillationConfig(MaskedLMConfig):
     alpha_mlm: float = 2.0
     alpha_cos: float = 1.0
     # false: the student keeps its random initialisation (the paper's ablation, Table 4)
-    init_from_teacher: bool = True
+    init_from_teacher: bool = True  # false: a random student (the paper's ablation)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -69,7 +69,7 @@ def require_replacement_split(config) -> None:
 class MaskedLMConfig(ObjectiveConfig):
     """MLM settings; probabilities of selection per token, of replacement per selected unit."""
 
-    pair_task: str = "nsp"
+    pair_task: str = "nsp"  # sentence-relation task on [CLS]: nsp | sop | none
     mlm_probability: float = 0.15
     mask_token_probability: float = 0.8
     random_token_probability: float = 0.1
@@ -108,9 +108,9 @@ class MaskedLMCorruption:
     vocab_size: int
     mask_token_id: int
     special_ids: tuple[int, ...]
-    mlm_probability: float = 0.15
-    mask_token_probability: float = 0.8
-    random_token_probability: float = 0.1
+    mlm_probability: float = MaskedLMConfig.mlm_probability
+    mask_token_probability: float = MaskedLMConfig.mask_token_probability
+    random_token_probability: float = MaskedLMConfig.random_token_probability
     max_seq_length: int | None = None
     # the collated arrays it reads (`reading.collate`); units of words or phrases add theirs
     collated_fields: ClassVar = ("input_ids", "token_type_ids", "attention_mask")

@@ -44,8 +44,8 @@ class SpanMaskingConfig(MaskedLMConfig):
     """MLM settings + span lengths (in words) + the SBO's position table size (in tokens)."""
 
     pair_task: str = "none"
-    span_geometric_p: float = 0.2
-    span_max_words: int = 10
+    span_geometric_p: float = 0.2  # success probability of the geometric span length (words)
+    span_max_words: int = 10  # longer draws are clipped to this many words
     sbo_max_span_tokens: int = 200
 
     pair_tasks = ("none",)
@@ -85,8 +85,8 @@ class SpanCorruption(MaskedLMCorruption):
 
     collated_fields: ClassVar = (*MaskedLMCorruption.collated_fields, "word_starts")
 
-    span_geometric_p: float = 0.2
-    span_max_words: int = 10
+    span_geometric_p: float = SpanMaskingConfig.span_geometric_p
+    span_max_words: int = SpanMaskingConfig.span_max_words
 
     def select(
         self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int

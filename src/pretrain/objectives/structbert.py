@@ -104,7 +104,7 @@ def shuffle_batch_trigrams(
 
 @dataclass(frozen=True)
 class StructBertCorruption(MaskedLMCorruption):
-    shuffle_probability: float = 0.05
+    shuffle_probability: float = StructBertConfig.shuffle_probability
 
     def shuffle_widths(self, max_seq_length: int) -> tuple[int, ...]:
         """The widths `shuffle_positions` may have: whole trigrams overshoot the fraction of a

@@ -114,13 +114,13 @@ class PermutationCorruption:
 
     seed: int
     special_ids: tuple[int, ...]
-    partial_prediction_k: float = 6.0
-    order: str = "uniform"
-    max_span_length: int = 5
+    partial_prediction_k: float = PermutationLMConfig.partial_prediction_k
+    order: str = PermutationLMConfig.order
+    max_span_length: int = PermutationLMConfig.max_span_length
     reuse_len: int | None = None
     max_seq_length: int | None = None
     bi_data: bool = False
-    memory_random_b_probability: float = 0.0
+    memory_random_b_probability: float = PermutationLMConfig.memory_random_b_probability
 
     def prediction_widths(self, max_seq_length: int) -> tuple[int, ...]:
         """The values num_predict may take for sequences of `max_seq_length`."""
