@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from pretrain.checkpoint.compat import task_state_dict
 from pretrain.config import compose_config
 from pretrain.data.datamodule import open_corpus, split_holdout
 from pretrain.data.reading import StreamSpec
@@ -112,18 +113,20 @@ def run_one(
     train(cfg)
     config, module, datamodule = prepare_run(cfg)
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    module.load_state_dict(state)
+    module.load_state_dict(task_state_dict(state))  # a checkpoint of any version
     corpus = open_corpus(CORPUS)
     _, heldout = split_holdout(corpus, 2)
     spec = datamodule.spec
     result = {
         "name": name,
-        **heldout_accuracy(module, heldout_batches(spec, heldout, "doc_sentences", "none")),
+        **heldout_accuracy(
+            module.objective, heldout_batches(spec, heldout, "doc_sentences", "none")
+        ),
     }
     task = config.objective.sentence_task
     if task != "none":
         pairs = heldout_batches(spec, heldout, "segment_pair", task)
-        result["sentence_accuracy"] = heldout_accuracy(module, pairs)["sentence_accuracy"]
+        result["sentence_accuracy"] = heldout_accuracy(module.objective, pairs)["sentence_accuracy"]
         result["task"] = task
     return result
 

@@ -2,7 +2,7 @@
 
 For every objective (a tiny model of its family on a prepared corpus), a few training steps
 (forward, loss, backward, the non-finite check and the optimizer step as
-`PretrainingModule.optimizer_step` does them on CUDA: `nonfinite_flag`, counted by
+`PretrainingTask.optimizer_step` does them on CUDA: `nonfinite_flag`, counted by
 `DeviceSkips`, handed to a fused AdamW as `found_inf`) run
 under torch.cuda.set_sync_debug_mode("error"),
 which raises at the first operation that makes the host wait for the device (boolean-mask
@@ -130,8 +130,10 @@ def build(objective: str, shards: Path, scratch: Path, teacher: Path | None):
     if teacher is not None:
         overrides.append(f"objective.teacher={teacher}")
     run, spec, module_class = build_stream(compose_config(overrides))
+    from pretrain.runtime.task import PretrainingTask
+
     torch.manual_seed(0)
-    return module_class(run, spec.vocab), spec
+    return PretrainingTask(module_class(run, spec.vocab)), spec
 
 
 def make_teacher(shards: Path, scratch: Path) -> Path:

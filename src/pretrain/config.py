@@ -36,7 +36,7 @@ class ModelConfig:
 
     name: str = "bert_tiny"
     _target_: str = "pretrain.models.bert.BertEncoder"
-    # Vocabulary size (tokens) of the paper's tokenizer: used by `pretrain-info` and the
+    # Vocabulary size (tokens) of the paper's tokenizer: used by `pretrain-params` and the
     # parameter-count checks; training takes the size of the run's own tokenizer.
     reference_vocab_size: int | None = None
     # LayerNorm kernels: auto (apex's FusedLayerNorm on CUDA when apex is installed, else
@@ -87,6 +87,8 @@ class ObjectiveConfig:
 
     name: str = "mlm_nsp"
     _target_: str = "pretrain.objectives.mlm.MaskedLanguageModel"
+    # dynamic: masks drawn again every epoch. static: BERT's dupe_factor copies, the mask of
+    # epoch e is the mask of copy e % dupe_factor.
     masking: str = "dynamic"
     dupe_factor: int = 10
     # Corruption settings by training progress (pretrain/data/stages.py): a list of

@@ -9,6 +9,7 @@ import torch
 from test_seq2seq import TINY, TRANSFORMER, assert_loss_falls, train_tiny
 from transformers import AutoTokenizer, BartForConditionalGeneration
 
+from pretrain.checkpoint.compat import objective_state_dict
 from pretrain.export import ExportError, export_checkpoint, import_hf_model, read_hf_model
 from pretrain.export.bart import from_hf, to_hf
 from pretrain.export.hf import write_hf_model
@@ -129,7 +130,7 @@ def test_bart_demo_trains_exports_and_reconstructs_like_transformers(prepared_co
 
     vocab = load_vocabulary(Path(prepared_corpus) / "tokenizer")
     module = DenoisingAutoencoder(checkpoint["config"], vocab).eval()
-    module.load_state_dict(checkpoint["state_dict"])
+    module.load_state_dict(objective_state_dict(checkpoint["state_dict"]))
     batch = noised_batch(module, checkpoint["config"], vocab)
     with torch.no_grad():
         ours = module.lm_head(

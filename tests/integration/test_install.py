@@ -95,8 +95,6 @@ def test_installed_commands_run_from_another_directory(installed, prepared_corpu
 
     counts = run([installed / "pretrain-params", "model=bert_base"], tmp_path).stdout
     assert "108,891,648" in counts  # BERT-Base with its 30522-token vocabulary
-    old_name = run([installed / "pretrain-info", "model=bert_base"], tmp_path)
-    assert old_name.stdout == counts and "pretrain-params" in old_name.stderr
 
     summary = run([installed / "pretrain-data", "info", prepared_corpus], tmp_path).stdout
     assert "documents" in summary

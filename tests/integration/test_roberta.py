@@ -17,6 +17,7 @@ from test_objectives_train import logged
 from test_train import tiny_overrides
 
 from data_pipelines.prepare_config import TokenizerSettings
+from pretrain.checkpoint.compat import objective_state_dict
 from pretrain.cli.params import model_info
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.data.vocab import load_vocabulary
@@ -144,7 +145,7 @@ def test_roberta_demo_trains_and_exports(bpe_corpus, tmp_path):
     assert config["model_type"] == "roberta" and config["max_position_embeddings"] == 514
     vocab = load_vocabulary(bpe_corpus / "tokenizer")
     module = EncoderWithHead(ckpt["config"]["model"], vocab.size, vocab.pad)
-    module.load_state_dict(ckpt["state_dict"], strict=False)
+    module.load_state_dict(objective_state_dict(ckpt["state_dict"]), strict=False)
     hf = transformers.RobertaForMaskedLM.from_pretrained(out).eval()
     assert_logits_match(module.eval(), hf, vocab.size, vocab.pad)
 

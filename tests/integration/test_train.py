@@ -82,7 +82,7 @@ def test_tiny_run_trains_checkpoints_and_loads_weights_only(prepared_corpus, tmp
     assert checkpoint["config"]["model"]["name"] == "bert_tiny"
     assert type(checkpoint["config"]) is dict and type(checkpoint["config"]["data"]) is dict
     assert checkpoint["config"]["model_runtime"]["vocab_size"] > 100
-    assert any(k.startswith("encoder.") for k in checkpoint["state_dict"])
+    assert any(k.startswith("objective.encoder.") for k in checkpoint["state_dict"])
 
 
 @pytest.mark.slow
@@ -186,7 +186,8 @@ def test_bf16_accumulation_and_clipping(prepared_corpus, tmp_path):
     assert checkpoint["PretrainingDataModule"]["samples"] == 12 * 8  # micro-batches x 8 read
     assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values())
     assert (
-        checkpoint["state_dict"]["encoder.embeddings.word_embeddings.weight"].dtype == torch.float32
+        checkpoint["state_dict"]["objective.encoder.embeddings.word_embeddings.weight"].dtype
+        == torch.float32
     )
 
 

@@ -11,10 +11,12 @@ import torch
 import torch.nn.functional as F
 from test_train import tiny_overrides
 
+from pretrain.checkpoint.compat import objective_state_dict
 from pretrain.config import compose_config, validate
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.runtime.heldout import heldout_accuracy
 from pretrain.runtime.run import build_stream, train
+from pretrain.runtime.task import PretrainingTask
 from pretrain.runtime.validation import heldout_batches, heldout_spec, means_of, metric_sums
 
 
@@ -75,7 +77,7 @@ def test_val_metrics_equal_a_direct_computation_with_the_checkpoint_of_the_step(
     for step, checkpoint in ((2, "step-0000002.ckpt"), (5, "last.ckpt")):
         module = module_class(run, spec.vocab)
         state = torch.load(run_dir / "checkpoints" / checkpoint, weights_only=True)
-        module.load_state_dict(state["state_dict"])
+        module.load_state_dict(objective_state_dict(state["state_dict"]))
         direct = direct_metrics(module, batches)
         logged = rows[step]
         for key, value in direct.items():
@@ -105,7 +107,7 @@ def test_each_family_reports_its_heldout_metrics_without_touching_training_state
         "data.max_seq_length=64",
     ]
     run, spec, module_class = build_stream(compose_config(overrides))
-    module = module_class(run, spec.vocab)
+    module = PretrainingTask(module_class(run, spec.vocab))
     batches = heldout_batches(heldout_spec(run, spec), 2)
     assert len(batches) == 2
     rng = torch.get_rng_state()

@@ -1,5 +1,5 @@
 """Test-only objectives for multi-process runs (`objective._target_=dist_helpers.RecordingMLM`,
-or `RecordingXLNet`, with `tests/` on PYTHONPATH): the objective's module that records, per rank, the sample keys and loss
+or `RecordingXLNet`, with `tests/` on PYTHONPATH): an objective that records, per rank, the sample keys and loss
 of every micro-batch and, at the end, its skipped steps, learning-rate scheduler steps, epoch
 tails and a checksum of its parameters; it can inject faults at one optimizer step of one rank.
 
@@ -14,8 +14,9 @@ import signal
 import time
 from pathlib import Path
 
-import torch
+import lightning as L
 
+from pretrain.objectives.base import Losses
 from pretrain.objectives.mlm import MaskedLanguageModel
 from pretrain.objectives.xlnet import PermutationLanguageModel
 
@@ -43,16 +44,47 @@ def read_records(directory: Path) -> dict[int, list[dict]]:
     }
 
 
+class EndRecord(L.Callback):
+    """At the end of fit: the task's skipped steps, epoch tails, scheduler steps and a
+    checksum of its parameters (ZeRO-3: this rank's partitions)."""
+
+    def on_train_end(self, trainer: L.Trainer, task: L.LightningModule) -> None:
+        checksum = sum(
+            float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in task.parameters()
+        )
+        _record(
+            task.global_rank,
+            {
+                "end": True,
+                "skipped_steps": task.skipped_steps,
+                "loaders": task.loaders,
+                "scheduler_steps": task.lr_schedulers().last_epoch,
+                "param_checksum": checksum,
+            },
+        )
+
+
 class Recording:
-    """Mixin over an objective's module: records and injects faults (see the module doc)."""
+    """Mixin over an objective: records each trained micro-batch and injects faults (see the
+    module doc); adds `EndRecord` to the trainer at the first batch."""
+
+    def start_batch(self, task: L.LightningModule, batch: dict, batch_idx: int) -> None:
+        super().start_batch(task, batch, batch_idx)
+        if not any(isinstance(c, EndRecord) for c in task.trainer.callbacks):
+            task.trainer.callbacks.append(EndRecord())
+        object.__setattr__(self, "_task", task)  # not a submodule
 
     def _fault(self, name: str) -> bool:
         step = int(os.environ.get(f"PRETRAIN_TEST_{name}_STEP", "-1"))
         rank = int(os.environ.get(f"PRETRAIN_TEST_{name}_RANK", "0"))
-        return self.global_step == step and self.global_rank == rank
+        return self._task.global_step == step and self._task.global_rank == rank
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = super().training_step(batch, batch_idx)
+    def forward(self, batch: dict) -> Losses:
+        losses = super().forward(batch)
+        task = getattr(self, "_task", None)
+        if task is None or not self.training:  # not a training step (held-out evaluation)
+            return losses
+        loss = losses.loss
         if self._fault("NAN"):
             loss = loss * float("nan")  # NaN loss and NaN gradients, this rank only
         if self._fault("SIGTERM"):
@@ -60,31 +92,15 @@ class Recording:
         if self._fault("HANG"):
             time.sleep(3600)
         _record(
-            self.global_rank,
+            task.global_rank,
             {
-                "step": self.global_step,
-                "epoch": self.current_epoch,
+                "step": task.global_step,
+                "epoch": task.current_epoch,
                 "keys": list(batch["keys"]),
                 "loss": float(loss),
             },
         )
-        return loss
-
-    def on_train_end(self) -> None:
-        scheduler = self.lr_schedulers()
-        checksum = sum(
-            float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in self.parameters()
-        )
-        _record(
-            self.global_rank,
-            {
-                "end": True,
-                "skipped_steps": self.skipped_steps,
-                "loaders": self.loaders,
-                "scheduler_steps": scheduler.last_epoch,
-                "param_checksum": checksum,
-            },
-        )
+        return Losses(loss, losses.metrics)
 
 
 class RecordingMLM(Recording, MaskedLanguageModel):

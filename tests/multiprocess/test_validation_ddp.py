@@ -11,6 +11,7 @@ import torch
 from conftest import cpu_run_overrides
 from test_validation import direct_metrics, val_rows
 
+from pretrain.checkpoint.compat import objective_state_dict
 from pretrain.config import compose_config
 from pretrain.runtime.run import build_stream
 from pretrain.runtime.validation import heldout_batches, heldout_spec
@@ -49,7 +50,7 @@ def test_val_metrics_under_ddp_reduce_over_ranks(prepared_corpus, tmp_path):
     batches = heldout_batches(heldout_spec(run, spec), VAL_BATCHES)
     module = module_class(run, spec.vocab)
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    module.load_state_dict(state["state_dict"])
+    module.load_state_dict(objective_state_dict(state["state_dict"]))
     direct = direct_metrics(module, batches)  # all 4 batches, one process
     one_rank = direct_metrics(module, batches[::2])  # what rank 0 alone saw
     for key, value in direct.items():

@@ -104,7 +104,8 @@ def test_warmup_in_samples_covers_the_same_data_at_any_batch():
 
 
 def test_module_uses_scaled_lr_and_derived_warmup():
-    from pretrain.objectives.base import PretrainingModule
+    from pretrain.objectives.base import Objective
+    from pretrain.runtime.task import PretrainingTask
 
     config = plain(
         "data.batch_size=8",
@@ -115,8 +116,9 @@ def test_module_uses_scaled_lr_and_derived_warmup():
         "optim.warmup_samples=640",
         "trainer.max_steps=100",
     )
-    module = PretrainingModule(config, vocab=None)
-    module.layer = torch.nn.Linear(4, 4)
+    objective = Objective(config, vocab=None)
+    objective.layer = torch.nn.Linear(4, 4)
+    module = PretrainingTask(objective)
     setup = module.configure_optimizers()
     scheduler = setup["lr_scheduler"]["scheduler"]
     peak = 1e-3 * math.sqrt(64 / 16)

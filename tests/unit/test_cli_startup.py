@@ -1,6 +1,6 @@
 """The command-line tools answer `--help`, `--cfg job`, `pretrain-data info` and a shipped
-model's `pretrain-params` (`pretrain-info`) without importing torch, Lightning, DeepSpeed,
-transformers, wandb or matplotlib (issue 14 item 6):
+model's `pretrain-params` without importing torch, Lightning, DeepSpeed,
+transformers, wandb or matplotlib:
 those load only when a run, an evaluation or a report needs them.
 
 One fresh interpreter runs every command in turn (its own modules, not this test process's)
@@ -30,14 +30,14 @@ results = {}
 shards_dir, heavy_names = sys.argv[1], sys.argv[2].split(",")
 from pretrain.cli.train import main as train
 from pretrain.eval.cli import main as evaluate
-from pretrain.cli.params import deprecated_main as info
+from pretrain.cli.params import main as params
 from pretrain.eval.compare import main as compare
 from data_pipelines.cli import main as data
 
 call("pretrain", train, ["--help", "model=bert_base"])
 call("pretrain-eval", evaluate, ["--help"])
-call("pretrain-info", lambda: info(["--help"]), ["--help"])
-call("pretrain-info", lambda: info(["model=bert_base"]), ["model=bert_base"])  # stored counts
+call("pretrain-params", lambda: params(["--help"]), ["--help"])
+call("pretrain-params", lambda: params(["model=bert_base"]), ["model=bert_base"])  # stored counts
 call("pretrain-compare", lambda: compare(["--help"]), ["--help"])
 call("pretrain-data", lambda: data(["info", "--help"]), ["info", "--help"])
 call("pretrain-data", lambda: data(["info", shards_dir]), ["info", shards_dir])
@@ -65,8 +65,8 @@ def test_help_cfg_and_info_import_no_heavy_package(prepared_corpus: Path) -> Non
     assert "hidden_size: 768" in train_help  # the config composed with the override
     assert "Exit statuses" in train_help
     assert "\neval: builtin_" in results["pretrain-eval --help"][1]  # the eval group listed
-    assert "usage: pretrain-info" in results["pretrain-info --help"][1]
-    assert "paper count    109.48M  109,482,240" in results["pretrain-info model=bert_base"][1]
+    assert "usage: pretrain-params" in results["pretrain-params --help"][1]
+    assert "paper count    109.48M  109,482,240" in results["pretrain-params model=bert_base"][1]
     assert "pretrain-data info <shards_dir>" in results["pretrain-data info --help"][1]
     assert f"documents          {300:,}" in results[f"pretrain-data info {prepared_corpus}"][1]
     assert "name: bert_mini" in results["pretrain --cfg job model=bert_mini"][1]

@@ -7,8 +7,8 @@ from omegaconf import OmegaConf
 
 from pretrain.config import compose_config
 from pretrain.data.vocab import Vocabulary
-from pretrain.objectives.base import warmup_then_decay
 from pretrain.objectives.mlm import MaskedLanguageModel
+from pretrain.runtime.task import PretrainingTask, warmup_then_decay
 
 VOCAB = Vocabulary(size=300, pad=0, unk=1, cls=2, sep=3, mask=4)
 
@@ -38,7 +38,7 @@ def make_module(nsp: bool = True) -> MaskedLanguageModel:
 
 def test_weight_decay_spares_biases_and_layer_norms():
     module = make_module()
-    optimizer = module.configure_optimizers()["optimizer"]
+    optimizer = PretrainingTask(module).configure_optimizers()["optimizer"]
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     assert optimizer.defaults["betas"] == (0.9, 0.999) and optimizer.defaults["eps"] == 1e-6

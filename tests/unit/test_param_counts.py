@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from pretrain.cli.params import deprecated_main, main, model_info, read_table, shipped_counts
+from pretrain.cli.params import main, model_info, read_table, shipped_counts
 from pretrain.models.heads import NextSentenceHead
 
 
@@ -91,13 +91,6 @@ def test_table_and_bad_value(capsys):
     assert "paper count = encoder + [CLS] pooler; pretraining heads not counted" in table
     assert main(["model=bert_base", "model.num_attention_heads=5"]) == 2
     assert "model.hidden_size" in capsys.readouterr().err
-
-
-def test_old_name_still_works_and_says_so(capsys):
-    assert deprecated_main(["model=bert_tiny", "--format", "json"]) == 0
-    out, err = capsys.readouterr()
-    assert json.loads(out)["model"] == "bert_tiny"
-    assert "pretrain-params" in err
 
 
 def test_stored_table_equals_a_fresh_count_of_every_shipped_model():

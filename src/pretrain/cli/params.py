@@ -12,7 +12,7 @@ override misses it and is counted afresh; a test rebuilds every entry and compar
 vocabulary is the paper's (`model.reference_vocab_size`) unless `vocab_size=N` is given.
 Pretraining heads (MLM, NSP/SOP classifier, SBO, ...) are not counted.
 
-(`pretrain-info`, its old name, still works and says so; `pretrain-data info` is about shards.)
+(`pretrain-data info` is about shards.)
 """
 
 import argparse
@@ -163,8 +163,9 @@ def format_table(info: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None, prog: str = "pretrain-params") -> int:
+def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit status (2 on a config error)."""
+    prog = "pretrain-params"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=albert_base")
     parser.add_argument("--format", choices=("table", "json"), default="table")
@@ -183,12 +184,6 @@ def main(argv: list[str] | None = None, prog: str = "pretrain-params") -> int:
         return 2
     print(json.dumps(info) if args.format == "json" else format_table(info))
     return 0
-
-
-def deprecated_main(argv: list[str] | None = None) -> int:
-    """`pretrain-info`, the old name of `pretrain-params`: a note on stderr, then the same."""
-    print("pretrain-info is now pretrain-params (the old name will go away)", file=sys.stderr)
-    return main(argv, prog="pretrain-info")
 
 
 if __name__ == "__main__":

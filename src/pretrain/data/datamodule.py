@@ -181,7 +181,7 @@ class PretrainingDataModule(L.LightningDataModule):
         return self._loader
 
     def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
-        """What the module adds to a batch on the host (`PretrainingModule.host_batch`)."""
+        """What the module adds to a batch on the host (`PretrainingTask.host_batch`)."""
         return self.trainer.lightning_module.host_batch(batch)
 
     def teardown(self, stage: str) -> None:

@@ -71,7 +71,7 @@ def predicted_tokens(batch: dict) -> int:
 
 def weigh_step(batches: list[dict]) -> None:
     """Token-budget batches vary in size, so each micro-batch's mean loss is weighed by its
-    share of the step's predicted tokens (`objectives.base`): each gets LOSS_TOKENS_KEY (a
+    share of the step's predicted tokens (`runtime.task`): each gets LOSS_TOKENS_KEY (a
     float tensor), the first STEP_LOSS_TOKENS_KEY (the rank's total, summed over ranks by the
     module at the step's start)."""
     counts = [predicted_tokens(batch) for batch in batches]

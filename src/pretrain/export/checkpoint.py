@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from pretrain.checkpoint.compat import objective_state_dict
 from pretrain.checkpoint.safety import (
     UnsafeCheckpointError,
     check_stored_targets,
@@ -31,7 +32,8 @@ def _lookup(config: Mapping, dotted: str, ckpt_path: Path) -> Any:
 
 
 def read_checkpoint(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Load a `pretrain` checkpoint on the CPU; returns (state_dict, run config as plain dicts).
+    """Load a `pretrain` checkpoint on the CPU; returns (state_dict under the objective's
+    names, `encoder.*` and heads, whichever version wrote it; run config as plain dicts).
 
     Checks that the file exists, loads with `weights_only=True`, and that it holds
     `state_dict` (with `encoder.` keys), `config.model`, `config.model_runtime.vocab_size`,
@@ -121,7 +123,8 @@ def _check_checkpoint(
                 f"{path}: the checkpoint has no '{key}' dict (found keys: {sorted(checkpoint)}); "
                 "export needs a checkpoint written by `pretrain`"
             )
-    state_dict, config = dict(checkpoint["state_dict"]), checkpoint["config"]
+    state_dict = objective_state_dict(checkpoint["state_dict"])
+    config = checkpoint["config"]
     if not any(key.startswith("encoder.") for key in state_dict):
         raise ExportError(
             f"{path}: state_dict has no 'encoder.' weights; is this a `pretrain` checkpoint?"

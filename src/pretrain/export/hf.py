@@ -3,7 +3,7 @@
 Each family has a module (`pretrain.export.<family>`, named by the model class's
 `hf_format`) with `to_hf(state_dict, run_config) -> HFModel` and
 `from_hf(HFModel) -> (model config group, state_dict)`. The objective module decides which
-models a checkpoint holds (`PretrainingModule.hf_exports`): usually one, ELECTRA two.
+models a checkpoint holds (`Objective.hf_exports`): usually one, ELECTRA two.
 A directory holds config.json, model.safetensors and the run's tokenizer files, and loads with
 `transformers.AutoModel*.from_pretrained` / `AutoTokenizer.from_pretrained`.
 """

@@ -52,18 +52,14 @@ def renamed(weights: Mapping[str, torch.Tensor], rules: Rules) -> dict[str, torc
 
 
 SENTENCE_HEAD = "sentence_head."  # the objectives' sentence-relation head (NSP, SOP, ...)
-LEGACY_SENTENCE_HEAD = "nsp_head."  # its name in checkpoints written before it was one head
 
 
 def exported_heads(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`state_dict` with the sentence head as Hugging Face's pretraining models have one:
-    `sentence_head.*` (also read under its former name `nsp_head.*`), left out unless it is
-    a 2-way head (NSP, SOP): StructBERT's three-way task has no Hugging Face head."""
-    out = {}
-    for key, tensor in state_dict.items():
-        if key.startswith(LEGACY_SENTENCE_HEAD):
-            key = SENTENCE_HEAD + key.removeprefix(LEGACY_SENTENCE_HEAD)
-        out[key] = tensor
+    `sentence_head.*`, left out unless it is a 2-way head (NSP, SOP): StructBERT's three-way
+    task has no Hugging Face head. `state_dict` is under the objective's names
+    (`pretrain.checkpoint.compat.objective_state_dict`)."""
+    out = dict(state_dict)
     classifier = SENTENCE_HEAD + "classifier.weight"
     if classifier in out and out[classifier].shape[0] != 2:
         out = {key: tensor for key, tensor in out.items() if not key.startswith(SENTENCE_HEAD)}

@@ -1,4 +1,4 @@
-"""The unpadded encoder path (MosaicBERT-style, issue 14 item 4): the dense layers (qkv and
+"""The unpadded encoder path (MosaicBERT-style): the dense layers (qkv and
 output projections, feed-forward, LayerNorms) run on the real tokens of a batch only.
 
 After the embeddings, the encoder gathers the (batch, seq) grid's real tokens into a
@@ -18,8 +18,8 @@ them and dropped when scattered back. Per (batch, seq) input shape a run thus se
 `model.unpad` selects the path: `true`, `false`, or `auto` (unpadded on CUDA for batches with
 padding to drop, padded on the CPU, where it measures no faster: benchmarks/RESULTS.md). The
 layout's index is computed on the host before the batch moves to the device
-(`PretrainingModule.host_batch` adds it as the batch's `unpadded_index`), so
-the training step reads no token count from the device (issue 18 item 2). Under `auto` an
+(`PretrainingTask.host_batch` adds it as the batch's `unpadded_index`), so
+the training step reads no token count from the device. Under `auto` an
 encoder unpads only a batch that brings its index; under `true` it counts the real tokens
 itself when the batch has none (one synchronisation on CUDA).
 """

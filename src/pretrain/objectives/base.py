@@ -1,144 +1,83 @@
-"""What every objective's LightningModule shares: the optimizer recipe and schedule, the
-composed config and random-number state in checkpoints, throughput logging, and the handling
-of non-finite losses and gradients (`trainer.nonfinite`)."""
+"""What an objective is: an `nn.Module` that names its config class (`config_class`) and its
+corruption (`corruption_class`), maps a batch to its `Losses` (the loss to train on, named
+explicitly, and the metrics to log), and counts its forward FLOPs per batch. It owns no
+training machinery: `pretrain.runtime.task.PretrainingTask` wraps any objective and owns the
+optimizer step, the schedule, non-finite handling, epoch ends and throughput."""
 
-import random
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
-import lightning as L
-import numpy as np
 import torch
-from hydra.utils import instantiate
-from torch.optim.lr_scheduler import LambdaLR
+from torch import nn
 
-from pretrain.config import TrainConfig, plain_config, run_config, settings_from, stage_configs
-from pretrain.data.loader import LOSS_TOKENS_KEY
+from pretrain.config import (
+    ObjectiveConfig,
+    TrainConfig,
+    plain_config,
+    run_config,
+    settings_from,
+    stage_configs,
+)
 from pretrain.data.stages import StagedCorruption
 from pretrain.data.vocab import Vocabulary
-from pretrain.errors import ConfigError
-from pretrain.models.unpadding import with_unpadded_index
-from pretrain.runtime.batching import BatchPlan, learning_rate, warmup_steps
-from pretrain.runtime.flops import device_peak_tflops, training_flops
-from pretrain.runtime.kernels import optimizer_settings, use_layer_norm_impl
-from pretrain.runtime.memory import memory_metrics
-from pretrain.runtime.nonfinite import (
-    DeviceSkips,
-    nonfinite_flag,
-    skips_on_device,
-)
-from pretrain.runtime.schedule import (
-    LearningRateSchedule,
-    describe_extension,
-    extended,
-    first_segment,
-    run_schedule_end,
-    stored_schedule,
-)
+
+if TYPE_CHECKING:
+    import lightning as L
 
 Corruption = Callable[[dict, int], dict]
 
 
-def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
-    """Learning-rate multiplier at an optimizer step: linear warm-up over `warmup_steps`, then
-    constant or linear decay to 0 at `total_steps`."""
+@dataclass(frozen=True)
+class Losses(Mapping):
+    """What an objective's `forward` returns: `loss`, the scalar the gradient is taken of, and
+    `metrics`, scalars logged beside it (component losses, accuracies) that never enter the
+    gradient whatever their names. Read as a mapping it is {"loss": loss, **metrics}, the
+    scalars logged under `train/` and `val/`."""
 
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    return factor
+    def __post_init__(self) -> None:
+        if "loss" in self.metrics:
+            raise ValueError("Losses.metrics must not hold 'loss': give it as Losses.loss")
 
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.loss if key == "loss" else self.metrics[key]
 
-SKIP_WARNING_INTERVAL_S = 30.0  # at most one "step skipped" warning line per interval
+    def __iter__(self) -> Iterator[str]:
+        yield from self.metrics
+        yield "loss"
 
-
-def model_flops_metrics(flops_per_s: float, peak_tflops: float | None) -> dict:
-    """This rank's model FLOP/s (`pretrain.runtime.flops`: the family's FLOP model, else the 6N rule)
-    in TFLOP/s as `train/model_tflops`, and over the device's peak (TFLOP/s:
-    `trainer.peak_tflops`, else the table or a measured CPU GEMM) as `train/mfu`."""
-    metrics = {"train/model_tflops": flops_per_s / 1e12}
-    if peak_tflops:
-        metrics["train/mfu"] = metrics["train/model_tflops"] / peak_tflops
-    return metrics
+    def __len__(self) -> int:
+        return len(self.metrics) + 1
 
 
-class NonFiniteError(RuntimeError):
-    """A loss or gradient was NaN or infinite and `trainer.nonfinite` is `stop`."""
+class Objective(nn.Module):
+    """Base of the objectives. Built from the typed run config (`TrainConfig`, or a plain run
+    config such as a checkpoint's, validated into one): `run` is the typed config whose
+    sections subclasses read, `config` the same as plain containers (what checkpoints store,
+    with the vocabulary's size as `model_runtime`). Subclasses build their model and heads in
+    __init__ (the order fixes the random initialisation), name `config_class` and
+    `corruption_class`, and implement `forward` and `forward_flops`."""
 
-
-def rng_state() -> dict:
-    """Torch, numpy and Python random states as checkpoint-safe containers."""
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state["numpy"] = {
-        "keys": torch.from_numpy(keys.astype(np.int64)),
-        "pos": pos,
-        "has_gauss": has_gauss,
-        "gauss": gauss,
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Inverse of `rng_state`."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
-    )
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class PretrainingModule(L.LightningModule):
-    """Base of the objective modules. Built from the typed run config (`TrainConfig`, or a
-    plain run config such as a checkpoint's, validated into one): `run` is the typed config
-    whose sections subclasses read, `batch_plan` the launch's, and `config` the same as plain
-    containers, which checkpoints store. Subclasses build model and heads in __init__ and name
-    their `corruption_class`."""
-
-    summary_metric = "mlm_loss"  # the loss the run summary reports, first and last logged
+    summary_metric: ClassVar[str] = "mlm_loss"  # the metric the run summary reports
+    config_class: ClassVar[type] = ObjectiveConfig  # the objective's dataclass schema
     # The picklable transform data-loader workers apply to each batch: (batch, epoch) ->
     # batch; a dataclass built by `build_corruption`.
-    corruption_class: type | None = None
+    corruption_class: ClassVar[type | None] = None
 
     def __init__(self, config: TrainConfig | Mapping, vocab: Vocabulary):
         super().__init__()
-        if not isinstance(config, TrainConfig):  # a plain config: this module's objective
+        if not isinstance(config, TrainConfig):  # a plain config: this objective's
             objective = dict(config["objective"]) if "objective" in config else {}
             objective.setdefault("_target_", f"{type(self).__module__}.{type(self).__qualname__}")
             config = {**config, "objective": objective}
         self.run = run_config(config)
-        self.batch_plan: BatchPlan = self.run.batch_plan
         self.config = plain_config(self.run)
         if vocab is not None:
             self.config["model_runtime"] = {"vocab_size": vocab.size, "pad_token_id": vocab.pad}
         self.vocab = vocab
-        self._restored_rng: dict | None = None
-        self._tokens_since_log = 0
-        self._flops_since_log = 0  # model FLOPs of the micro-batches since the last log step
-        self._last_log_time = time.perf_counter()
-        self.peak_tflops: float | None = None  # set when training starts (`set_peak_tflops`)
-        self.speed: dict[str, float] = {}  # the last log step's throughput, for the summary
-        self._last_summary_loss: torch.Tensor | None = None
-        self.loss_history: list[tuple[int, float]] = []
-        self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
-        self.consecutive_skipped_steps = 0  # of them, since the last applied step
-        self._last_skip_warning = float("-inf")  # time.monotonic() of the last warning line
-        self._nonfinite_loss: torch.Tensor | None = None  # any micro-batch of this step
-        self._device_skips = DeviceSkips()  # steps skipped on the device, not yet counted
-        self._last_step_applied = False  # an optimizer step was applied since the schedule's last
-        self.loaders: list[tuple[int, int, int]] = []  # (epoch, step, sequences dropped)
-        self._lr_schedule: LearningRateSchedule | None = None  # the scheduler's (schedule.py)
-        self._saved_schedule: list[dict] | None = None  # a resumed checkpoint's segments
-        self._loss_scale = 1.0  # token-budget batches: ranks x accumulation / step's tokens
 
     @classmethod
     def build_corruption(cls, config: TrainConfig | Mapping, vocab: Vocabulary) -> Corruption:
@@ -166,7 +105,7 @@ class PretrainingModule(L.LightningModule):
         """The Hugging Face models (`pretrain.export.hf.HFModel`) a checkpoint of this
         objective holds, by subdirectory of the export ("" = the export directory itself):
         by default the one model of `config.model` (a checkpoint's plain config), converted
-        by its family's `to_hf`."""
+        by its family's `to_hf`. `state_dict` is under the objective's names (`encoder.*`)."""
         from pretrain.export.hf import family_module
 
         return {"": family_module(config["model"]).to_hf(state_dict, config)}
@@ -188,376 +127,26 @@ class PretrainingModule(L.LightningModule):
         if result.missing_keys:
             print(f"init_from={source}: freshly initialised: {', '.join(result.missing_keys)}")
 
-    def configure_optimizers(self) -> dict:
-        """AdamW-style parameter groups (no weight decay on biases and LayerNorms), the
-        optimizer at the batch plan's learning rate, and warm-up then decay per step."""
-        optim = self.run.optim
-        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [
-            p for p in self.parameters() if p.requires_grad and p.ndim < 2
-        ]  # biases, LayerNorm
-        trainer, plan = self._trainer, self.batch_plan
-        if trainer is not None and trainer.world_size != plan.world_size:
-            raise ConfigError(
-                f"trainer.devices = {self.run.trainer.devices!r}: the run has "
-                f"{trainer.world_size} ranks, not the {plan.world_size} the batch plan assumed; "
-                "give trainer.devices as a number"
-            )
-        settings, choice = optimizer_settings(optim.optimizer, optim.impl, self.run_device())
-        self.report_kernel("optimizer", choice)
-        optimizer = instantiate(settings, lr=learning_rate(optim, plan), _convert_="all")(
-            [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-        )
-        segment = first_segment(
-            warmup_steps(optim, plan), run_schedule_end(self.run), optim.schedule
-        )
-        self._lr_schedule = LearningRateSchedule([segment])
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {
-                "scheduler": LambdaLR(optimizer, self._lr_schedule),
-                "interval": "step",
-            },
-        }
+    def forward(self, batch: dict) -> Losses:
+        """The loss and metrics of one batch (on the device)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement forward")
 
-    def settle_skips(self) -> None:
-        """Count the optimizer steps skipped on the device since the last call (one host
-        read: on logging steps, before a checkpoint, at the end of fit), apply
-        `trainer.nonfinite`'s bounds to them and move the learning-rate schedule back by
-        them, so it follows the applied steps again."""
-        settled = self._device_skips.settle()
-        if settled is None:  # no step skips on the device (the host decides each step)
-            return
-        skipped, run, longest = settled
-        if skipped == 0:
-            self.consecutive_skipped_steps = run
-            return
-        scheduler = self.lr_schedulers()
-        if scheduler is not None:
-            scheduler.last_epoch -= skipped
-            rate = self._lr_schedule(scheduler.last_epoch) if self._lr_schedule else 1.0
-            for group, base in zip(
-                scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True
-            ):
-                group["lr"] = base * rate
-        steps = f"the last {skipped} non-finite step(s) up to this one, skipped on the device"
-        self._on_skipped_step(steps, skipped, (run, longest))
-
-    def on_train_end(self) -> None:
-        self.settle_skips()
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.settle_skips()  # counted, and checked against trainer.nonfinite, before saving
-        for name, parameter in self.named_parameters():
-            local = getattr(parameter, "ds_tensor", parameter)  # ZeRO-3: this rank's partition
-            if not torch.isfinite(local.detach()).all():
-                raise NonFiniteError(
-                    f"parameter {name} is not finite at step {self.global_step}: refusing to "
-                    "write a checkpoint of a diverged model"
-                )
-        checkpoint["config"] = self.config
-        checkpoint["rng"] = rng_state()
-        checkpoint["skipped_steps"] = self.skipped_steps
-        if self._lr_schedule is not None:
-            checkpoint["lr_schedule"] = self._lr_schedule.segments
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Checks that the checkpoint's weights fit this model (ConfigError naming the first
-        key and both shapes, instead of torch's list of every size mismatch); the random state
-        is applied at the first batch, after the data loaders have been built, exactly where
-        the interrupted run stood when it saved."""
-        saved_weights = checkpoint.get("state_dict") or {}  # none under DeepSpeed
-        ours = self.state_dict() if saved_weights else {}
-        for key, saved in saved_weights.items():
-            if key in ours and tuple(saved.shape) != tuple(ours[key].shape):
-                source = self._trainer.ckpt_path if self._trainer is not None else "checkpoint"
-                raise ConfigError(
-                    f"{source}: the checkpoint's {key} has shape {tuple(saved.shape)}, this "
-                    f"run's model {tuple(ours[key].shape)}: it was trained with another model config; "
-                    "resume with that model config, or start over (resume=never)"
-                )
-        self._restored_rng = checkpoint.get("rng")
-        self.skipped_steps = checkpoint.get("skipped_steps", 0)
-        self._saved_schedule = stored_schedule(checkpoint)
-
-    def on_train_start(self) -> None:
-        from lightning.pytorch.strategies import DeepSpeedStrategy
-
-        self._continue_schedule()
-        self.set_peak_tflops()
-
-        if isinstance(self.trainer.strategy, DeepSpeedStrategy):
-            # DeepSpeed skips a step whose gradients hold inf/NaN (its overflow check, on by
-            # default only for fp16); turn it on for every precision, ZeRO 1-2 (ZeRO-3 always
-            # skips a step with a non-finite gradient norm)
-            engine_optimizer = self.trainer.strategy.deepspeed_engine.optimizer
-            if hasattr(engine_optimizer, "check_grad_overflow"):
-                engine_optimizer.check_grad_overflow = True
-
-    def host_batch(self, batch: dict) -> dict:
-        """On the host, before the batch moves to the device (the data module's
-        `on_before_batch_transfer`): the unpadded layout's index (model.unpad,
-        `models/unpadding.py`), so the step reads no token count from the device."""
-        return with_unpadded_index(batch, getattr(self, "encoder", None), self.device)
-
-    def setup(self, stage: str) -> None:
-        """Before the optimizer is built: the LayerNorm kernels (model.layer_norm_impl)."""
-        choice = use_layer_norm_impl(self, self.run.model.layer_norm_impl, self.run_device())
-        self.report_kernel("layer_norm", choice)
-
-    def run_device(self) -> torch.device:
-        """The device this rank trains on (the module may not be there yet)."""
-        return self._trainer.strategy.root_device if self._trainer is not None else self.device
-
-    def report_kernel(self, part: str, choice: str) -> None:
-        """Print which kernels `part` uses (once, rank 0) and log it with the hyperparameters."""
-        if self._trainer is None or not self.trainer.is_global_zero:
-            return
-        print(choice, flush=True)
-        for logger in self.loggers:
-            logger.log_hyperparams({f"kernels/{part}": choice.split(": ", 1)[1]})
-
-    def forward_flops(self, batch: dict) -> torch.Tensor | None:
-        """Forward FLOPs of one micro-batch by the family's FLOP model (`pretrain.runtime.flops`), or
-        None: the 6N rule. Objectives with a formula override it."""
+    def forward_flops(self, batch: dict) -> torch.Tensor | float | None:
+        """Forward FLOPs of one micro-batch by the family's FLOP model (`pretrain.runtime.flops`),
+        or None: the 6N rule over the objective's parameters."""
         return None
 
-    def set_peak_tflops(self) -> None:
-        """The device peak MFU is taken against: trainer.peak_tflops, else `pretrain.runtime.flops`'s
-        table (GPU) or a measured GEMM (CPU); printed once."""
-        self.peak_tflops, source = self.run.trainer.peak_tflops, "trainer.peak_tflops"
-        if self.peak_tflops is None:
-            self.peak_tflops, source = device_peak_tflops(str(self.trainer.precision), self.device)
-        if self.trainer.is_global_zero:
-            peak = f"{self.peak_tflops:.3g} TFLOP/s" if self.peak_tflops else "unknown"
-            print(f"MFU against a device peak of {peak} ({source})", flush=True)
+    # State carried between batches (XLNet's memory): the task calls these at its hooks.
 
-    def _continue_schedule(self) -> None:
-        """A resumed launch follows the checkpoint's schedule (`pretrain.runtime.schedule`), extended
-        per optim.extend when its max_steps passes the end of a decaying one (ConfigError under
-        `refuse`); the rate of the next step is set from it."""
-        saved, self._saved_schedule = self._saved_schedule, None
-        if saved is None or self._lr_schedule is None:
-            return
-        scheduler = self.lr_schedulers()
-        warmup = warmup_steps(self.run.optim, self.batch_plan)
-        segments = extended(saved, scheduler.last_epoch, self.run, warmup)
-        self._lr_schedule.segments = [dict(s) for s in segments]
-        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
-            group["lr"] = base * self._lr_schedule(scheduler.last_epoch)
-        if len(segments) > len(saved) and self.trainer.is_global_zero:
-            print(describe_extension(segments), flush=True)
+    def start_epoch(self, task: "L.LightningModule") -> None:
+        """A training epoch starts (the task's `on_train_epoch_start`)."""
 
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        """Remember (on the device, no sync) whether any micro-batch of this step had a
-        non-finite loss."""
-        bad = ~torch.isfinite(loss.detach())
-        self._nonfinite_loss = bad if self._nonfinite_loss is None else self._nonfinite_loss | bad
+    def start_batch(self, task: "L.LightningModule", batch: dict, batch_idx: int) -> None:
+        """A micro-batch is about to be trained (after the task's epoch-end agreement)."""
 
-    def _ranks_with_nonfinite(self) -> torch.Tensor:
-        """Ranks whose loss (any micro-batch of this step) or gradients are not finite,
-        agreed by all ranks (an all-reduce of one number per optimizer step), as a float
-        scalar on the device (no host synchronisation). Under fp16 mixed precision gradients
-        are left to the loss scaler, which skips such steps itself."""
-        fp16 = self.trainer.precision in ("16-mixed", "16")
-        bad = nonfinite_flag(self._nonfinite_loss, self.parameters(), self.device, not fp16)
-        self._nonfinite_loss = None
-        return self.trainer.strategy.reduce(bad.float(), reduce_op="sum")
+    def save_state(self, task: "L.LightningModule", checkpoint: dict) -> None:
+        """Add the objective's own training state to a checkpoint being written (on every
+        rank; collectives through `task` are allowed)."""
 
-    def _on_skipped_step(
-        self, ranks: int | str | None, count: int = 1, in_a_row: tuple[int, int] | None = None
-    ) -> None:
-        """Count `count` skipped optimizer steps (`in_a_row`: the run of skipped steps now and
-        its longest, from `DeviceSkips.settle`; else this step one more in a row); under
-        trainer.nonfinite=stop, or once trainer.max_consecutive_skipped_steps steps in a row
-        (the run diverged) or trainer.max_skipped_steps in all were skipped,
-        raise NonFiniteError (exit status 3, no checkpoint after the last one written). A
-        warning line is printed for skipped steps, at most one per `SKIP_WARNING_INTERVAL_S`."""
-        where = "DeepSpeed's overflow check" if ranks is None else f"{ranks} rank(s)"
-        if isinstance(ranks, str):  # skipped on the device, counted now
-            where = ranks
-        if self.run.trainer.nonfinite == "stop":
-            raise NonFiniteError(
-                f"step {self.global_step}: non-finite loss or gradient ({where}); "
-                "trainer.nonfinite=stop. Lower optim.optimizer.lr or check the data, or set "
-                "trainer.nonfinite=skip to skip such steps"
-            )
-        self.skipped_steps += count
-        self.consecutive_skipped_steps += 1
-        longest = self.consecutive_skipped_steps
-        if in_a_row is not None:
-            self.consecutive_skipped_steps, longest = in_a_row
-        budget = self.run.trainer.max_skipped_steps
-        if budget is not None and self.skipped_steps >= budget:
-            raise NonFiniteError(
-                f"step {self.global_step}: {self.skipped_steps} optimizer steps skipped for a "
-                f"non-finite loss or gradient in all (trainer.max_skipped_steps={budget}): the "
-                "run is unstable. Lower optim.optimizer.lr or lengthen the warm-up and resume "
-                "from an earlier step-*.ckpt, or raise trainer.max_skipped_steps"
-            )
-        bound = self.run.trainer.max_consecutive_skipped_steps
-        if bound is not None and longest >= bound:
-            raise NonFiniteError(
-                f"step {self.global_step}: {longest} optimizer steps in a "
-                f"row skipped for a non-finite loss or gradient ({self.skipped_steps} in all; "
-                f"trainer.max_consecutive_skipped_steps={bound}): the run diverged. Lower "
-                f"optim.optimizer.lr (now {self.run.optim.optimizer['lr']}) or lengthen the "
-                "warm-up, and start over (resume=never) or resume from an earlier step-*.ckpt"
-            )
-        now = time.monotonic()
-        if self.trainer.is_global_zero and now - self._last_skip_warning >= SKIP_WARNING_INTERVAL_S:
-            self._last_skip_warning = now
-            limit = "" if bound is None else f"; the run stops at {bound} in a row"
-            print(
-                f"warning: step {self.global_step}: optimizer step skipped, non-finite loss or "
-                f"gradient ({where}); {self.skipped_steps} skipped in all, "
-                f"{self.consecutive_skipped_steps} in a row{limit} "
-                "(trainer.max_consecutive_skipped_steps)",
-                flush=True,
-            )
-
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        """Apply the step only when every rank's loss and gradients are finite; else skip it
-        (weights, optimizer state and learning-rate schedule untouched; counted in
-        `train/skipped_steps`; trainer.max_steps still counts it) or raise NonFiniteError, per
-        `trainer.nonfinite`. Under DeepSpeed the engine decides, by its own overflow check on
-        the gradients of all ranks: a NaN loss whose gradients stay finite is not caught there."""
-        from lightning.pytorch.strategies import DeepSpeedStrategy
-
-        strategy = self.trainer.strategy
-        if isinstance(strategy, DeepSpeedStrategy):  # called every micro-batch; the engine
-            engine = strategy.deepspeed_engine  # steps at the accumulation boundary
-            before = engine.skipped_steps
-            optimizer.step(closure=optimizer_closure)
-            self._nonfinite_loss = None
-            self._last_step_applied = engine.skipped_steps == before
-        else:
-            loss = optimizer_closure()  # forward and backward of the step's last micro-batch
-            if skips_on_device(optimizer, self.trainer.precision):  # no host sync (nonfinite.py)
-                inner = getattr(optimizer, "optimizer", optimizer)
-                inner.found_inf = self._device_skips.record(self._ranks_with_nonfinite())
-                try:
-                    optimizer.step(closure=lambda: loss)  # settles on log steps, may raise
-                finally:
-                    inner.__dict__.pop("found_inf", None)
-                self._last_step_applied = True  # as far as the host knows: see settle_skips
-                self.log("train/skipped_steps", float(self.skipped_steps))
-                return
-            bad_ranks = int(self._ranks_with_nonfinite().item())  # the host decides: a sync
-            self._last_step_applied = bad_ranks == 0
-            if self._last_step_applied:
-                optimizer.step(closure=lambda: loss)
-            else:
-                optimizer.zero_grad(set_to_none=True)
-        if self._last_step_applied:
-            self.consecutive_skipped_steps = 0
-        else:
-            self._on_skipped_step(None if isinstance(strategy, DeepSpeedStrategy) else bad_ranks)
-        self.log("train/skipped_steps", float(self.skipped_steps))
-
-    def lr_scheduler_step(self, scheduler, metric=None) -> None:
-        """The schedule advances once per applied optimizer step (Lightning also calls this
-        when an epoch is ended by on_train_batch_start, where no step was taken)."""
-        if self._last_step_applied:
-            super().lr_scheduler_step(scheduler, metric)
-        self._last_step_applied = False
-
-    def on_train_batch_start(self, batch: dict, batch_idx: int) -> int | None:
-        """Ends the epoch on every rank alike (returns -1) at the first optimizer step some
-        rank lacks batches for (`pretrain.data.loader`); restores a resumed run's random
-        state at its first batch."""
-        if batch_idx % self.trainer.accumulate_grad_batches == 0 and not self._epoch_continues(
-            batch, batch_idx
-        ):
-            return -1
-        if self._restored_rng is not None:
-            set_rng_state(self._restored_rng)
-            self._restored_rng = None
-
-    def _epoch_continues(self, batch: dict, batch_idx: int) -> bool:
-        """Whether every rank has a whole optimizer step of batches (one all-reduce on the
-        host); when not, counts, logs and prints the sequences the ranks' tails held."""
-        import torch.distributed as dist
-
-        from pretrain.cluster.collectives import reduce_on_host
-        from pretrain.data.loader import (
-            DATA_ERROR_KEY,
-            STEP_LOSS_TOKENS_KEY,
-            StepAlignedLoader,
-            step_flag,
-        )
-        from pretrain.data.shard_format import ShardError
-
-        timeout = self.run.trainer.collective_timeout_s
-        agreed = reduce_on_host(step_flag(batch), dist.ReduceOp.MIN, timeout)
-        if agreed == 1:
-            if STEP_LOSS_TOKENS_KEY in batch:  # token-budget batches: the step's tokens
-                total = reduce_on_host(batch.pop(STEP_LOSS_TOKENS_KEY), dist.ReduceOp.SUM, timeout)
-                ranks_steps = self.trainer.world_size * self.trainer.accumulate_grad_batches
-                self._loss_scale = ranks_steps / max(total, 1)
-            return True
-        if agreed < 0:  # a rank met a bad shard: every rank stops here, with the same step
-            raise ShardError(
-                batch.get(DATA_ERROR_KEY)
-                or f"rank {self.global_rank}: another rank met a shard that failed its checks "
-                f"at step {self.global_step} (its error names the shard); data.bad_shards=skip "
-                "leaves such shards out"
-            )
-        loader = self.trainer.train_dataloader
-        tail = loader.drain(batch_idx) if isinstance(loader, StepAlignedLoader) else 0
-        dropped = reduce_on_host(tail, dist.ReduceOp.SUM, timeout)
-        self.loaders.append((self.current_epoch, self.global_step, dropped))
-        if self.trainer.is_global_zero:  # the same number on every rank: written once
-            for logger in self.loggers:
-                logger.log_metrics({"train/epoch_dropped_samples": dropped}, self.global_step)
-            print(
-                f"epoch {self.current_epoch} ends at step {self.global_step} on every rank; "
-                f"{dropped} sequences the ranks held past the end were not trained "
-                "(train/epoch_dropped_samples)",
-                flush=True,
-            )
-        return False
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        """The micro-batch's loss (the objective's `forward`), logged; with token-budget
-        batches (`loader.weigh_step`) weighed by its predicted tokens over the step's (all
-        ranks), times ranks x accumulation, which Lightning and DDP divide back out: the
-        step's gradient is that of the mean loss over every predicted token of the step."""
-        out = self(batch)
-        self.log_step(out, batch)
-        if LOSS_TOKENS_KEY in batch:
-            return out["loss"] * batch[LOSS_TOKENS_KEY] * self._loss_scale
-        return out["loss"]
-
-    def log_step(self, metrics: dict[str, torch.Tensor], batch: dict) -> None:
-        """Log a micro-batch's metrics under train/ and count its non-padding input tokens."""
-        batch_size = batch["input_ids"].shape[0]
-        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, batch_size=batch_size)
-        self.log("loss", metrics["loss"], prog_bar=True, logger=False, batch_size=batch_size)
-        # device tensors, read back only on log steps: never a host sync per step
-        self._tokens_since_log = self._tokens_since_log + batch["attention_mask"].sum()
-        self._flops_since_log = self._flops_since_log + training_flops(self, batch)
-        self._last_summary_loss = metrics.get(self.summary_metric)
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Once per optimizer step (after all accumulated micro-batches): the learning rate,
-        and on log steps (and the launch's first step, for the summary) the summary loss
-        (`summary_metric`), on log steps tokens/s since the last log and the run's memory
-        (`pretrain.runtime.memory`, `sys/*`). Other steps read nothing back from the device."""
-        self.log("train/lr", optimizer.param_groups[0]["lr"])
-        every = self.trainer.log_every_n_steps
-        log_step = (self.global_step + 1) % every == 0
-        if self._last_summary_loss is not None and (log_step or not self.loss_history):
-            # the launch's first step and the log steps: the only steps that read the device
-            self.loss_history.append((self.global_step, float(self._last_summary_loss.detach())))
-        if log_step:
-            now = time.perf_counter()
-            elapsed = max(now - self._last_log_time, 1e-9)
-            rate = float(self._tokens_since_log) / elapsed
-            self.log("train/tokens_per_s", rate)
-            flops = model_flops_metrics(float(self._flops_since_log) / elapsed, self.peak_tflops)
-            self.log_dict(flops)
-            self.speed = {"train/tokens_per_s": rate, **flops}
-            self._tokens_since_log, self._flops_since_log, self._last_log_time = 0, 0, now
-            self.settle_skips()
-            self.log_dict(memory_metrics(self.device))
+    def load_state(self, checkpoint: dict) -> None:
+        """Take back what `save_state` wrote, from a checkpoint being resumed."""

@@ -28,7 +28,7 @@ from pretrain.errors import ConfigError
 from pretrain.models import build_encoder
 from pretrain.models.generation import GenerationSetup
 from pretrain.models.gpt import CachedDecoderStep
-from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.predictions import masked_classification_metrics
 from pretrain.runtime.flops import gpt_flops, sequence_sizes
 
@@ -63,7 +63,7 @@ class CausalLMCorruption:
         return batch
 
 
-class CausalLanguageModel(PretrainingModule):
+class CausalLanguageModel(Objective):
     """A decoder-only model (`encoder`, e.g. GPTModel) + its tied LM head, trained to predict
     every next token."""
 
@@ -91,16 +91,15 @@ class CausalLanguageModel(PretrainingModule):
         rows = batch_size * (seq_len - 1)
         return gpt_flops(self.run.model, tokens, pairs, rows, self.vocab.size)
 
-    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Next-token loss, accuracy and perplexity of one batch (targets: non-padding tokens
+    def forward(self, batch: dict) -> Losses:
+        """Next-token loss, with its accuracy and perplexity as metrics, of one batch (targets: non-padding tokens
         after the first)."""
         hidden = self.encoder(batch["input_ids"], attention_mask=batch["attention_mask"])
         targets = batch["labels"][:, 1:].flatten()  # (batch * (seq - 1),): the next tokens
         logits = self.encoder.logits(hidden[:, :-1].flatten(0, 1))  # (batch * (seq - 1), vocab)
         out = masked_classification_metrics("lm", logits, targets)
         out["lm_perplexity"] = out["lm_loss"].detach().exp()
-        out["loss"] = out["lm_loss"]
-        return out
+        return Losses(out["lm_loss"], out)
 
     def prepare_generation(self, token_ids: torch.Tensor) -> GenerationSetup:
         """Continue a text: the prefix is [CLS] + its (1, n) token ids (no special tokens);

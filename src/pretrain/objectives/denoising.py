@@ -35,7 +35,7 @@ from pretrain.errors import require, require_probabilities, require_unit_interva
 from pretrain.models import build_encoder
 from pretrain.models.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models.seq2seq import TiedLMHead
-from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.predictions import (
     gather_positions,
     gather_targets,
@@ -63,12 +63,12 @@ class DenoisingConfig(Seq2SeqObjectiveConfig):
 
     name: str = "bart"
     _target_: str = "pretrain.objectives.denoising.DenoisingAutoencoder"
-    token_masking: float = 0.0
-    token_deletion: float = 0.0
-    text_infilling: float = 0.3
-    poisson_lambda: float = 3.0
-    sentence_permutation: float = 1.0
-    document_rotation: float = 0.0
+    token_masking: float = NoiseSettings.token_masking
+    token_deletion: float = NoiseSettings.token_deletion
+    text_infilling: float = NoiseSettings.text_infilling
+    poisson_lambda: float = NoiseSettings.poisson_lambda
+    sentence_permutation: float = NoiseSettings.sentence_permutation
+    document_rotation: float = NoiseSettings.document_rotation
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -162,7 +162,7 @@ class DenoisingCorruption:
         }
 
 
-class DenoisingAutoencoder(PretrainingModule):
+class DenoisingAutoencoder(Objective):
     """Encoder-decoder (`encoder`, e.g. `EncoderDecoder`) + the tied output projection
     (`lm_head`); the loss is label-smoothed cross-entropy over the predicted target tokens."""
 
@@ -200,8 +200,9 @@ class DenoisingAutoencoder(PretrainingModule):
         rows = batch.get("prediction_positions", batch["decoder_input_ids"]).numel()
         return seq2seq_flops(self.run.model, source, target, rows, self.vocab.size)
 
-    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Losses and accuracy of one batch."""
+    def forward(self, batch: dict) -> Losses:
+        """Loss (label-smoothed cross-entropy) and metrics (it as `lm_loss`, the plain
+        cross-entropy `nll`, `accuracy`) of one batch."""
         hidden = self.encoder(
             batch["input_ids"],
             batch["attention_mask"],
@@ -221,7 +222,7 @@ class DenoisingAutoencoder(PretrainingModule):
             real = targets != IGNORE_INDEX
             nll = masked_classification_metrics("lm", logits, targets)["lm_loss"]
             accuracy = masked_mean(logits.argmax(-1) == targets, real)
-        return {"loss": loss, "lm_loss": loss, "nll": nll, "accuracy": accuracy}
+        return Losses(loss, {"lm_loss": loss, "nll": nll, "accuracy": accuracy})
 
     def prepare_generation(
         self, token_ids: torch.Tensor, attention_mask: torch.Tensor | None = None

@@ -30,6 +30,7 @@ from pretrain.errors import ConfigError, require
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import unpadded_inputs
+from pretrain.objectives.base import Losses
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig
 from pretrain.objectives.predictions import (
     gather_positions,
@@ -58,7 +59,7 @@ class DistillationConfig(MaskedLMConfig):
     alpha_mlm: float = 2.0
     alpha_cos: float = 1.0
     # false: the student keeps its random initialisation (the paper's ablation, Table 4)
-    init_from_teacher: bool = True
+    init_from_teacher: bool = True  # false: a random student (the paper's ablation)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -238,8 +239,9 @@ class DistillationModule(MaskedLanguageModel):
         )
         return student + (encoder_flops(teacher, tokens, pairs) + head) / 3
 
-    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Losses (`loss`, `mlm_loss`, `kl_loss`, `cos_loss`) and metrics of one batch."""
+    def forward(self, batch: dict) -> Losses:
+        """Loss (alpha-weighted KL, MLM and cosine losses) and metrics (those three,
+        accuracies) of one batch."""
         objective = self.run.objective
         inputs = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         hidden = self.encoder(*inputs, **unpadded_inputs(batch))  # (batch, seq, hidden)
@@ -255,10 +257,10 @@ class DistillationModule(MaskedLanguageModel):
         out["kl_loss"] = distillation_kl(logits, teacher_logits, objective.temperature, predicted)
         real = batch["attention_mask"].bool()  # (batch, seq)
         out["cos_loss"] = cosine_loss(hidden, teacher_hidden, real)
-        out["loss"] = (
+        loss = (
             objective.alpha_ce * out["kl_loss"]
             + objective.alpha_mlm * out["mlm_loss"]
             + objective.alpha_cos * out["cos_loss"]
         )
         out["teacher_mlm_accuracy"] = masked_mean(teacher_logits.argmax(-1) == targets, predicted)
-        return out
+        return Losses(loss, out)

@@ -29,7 +29,7 @@ from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import set_unpadding, unpadded_inputs
-from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.mlm import MaskedLMConfig, MaskedLMCorruption, mlm_corruption_inputs
 from pretrain.objectives.predictions import (
     gather_positions,
@@ -82,7 +82,7 @@ def sample_replacements(
     return (probabilities / noise).argmax(dim=-1)
 
 
-class ElectraModule(PretrainingModule):
+class ElectraModule(Objective):
     """Generator (`generator`, `generator_head`) + discriminator (`encoder`,
     `discriminator_head`) sharing `encoder.embeddings`."""
 
@@ -171,8 +171,9 @@ class ElectraModule(PretrainingModule):
         discriminator = encoder_flops(model, tokens, pairs) + detection
         return encoder_flops(generator, tokens, pairs) + head + discriminator
 
-    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Losses and metrics of one batch (see the module docstring)."""
+    def forward(self, batch: dict) -> Losses:
+        """Loss (generator MLM + weighted replaced-token detection) and metrics of one batch
+        (see the module docstring)."""
         logits, positions = self.generate(batch)  # (batch * width, vocab)
         generator = masked_classification_metrics(
             "mlm", logits, gather_targets(batch["labels"], positions)
@@ -189,15 +190,17 @@ class ElectraModule(PretrainingModule):
         discriminator_loss = masked_mean(per_token, real)
         correct = (detection > 0) == is_replaced
         mlm_loss = generator["mlm_loss"]
-        return {
-            "loss": mlm_loss + self.discriminator_weight * discriminator_loss,
-            "mlm_loss": mlm_loss,
-            "discriminator_loss": discriminator_loss,
-            "generator_accuracy": generator["mlm_accuracy"],
-            "replaced_fraction": masked_mean(is_replaced, batch["labels"] != IGNORE_INDEX),
-            "discriminator_accuracy_replaced": masked_mean(correct, is_replaced & real),
-            "discriminator_accuracy_original": masked_mean(correct, ~is_replaced & real),
-        }
+        return Losses(
+            mlm_loss + self.discriminator_weight * discriminator_loss,
+            {
+                "mlm_loss": mlm_loss,
+                "discriminator_loss": discriminator_loss,
+                "generator_accuracy": generator["mlm_accuracy"],
+                "replaced_fraction": masked_mean(is_replaced, batch["labels"] != IGNORE_INDEX),
+                "discriminator_accuracy_replaced": masked_mean(correct, is_replaced & real),
+                "discriminator_accuracy_original": masked_mean(correct, ~is_replaced & real),
+            },
+        )
 
     @classmethod
     def hf_exports(cls, state_dict: dict, config: dict) -> dict:

@@ -30,7 +30,7 @@ MASKING_LEVELS = ("basic", "phrase", "entity")
 class ErnieConfig(MaskedLMConfig):
     """MLM settings + which annotations are masking units (`MASKING_LEVELS`)."""
 
-    masking_level: str = "entity"
+    masking_level: str = "entity"  # units: basic (words) | phrase (+ phrases) | entity (+ entities)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -61,7 +61,7 @@ class ErnieCorruption(WholeWordCorruption):
     """Whole-unit masking whose units are annotated phrases/entities (per `masking_level`)
     and words."""
 
-    masking_level: str = "entity"
+    masking_level: str = ErnieConfig.masking_level
     collated_fields: ClassVar = (*WholeWordCorruption.collated_fields, "phrases")
 
     def units(self, batch: dict, candidates: np.ndarray) -> np.ndarray:

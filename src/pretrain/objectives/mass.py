@@ -67,9 +67,9 @@ class MassCorruption:
     pad_id: int
     mask_id: int
     vocab_size: int
-    fragment_fraction: float = 0.5
-    mask_token_probability: float = 0.8
-    random_token_probability: float = 0.1
+    fragment_fraction: float = MassConfig.fragment_fraction
+    mask_token_probability: float = MassConfig.mask_token_probability
+    random_token_probability: float = MassConfig.random_token_probability
     max_length: int | None = None
     collated_fields: ClassVar = ("input_ids", "attention_mask")  # what it reads of `collate`'s
 

@@ -9,7 +9,7 @@ padded with -1 to a width from a fixed set (`pretrain.data.prediction_budget`; t
 is ceil(mlm_probability x data.max_seq_length), like BERT's max_predictions_per_seq).
 Loss: cross-entropy over the selected positions only (the head projects to the vocabulary
 only at the gathered positions; ignored slots do not count) + the sentence task on [CLS]
-(NSP or SOP: 2 classes) + `extra_losses` of subclasses.
+(NSP or SOP: 2 classes) + the loss of a subclass's `extra_losses`.
 """
 
 from collections.abc import Mapping
@@ -30,7 +30,7 @@ from pretrain.errors import ConfigError, require_unit_interval
 from pretrain.models import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.models.unpadding import unpadded_inputs
-from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.predictions import (
     gather_positions,
     gather_targets,
@@ -69,7 +69,7 @@ def require_replacement_split(config) -> None:
 class MaskedLMConfig(ObjectiveConfig):
     """MLM settings; probabilities of selection per token, of replacement per selected unit."""
 
-    pair_task: str = "nsp"
+    pair_task: str = "nsp"  # sentence-relation task on [CLS]: nsp | sop | none
     mlm_probability: float = 0.15
     mask_token_probability: float = 0.8
     random_token_probability: float = 0.1
@@ -108,9 +108,9 @@ class MaskedLMCorruption:
     vocab_size: int
     mask_token_id: int
     special_ids: tuple[int, ...]
-    mlm_probability: float = 0.15
-    mask_token_probability: float = 0.8
-    random_token_probability: float = 0.1
+    mlm_probability: float = MaskedLMConfig.mlm_probability
+    mask_token_probability: float = MaskedLMConfig.mask_token_probability
+    random_token_probability: float = MaskedLMConfig.random_token_probability
     max_seq_length: int | None = None
     # the collated arrays it reads (`reading.collate`); units of words or phrases add theirs
     collated_fields: ClassVar = ("input_ids", "token_type_ids", "attention_mask")
@@ -163,17 +163,6 @@ class MaskedLMCorruption:
         return batch
 
 
-def renamed_legacy_head(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`state_dict` with the sentence head's former name (`nsp_head.*`, checkpoints written
-    before NSP/SOP and three-way heads were one `sentence_head`) replaced."""
-    return {
-        (
-            "sentence_head." + key.removeprefix("nsp_head.") if key.startswith("nsp_head.") else key
-        ): t
-        for key, t in state_dict.items()
-    }
-
-
 def mlm_corruption_inputs(vocab: Vocabulary, config: TrainConfig) -> dict:
     """The vocabulary's part of a `MaskedLMCorruption` (its size, [MASK] and special ids) and
     the run's data.max_seq_length, which sizes the prediction budget."""
@@ -196,7 +185,7 @@ def classification_metrics(
     }
 
 
-class MaskedLanguageModel(PretrainingModule):
+class MaskedLanguageModel(Objective):
     """Encoder + tied MLM head (+ a sentence-relation head when objective.pair_task is set)."""
 
     config_class = MaskedLMConfig
@@ -225,17 +214,10 @@ class MaskedLanguageModel(PretrainingModule):
     def corruption_inputs(cls, config: TrainConfig, vocab: Vocabulary) -> dict:
         return mlm_corruption_inputs(vocab, config)
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        if "state_dict" in checkpoint:  # not under DeepSpeed, which loads its own partitions
-            checkpoint["state_dict"] = renamed_legacy_head(checkpoint["state_dict"])
-
-    def load_pretrained(self, state_dict: dict[str, torch.Tensor], source: str) -> None:
-        super().load_pretrained(renamed_legacy_head(state_dict), source)
-
-    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
-        """Losses a subclass adds to MLM (e.g. SpanBERT's SBO); each `*_loss` is summed."""
-        return {}
+    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> Losses | None:
+        """What a subclass adds to MLM (e.g. SpanBERT's SBO): its loss, added to the MLM
+        loss, and its metrics; None: nothing."""
+        return None
 
     def forward_flops(self, batch: dict) -> torch.Tensor | None:
         """Forward FLOPs of a batch (`pretrain.runtime.flops`): the encoder on its real tokens, the
@@ -259,8 +241,9 @@ class MaskedLanguageModel(PretrainingModule):
         """Forward FLOPs of the heads `extra_losses` runs (0: none)."""
         return 0
 
-    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Losses and accuracies of one batch."""
+    def forward(self, batch: dict) -> Losses:
+        """Loss (MLM + the sentence task + `extra_losses`) and metrics (each part's loss and
+        accuracy) of one batch."""
         hidden = self.encoder(
             batch["input_ids"],
             batch["token_type_ids"],
@@ -270,12 +253,15 @@ class MaskedLanguageModel(PretrainingModule):
         positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
         targets = gather_targets(batch["labels"], positions)  # (batch * width,)
         logits = self.mlm_head(gather_positions(hidden, positions))  # (batch * width, vocab)
-        out = masked_classification_metrics("mlm", logits, targets)
+        metrics = masked_classification_metrics("mlm", logits, targets)
+        loss = metrics["mlm_loss"]
         if self.sentence_head is not None:
             sentence = self.sentence_head(hidden)
-            out.update(
-                classification_metrics(self.pair_task, sentence, batch["next_sentence_label"])
-            )
-        out.update(self.extra_losses(hidden, batch))
-        out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))
-        return out
+            labels = batch["next_sentence_label"]
+            metrics.update(classification_metrics(self.pair_task, sentence, labels))
+            loss = loss + metrics[f"{self.pair_task}_loss"]
+        extra = self.extra_losses(hidden, batch)
+        if extra is not None:
+            metrics.update(extra.metrics)
+            loss = loss + extra.loss
+        return Losses(loss, metrics)

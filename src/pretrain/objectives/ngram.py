@@ -22,7 +22,7 @@ from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedL
 class NgramMaskingConfig(MaskedLMConfig):
     """MLM settings + the longest n-gram, in words."""
 
-    max_ngram: int = 3
+    max_ngram: int = 3  # longest n-gram, in words
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -40,7 +40,7 @@ class NgramCorruption(MaskedLMCorruption):
 
     collated_fields: ClassVar = (*MaskedLMCorruption.collated_fields, "word_starts")
 
-    max_ngram: int = 3
+    max_ngram: int = NgramMaskingConfig.max_ngram
 
     def select(
         self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int

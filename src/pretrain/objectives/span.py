@@ -25,6 +25,7 @@ from pretrain.data.span_masking import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require
 from pretrain.models.heads import SpanBoundaryHead
+from pretrain.objectives.base import Losses
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
     MaskedLMConfig,
@@ -43,8 +44,8 @@ class SpanMaskingConfig(MaskedLMConfig):
     """MLM settings + span lengths (in words) + the SBO's position table size (in tokens)."""
 
     pair_task: str = "none"
-    span_geometric_p: float = 0.2
-    span_max_words: int = 10
+    span_geometric_p: float = 0.2  # success probability of the geometric span length (words)
+    span_max_words: int = 10  # longer draws are clipped to this many words
     sbo_max_span_tokens: int = 200
 
     pair_tasks = ("none",)
@@ -84,8 +85,8 @@ class SpanCorruption(MaskedLMCorruption):
 
     collated_fields: ClassVar = (*MaskedLMCorruption.collated_fields, "word_starts")
 
-    span_geometric_p: float = 0.2
-    span_max_words: int = 10
+    span_geometric_p: float = SpanMaskingConfig.span_geometric_p
+    span_max_words: int = SpanMaskingConfig.span_max_words
 
     def select(
         self, batch: dict, candidates: np.ndarray, hashes: np.ndarray, epoch: int
@@ -131,8 +132,8 @@ class SpanBert(MaskedLanguageModel):
         rows = predicted_positions(batch).numel()
         return 2 * rows * (3 * hidden * hidden + hidden * hidden + hidden * self.vocab.size)
 
-    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
-        """SBO loss and accuracy over the predicted tokens (the MLM's prediction positions);
+    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> Losses:
+        """The SBO loss, with its loss and accuracy as metrics, over the predicted tokens (the MLM's prediction positions);
         hidden (batch, seq, hidden)."""
         positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
         width = positions.shape[1]
@@ -142,6 +143,7 @@ class SpanBert(MaskedLanguageModel):
         logits = self.sbo_head(
             gather_positions(hidden, left), gather_positions(hidden, right), where
         )  # (batch * width, vocab)
-        return masked_classification_metrics(
+        metrics = masked_classification_metrics(
             "sbo", logits, gather_targets(batch["labels"], positions)
         )
+        return Losses(metrics["sbo_loss"], metrics)

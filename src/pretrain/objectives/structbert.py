@@ -24,6 +24,7 @@ from pretrain.data.keyed_rng import (
 from pretrain.data.masking import IGNORE_INDEX, candidate_tokens, select_exact_fraction
 from pretrain.data.prediction_budget import listed_positions, prediction_widths
 from pretrain.errors import require_unit_interval
+from pretrain.objectives.base import Losses
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
     MaskedLMConfig,
@@ -103,7 +104,7 @@ def shuffle_batch_trigrams(
 
 @dataclass(frozen=True)
 class StructBertCorruption(MaskedLMCorruption):
-    shuffle_probability: float = 0.05
+    shuffle_probability: float = StructBertConfig.shuffle_probability
 
     def shuffle_widths(self, max_seq_length: int) -> tuple[int, ...]:
         """The widths `shuffle_positions` may have: whole trigrams overshoot the fraction of a
@@ -163,9 +164,11 @@ class StructBert(MaskedLanguageModel):
         rows = predicted_positions(batch, "shuffle_labels", "shuffle_positions").numel()
         return mlm_head_flops(model.hidden_size, embedding_size(model), self.vocab.size, rows)
 
-    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> dict[str, torch.Tensor]:
-        """Word-order loss and accuracy over the shuffled positions (0 in a batch without)."""
+    def extra_losses(self, hidden: torch.Tensor, batch: dict) -> Losses:
+        """The word-order loss, with its loss and accuracy as metrics, over the shuffled
+        positions (0 in a batch without)."""
         positions = predicted_positions(batch, "shuffle_labels", "shuffle_positions")
         targets = gather_targets(batch["shuffle_labels"], positions)  # (batch * width,)
         logits = self.mlm_head(gather_positions(hidden, positions))  # (batch * width, vocab)
-        return masked_classification_metrics("word_order", logits, targets)
+        metrics = masked_classification_metrics("word_order", logits, targets)
+        return Losses(metrics["word_order_loss"], metrics)

@@ -25,6 +25,7 @@ it continues as if never stopped. Other formats train without memory.
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,9 +47,12 @@ from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require, require_unit_interval
 from pretrain.models import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
-from pretrain.objectives.base import PretrainingModule
+from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.predictions import masked_classification_metrics
 from pretrain.runtime.flops import xlnet_flops
+
+if TYPE_CHECKING:
+    import lightning as L
 
 XLNET_FORMATS = ("xlnet_pair", "xlnet_memory", "full_sentences", "doc_sentences")
 
@@ -110,13 +114,13 @@ class PermutationCorruption:
 
     seed: int
     special_ids: tuple[int, ...]
-    partial_prediction_k: float = 6.0
-    order: str = "uniform"
-    max_span_length: int = 5
+    partial_prediction_k: float = PermutationLMConfig.partial_prediction_k
+    order: str = PermutationLMConfig.order
+    max_span_length: int = PermutationLMConfig.max_span_length
     reuse_len: int | None = None
     max_seq_length: int | None = None
     bi_data: bool = False
-    memory_random_b_probability: float = 0.0
+    memory_random_b_probability: float = PermutationLMConfig.memory_random_b_probability
 
     def prediction_widths(self, max_seq_length: int) -> tuple[int, ...]:
         """The values num_predict may take for sequences of `max_seq_length`."""
@@ -195,7 +199,7 @@ class PermutationCorruption:
         return batch
 
 
-class PermutationLanguageModel(PretrainingModule):
+class PermutationLanguageModel(Objective):
     """XLNet encoder + tied LM head on the query stream; loss over the targets only."""
 
     summary_metric = "plm_loss"
@@ -246,27 +250,25 @@ class PermutationLanguageModel(PretrainingModule):
         """Forget the carried memory (a new epoch, a resumed run)."""
         self._mems, self._mems_mask = {}, {}
 
-    def on_train_epoch_start(self) -> None:
+    def start_epoch(self, task: "L.LightningModule") -> None:
         self.reset_memory()
 
-    def on_train_batch_start(self, batch: dict, batch_idx: int) -> int | None:
-        """The base's epoch end (-1, `PretrainingModule.on_train_batch_start`); the step's
-        micro-batch; at the first batch of a run resumed inside an epoch, take back this
-        shape's rows of the memory its checkpoint saved, so it continues as if never stopped."""
-        if super().on_train_batch_start(batch, batch_idx) == -1:
-            return -1  # the epoch's end marker: no batch to train
-        self._phase = batch_idx % self.trainer.accumulate_grad_batches
+    def start_batch(self, task: "L.LightningModule", batch: dict, batch_idx: int) -> None:
+        """The step's micro-batch; at the first batch of a run resumed inside an epoch, take
+        back this shape's rows of the memory its checkpoint saved, so it continues as if never
+        stopped."""
+        self._phase = batch_idx % task.trainer.accumulate_grad_batches
         restored, self._restored_memory = self._restored_memory, None
-        if restored is not None and restored["epoch"] == self.current_epoch:
-            rows = torch.from_numpy(self.memory_rows())  # (accumulation, batch)
+        if restored is not None and restored["epoch"] == task.current_epoch:
+            rows = torch.from_numpy(self.memory_rows(task))  # (accumulation, batch)
             for phase, phase_rows in enumerate(rows):
-                self._mems[phase] = [m[phase_rows].to(self.device) for m in restored["mems"]]
-                self._mems_mask[phase] = restored["mask"][phase_rows].to(self.device)
+                self._mems[phase] = [m[phase_rows].to(task.device) for m in restored["mems"]]
+                self._mems_mask[phase] = restored["mask"][phase_rows].to(task.device)
 
-    def memory_rows(self) -> np.ndarray:
+    def memory_rows(self, task: "L.LightningModule") -> np.ndarray:
         """(accumulation, batch) global memory row of each row of this rank's micro-batches
-        (`stream.memory_rows`)."""
-        trainer = self.trainer
+        (`stream.memory_rows`) in the run `task` trains."""
+        trainer = task.trainer
         return memory_rows(
             trainer.global_rank,
             trainer.world_size,
@@ -275,15 +277,13 @@ class PermutationLanguageModel(PretrainingModule):
             bool(getattr(self.run.model, "bi_data", False)),
         )
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Also save the carried memory, by global memory row (`memory_rows`): every rank's
-        rows, gathered, each row's memory (rows, mlen, d_model) per layer and mask (rows,
-        mlen)."""
-        super().on_save_checkpoint(checkpoint)
+    def save_state(self, task: "L.LightningModule", checkpoint: dict) -> None:
+        """Save the carried memory, by global memory row (`memory_rows`): every rank's rows,
+        gathered, each row's memory (rows, mlen, d_model) per layer and mask (rows, mlen)."""
         if not self.use_memory:
             return
-        strategy = self.trainer.strategy
-        rows = self.memory_rows()  # (accumulation, batch)
+        strategy = task.trainer.strategy
+        rows = self.memory_rows(task)  # (accumulation, batch)
         whole = len(self._mems) == len(rows)
         if not strategy.reduce_boolean_decision(whole, all=True):
             return  # some rank has no memory yet: resume starts without it, as at an epoch start
@@ -293,22 +293,21 @@ class PermutationLanguageModel(PretrainingModule):
         ]
         mask = torch.cat([self._mems_mask[p] for p in phases])  # (accumulation x batch, mlen)
         order = torch.from_numpy(rows.reshape(-1))
-        if self.trainer.world_size > 1:  # (ranks, rows, ...): every rank's rows
-            mems, mask = [self.all_gather(m) for m in mems], self.all_gather(mask)
-            order = self.all_gather(order.to(self.device))
+        if task.trainer.world_size > 1:  # (ranks, rows, ...): every rank's rows
+            mems, mask = [task.all_gather(m) for m in mems], task.all_gather(mask)
+            order = task.all_gather(order.to(task.device))
             mems, mask = [m.flatten(0, 1) for m in mems], mask.flatten(0, 1)
             order = order.flatten()
         by_row = torch.argsort(order.cpu())  # (global rows,) positions of rows 0, 1, ...
         checkpoint["xlnet_memory"] = {
-            "epoch": self.current_epoch,
+            "epoch": task.current_epoch,
             "mems": [m.detach().cpu()[by_row] for m in mems],
             "mask": mask.cpu()[by_row],
             "rows": "global",  # by global memory row (`stream.memory_rows`)
         }
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        memory = checkpoint.get("xlnet_memory")  # older checkpoints: per rank, not restored
+    def load_state(self, checkpoint: dict) -> None:
+        memory = checkpoint.get("xlnet_memory")  # saved per rank: not restored
         self._restored_memory = memory if memory and memory.get("rows") == "global" else None
 
     def forward_flops(self, batch: dict) -> float:
@@ -320,8 +319,9 @@ class PermutationLanguageModel(PretrainingModule):
         predict = batch["target_mapping"].shape[1]
         return xlnet_flops(self.run.model, rows, qlen, mlen, predict, self.vocab.size)
 
-    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Loss and accuracy of one batch; with memory, updates the carried memory."""
+    def forward(self, batch: dict) -> Losses:
+        """Loss, with its accuracy as a metric, of one batch; with memory, updates the carried
+        memory."""
         mems, mems_mask = self.carried_memory(batch)
         out = self.encoder(
             batch["input_ids"],
@@ -339,5 +339,4 @@ class PermutationLanguageModel(PretrainingModule):
         query = out.query.flatten(0, 1)  # (batch * num_predict, d_model)
         logits = self.lm_head(query, self.encoder.word_embeddings.weight)
         metrics = masked_classification_metrics("plm", logits, targets)
-        metrics["loss"] = metrics["plm_loss"]
-        return metrics
+        return Losses(metrics["plm_loss"], metrics)

@@ -1,5 +1,5 @@
 """The model FLOP count of a training step, per family, and the device peaks MFU is taken
-against (issue 14 item 1).
+against.
 
 Model FLOPs count the matrix products a step needs, 2 FLOPs per multiply-add, on the real
 (non-padding) tokens only: what the model must compute, not what padding or recomputation

@@ -1,6 +1,5 @@
 """Which optimizer and LayerNorm kernels a run uses: NVIDIA apex's fused ones when apex is
-importable with its CUDA extensions (the CUDA image builds it), torch's otherwise (issue 14
-item 3). Chosen by `optim.impl` and `model.layer_norm_impl`, each auto | torch | apex:
+importable with its CUDA extensions (the CUDA image builds it), torch's otherwise. Chosen by `optim.impl` and `model.layer_norm_impl`, each auto | torch | apex:
 
 - auto: apex on a CUDA device when apex is there, else torch;
 - torch: torch's own (an AdamW/Adam on CUDA gets `fused=True`; LayerNorm is nn.LayerNorm);

@@ -8,7 +8,7 @@ and the step count stay as they were when the flag is set. The host learns of sk
 or the end of fit (`DeviceSkips.settle`, one read), where they are counted, the bounds of
 `trainer.nonfinite` are applied and the learning-rate schedule is moved back by the steps
 skipped since (until then it ran ahead by that many steps). Other optimizers keep the host
-decision of every step (`PretrainingModule.optimizer_step`).
+decision of every step (`PretrainingTask.optimizer_step`).
 """
 
 from collections.abc import Iterable

@@ -43,24 +43,25 @@ from pretrain.errors import ConfigError, RunEnvironmentError, report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.models import DESCRIPTIVE_KEYS
 from pretrain.models.unpadding import describe_unpadded_rows
-from pretrain.objectives.base import NonFiniteError, PretrainingModule
+from pretrain.objectives.base import Objective
 from pretrain.runtime.batching import describe as describe_batching
 from pretrain.runtime.batching import warmup_steps
 from pretrain.runtime.run_state import write_run_state
 from pretrain.runtime.schedule import check_extension
+from pretrain.runtime.task import NonFiniteError, PretrainingTask
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
 
 
-def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[PretrainingModule]]:
+def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objective]]:
     """Validate the config into the typed run object, open and check the corpus, and
-    describe the data stream. The run's data paths become absolute (the tokenizer's: the
+    describe the data stream; returns them and the objective's class. The run's data paths become absolute (the tokenizer's: the
     one the corpus was checked with), as checkpoints store them."""
     run = validate(cfg)
     corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir)
     run.data.shards_dir = str(Path(run.data.shards_dir).resolve())
     run.data.tokenizer_dir = str(corpus.tokenizer_dir)
-    module_class = get_class(run.objective._target_)
+    objective_class = get_class(run.objective._target_)
     training = range(len(split_holdout(corpus, run.data.holdout_shards)[0]))
     if run.data.verify_shards:
         training = verified_shards(corpus.manifest, training, run.data.bad_shards)
@@ -77,17 +78,17 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
             run, sum(shard["documents"] for shard in training_shards)
         ),
         vocab=corpus.vocab,
-        corruption=module_class.build_corruption(run, corpus.vocab),
+        corruption=objective_class.build_corruption(run, corpus.vocab),
         pair_task=run.objective.sentence_task,
     )
-    return run, spec, module_class
+    return run, spec, objective_class
 
 
-def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingModule, PretrainingDataModule]:
-    """`build_stream`, then the objective module (seeded) and the data module."""
-    run, spec, module_class = build_stream(cfg)
+def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, PretrainingDataModule]:
+    """`build_stream`, then the task around the objective (seeded) and the data module."""
+    run, spec, objective_class = build_stream(cfg)
     L.seed_everything(run.seed, workers=False, verbose=False)
-    module = module_class(run, spec.vocab)
+    module = PretrainingTask(objective_class(run, spec.vocab))
     datamodule = PretrainingDataModule(
         spec,
         num_workers=run.data.num_workers,
@@ -98,7 +99,7 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingModule, Pretra
     return run, module, datamodule
 
 
-def use_speed_switches(run: TrainConfig, module: PretrainingModule) -> None:
+def use_speed_switches(run: TrainConfig, module: PretrainingTask) -> None:
     """trainer.tf32 (TF32 matmuls on CUDA, process-wide; off: torch's defaults kept) and
     trainer.compile (the module compiled in place, its parameter names unchanged); see
     conf/trainer/gpu.yaml."""
@@ -120,7 +121,7 @@ def train(cfg: DictConfig) -> Path:
         check_extension(ckpt_path, run, warmup_steps(run.optim, run.batch_plan))
         print(f"Resuming from {ckpt_path}", flush=True)
     elif run.init_from:
-        initialise_from(module, run.init_from)
+        initialise_from(module.objective, run.init_from)
     trainer = build_trainer(run, run_dir, heldout_callbacks(run, datamodule.spec))
     if trainer.is_global_zero:
         if run.resume == "never" and (previous := set_aside_checkpoints(run_dir)):
@@ -130,7 +131,7 @@ def train(cfg: DictConfig) -> Path:
         shapes = describe_shape_set(
             shape_set(spec.corruption, spec.max_seq_length),
             None if spec.tokens_per_batch else run.batch_plan.micro_batch_size,
-        ) + describe_unpadded_rows(module)
+        ) + describe_unpadded_rows(module.objective)
         print(f"{describe_batching(run.optim, run.batch_plan)}; {shapes}", flush=True)
         write_run_state(run_dir, "running", 0, run.trainer.max_steps)
     for logger in trainer.loggers:
@@ -186,9 +187,9 @@ def dead_worker_message(error: BaseException, datamodule: PretrainingDataModule)
     return ""
 
 
-def initialise_from(module: PretrainingModule, source: str) -> None:
+def initialise_from(objective: Objective, source: str) -> None:
     """Load the weights of a Hugging Face directory or a `pretrain` checkpoint (a file, or a
-    DeepSpeed ZeRO directory) into `module`;
+    DeepSpeed ZeRO directory, of any version: `pretrain.checkpoint.compat`) into `objective`;
     the model sizes must match the run's (a mismatch names the key)."""
     from pretrain.checkpoint.atomic import is_deepspeed_checkpoint
     from pretrain.export import import_hf_model, read_checkpoint
@@ -198,7 +199,7 @@ def initialise_from(module: PretrainingModule, source: str) -> None:
     else:
         state_dict, saved = read_checkpoint(source)
         model_cfg = saved["model"]
-    ours = module.config["model"]
+    ours = objective.config["model"]
     for key, value in model_cfg.items():
         if key in DESCRIPTIVE_KEYS:  # the name, the paper's vocabulary, kernel choices
             continue
@@ -208,11 +209,11 @@ def initialise_from(module: PretrainingModule, source: str) -> None:
                 f"{ours[key] if key in ours else 'unset'!r} in this run; choose the matching "
                 "model config"
             )
-    module.load_pretrained(state_dict, source)
+    objective.load_pretrained(state_dict, source)
     print(f"Initialised from {source}", flush=True)
 
 
-def summary(module: PretrainingModule, run_dir: Path) -> str:
+def summary(module: PretrainingTask, run_dir: Path) -> str:
     """The objective's summary loss (MLM, LM, ...) at this launch's first step and its last log
     step."""
     history = module.loss_history

@@ -89,13 +89,15 @@ def heldout_batches(spec: StreamSpec, limit: int) -> list[dict]:
 def metric_sums(
     module: L.LightningModule, batches: list[dict], seed: int
 ) -> dict[str, torch.Tensor]:
-    """Sum over `batches` of every scalar metric `module(batch)` returns, and "batches": their
-    number; tensors on the module's device. Eval mode and a forked random state seeded with
-    `seed`; XLNet's carried memory starts empty and is put back afterwards."""
+    """Sum over `batches` of the loss and every scalar metric the task `module` returns
+    (`Losses`), and "batches": their number; tensors on the module's device. Eval mode and a
+    forked random state seeded with `seed`; XLNet's carried memory starts empty and is put
+    back afterwards."""
     device = module.device
-    memory = getattr(module, "_mems", None), getattr(module, "_mems_mask", None)
-    if hasattr(module, "reset_memory"):
-        module.reset_memory()
+    objective = module.objective
+    memory = getattr(objective, "_mems", None), getattr(objective, "_mems_mask", None)
+    if hasattr(objective, "reset_memory"):
+        objective.reset_memory()
     was_training = module.training
     module.eval()
     sums: dict[str, torch.Tensor] = {}
@@ -108,8 +110,8 @@ def metric_sums(
                 if torch.is_tensor(value) and value.numel() == 1:
                     sums[key] = sums.get(key, 0.0) + value.detach().float().reshape(())
     module.train(was_training)
-    if hasattr(module, "reset_memory"):
-        module._mems, module._mems_mask = memory
+    if hasattr(objective, "reset_memory"):
+        objective._mems, objective._mems_mask = memory
     sums["batches"] = torch.tensor(float(len(batches)), device=device)
     return sums
 
