@@ -105,22 +105,26 @@ demo-eval: $(STAMP)
 # target fails if any lane fails.
 FOREGROUND_MULTIPROCESS = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py
 SLOW_SINGLE = tests/multiprocess/test_eval_margin.py tests/integration/test_compile.py
-TEST_TMP ?= $(or $(TMPDIR),/tmp)/pretrain-tests
+# Each run makes its own directory under TEST_TMP (mktemp), for the lanes' pytest temporary
+# directories and logs, so two `make test` at once never share or delete each other's files;
+# it is removed when every lane passed and kept, its path printed, when one failed.
+TEST_TMP ?= $(or $(TMPDIR),/tmp)
 PYTEST_LANE = OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15
 test: $(STAMP)
-	@rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)
-	@$(PYTEST_LANE) --basetemp=$(TEST_TMP)/multiprocess tests/multiprocess \
+	@tmp=$$(mktemp -d "$(TEST_TMP)/pretrain-tests.XXXXXX") || exit 1; \
+	$(PYTEST_LANE) --basetemp=$$tmp/multiprocess tests/multiprocess \
 		$(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)) \
-		> $(TEST_TMP)/multiprocess.log 2>&1 & lane=$$!; \
-	$(PYTEST_LANE) --basetemp=$(TEST_TMP)/slow $(SLOW_SINGLE) > $(TEST_TMP)/slow.log 2>&1 & slow=$$!; \
+		> $$tmp/multiprocess.log 2>&1 & lane=$$!; \
+	$(PYTEST_LANE) --basetemp=$$tmp/slow $(SLOW_SINGLE) > $$tmp/slow.log 2>&1 & slow=$$!; \
 	trap 'kill $$lane $$slow 2>/dev/null' INT TERM; \
-	$(PYTEST_LANE) --basetemp=$(TEST_TMP)/single tests/unit tests/integration \
+	$(PYTEST_LANE) --basetemp=$$tmp/single tests/unit tests/integration \
 		$(addprefix --ignore=,$(SLOW_SINGLE)) $(FOREGROUND_MULTIPROCESS); single=$$?; \
 	wait $$lane; multi=$$?; wait $$slow; long=$$?; \
-	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)"; cat $(TEST_TMP)/multiprocess.log; \
-	echo "== $(SLOW_SINGLE)"; cat $(TEST_TMP)/slow.log; \
+	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)"; cat $$tmp/multiprocess.log; \
+	echo "== $(SLOW_SINGLE)"; cat $$tmp/slow.log; \
 	echo "== foreground lane: exit $$single; multiprocess lane: exit $$multi; slow lane: exit $$long"; \
-	[ $$single -eq 0 ] && [ $$multi -eq 0 ] && [ $$long -eq 0 ]
+	if [ $$single -eq 0 ] && [ $$multi -eq 0 ] && [ $$long -eq 0 ]; then rm -rf $$tmp; \
+	else echo "lane logs and temporary files kept in $$tmp"; exit 1; fi
 
 # Rewrite the golden loss curves (tests/golden/*.json) from the current code, for a change that
 # is meant to alter numerics; commit them with it (tests/integration/test_golden.py).

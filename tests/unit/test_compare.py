@@ -79,7 +79,7 @@ def test_report_has_one_line_per_run_and_the_differing_config_keys(tmp_path):
 
 def test_cli_starts_without_plotting_libraries_and_names_an_empty_directory(tmp_path):
     code = (
-        "import sys; from pretrain import compare; "
+        "import sys; from pretrain.eval import compare; "
         "assert 'matplotlib' not in sys.modules and 'numpy' not in sys.modules; "
         "compare.main([sys.argv[1]])"
     )
