@@ -215,7 +215,7 @@ def test_data_loader_workers_ignore_the_job_signals_but_not_their_main_process(s
     time.sleep(0.5)
     assert worker.is_alive()
     worker.terminate()  # the main process's own SIGTERM (DataLoader shutdown, exit): ends it
-    worker.join(10)
+    worker.join(180)
     assert worker.exitcode == 128 + signal.SIGTERM
 
 
