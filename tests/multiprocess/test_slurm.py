@@ -191,6 +191,15 @@ def wait_for_text(path: Path, text: str, timeout_s: float = 120) -> str:
     return log
 
 
+def wait_for_steps(run_dir: Path, timeout_s: float = 300) -> None:
+    """Returns once the run in `run_dir` has trained steps: its CSV metrics, which the logger
+    first writes at step 100 (CSVLogger's flush period), are on disk; polled each 0.2 s."""
+    deadline = time.monotonic() + timeout_s
+    while not list(run_dir.glob("csv/version_*/metrics.csv")):
+        assert time.monotonic() < deadline, f"{run_dir}: no step logged in {timeout_s} s"
+        time.sleep(0.2)
+
+
 def saved_steps(log: str) -> list[int]:
     return [int(step) for step in re.findall(r"preemption: saved step (\d+)", log)]
 
@@ -219,7 +228,7 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
     log = tmp_path / "job.out"
     job = sbatch(cluster, "--ntasks=1", f"--output={log}", "slurm/train.sbatch", *overrides)
     wait_for_text(log, "Total params")  # training has begun (handlers are installed)
-    time.sleep(2)
+    wait_for_steps(tmp_path / "run")  # and trained steps: a save after step 0
     subprocess.run(["scancel", "--full", "--signal=TERM", job], env=cluster, check=True)
     assert wait_for_job(cluster, job) == "FAILED", log.read_text()[-3000:]
     assert job_field(cluster, job, "ExitCode") == "75:0"  # preempted, resumable
