@@ -94,19 +94,17 @@ demo-eval: $(STAMP)
 
 # One torch thread per process: the tests run tiny models, often several processes at once
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
-# Three lanes at once, each with its own temporary directory and log: tests/multiprocess
-# (multi-rank runs and SLURM jobs, one after another: they share the local cluster's nodes,
-# and wait on SLURM's signals and time limits, a core left idle meanwhile) and the long
-# single-process cases (SLOW_SINGLE: the evaluation margins' pretraining and probes, every
-# family compiled, and, since they left the unit layer, about 4 minutes of XLNet runs and
-# resumes, stream tests with data-loader workers and preparation with process pools) in the
-# background, the unit and integration tests and then the multi-rank
-# tests that use no SLURM (FOREGROUND_MULTIPROCESS) in the foreground (on a clean 2-core
-# clone at 506affc: 21:26, 16:14 and 8:01 minutes; the resume matrix in the slow lane instead
-# took 13 minutes beside the others, e75337f); the background lanes' output follows, and the
-# target fails if any lane fails.
+# Three lanes at once, each with its own log: tests/multiprocess (multi-rank runs and SLURM
+# jobs, one after another: they share the local cluster's nodes, and wait on SLURM's signals
+# and time limits, a core left idle meanwhile) and the long single-process cases (SLOW_SINGLE:
+# the evaluation margins' pretraining and probes, every family compiled, XLNet's runs and
+# memory resumes, the stream with data-loader workers, preparation with process pools) in the
+# background; in the foreground the unit layer (in one process, about a minute), the rest of
+# tests/integration, then the multi-rank tests that use no SLURM (FOREGROUND_MULTIPROCESS: 2-rank
+# restarts, slowed most by running beside the other lanes' processes). The background lanes'
+# output follows, and the target fails if any lane fails.
 FOREGROUND_MULTIPROCESS = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py
-SLOW_SINGLE = tests/multiprocess/test_eval_margin.py tests/integration/test_compile.py \
+SLOW_SINGLE = tests/integration/test_eval_margin.py tests/integration/test_compile.py \
 	tests/integration/test_xlnet_objective.py tests/integration/test_xlnet_memory_stream.py \
 	tests/integration/test_stream.py tests/integration/test_prepare.py
 # Each run makes its own directory under TEST_TMP (mktemp), for the lanes' pytest temporary
