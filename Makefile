@@ -115,14 +115,13 @@ PYTEST_LANE = OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15
 test: $(STAMP)
 	@tmp=$$(mktemp -d "$(TEST_TMP)/pretrain-tests.XXXXXX") || exit 1; \
 	$(PYTEST_LANE) --basetemp=$$tmp/multiprocess tests/multiprocess \
-		$(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)) \
-		> $$tmp/multiprocess.log 2>&1 & lane=$$!; \
+		$(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS)) > $$tmp/multiprocess.log 2>&1 & lane=$$!; \
 	$(PYTEST_LANE) --basetemp=$$tmp/slow $(SLOW_SINGLE) > $$tmp/slow.log 2>&1 & slow=$$!; \
 	trap 'kill $$lane $$slow 2>/dev/null' INT TERM; \
 	$(PYTEST_LANE) --basetemp=$$tmp/single tests/unit tests/integration \
 		$(addprefix --ignore=,$(SLOW_SINGLE)) $(FOREGROUND_MULTIPROCESS); single=$$?; \
 	wait $$lane; multi=$$?; wait $$slow; long=$$?; \
-	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)"; cat $$tmp/multiprocess.log; \
+	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS)"; cat $$tmp/multiprocess.log; \
 	echo "== $(SLOW_SINGLE)"; cat $$tmp/slow.log; \
 	echo "== foreground lane: exit $$single; multiprocess lane: exit $$multi; slow lane: exit $$long"; \
 	if [ $$single -eq 0 ] && [ $$multi -eq 0 ] && [ $$long -eq 0 ]; then rm -rf $$tmp; \
