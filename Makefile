@@ -1,5 +1,5 @@
 # `make demo`: set up, prepare the built-in corpus, pretrain a tiny BERT, export it.
-# `make test`: set up and run the test suite.
+# `make test`: set up and run the test suite (`make test-unit`: its fast, in-process layer).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
@@ -15,7 +15,7 @@ not_finished = { status=$$?; [ $$status -ne $(PREEMPTED) ] || echo "preempted (e
 saved a checkpoint, not finished; to resume: $(1)" >&2; exit $$status; }
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
-.PHONY: setup demo demo-ddp demo-chinese demo-families demo-sweep test golden conf-tables lint clean
+.PHONY: setup demo demo-ddp demo-chinese demo-families demo-sweep test test-unit golden conf-tables lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -94,33 +94,44 @@ demo-eval: $(STAMP)
 
 # One torch thread per process: the tests run tiny models, often several processes at once
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
-# Three lanes at once, each with its own temporary directory and log: tests/multiprocess
-# (multi-rank runs and SLURM jobs, one after another: they share the local cluster's nodes,
-# and wait on SLURM's signals and time limits, a core left idle meanwhile) and the long
-# single-process cases (SLOW_SINGLE: the evaluation margins' pretraining and probes, every
-# family compiled) in the background, the unit and integration tests and then the multi-rank
-# tests that use no SLURM (FOREGROUND_MULTIPROCESS) in the foreground (on a clean 2-core
-# clone at 506affc: 21:26, 16:14 and 8:01 minutes; the resume matrix in the slow lane instead
-# took 13 minutes beside the others, e75337f); the background lanes' output follows, and the
-# target fails if any lane fails.
+# Three lanes at once, each with its own log: tests/multiprocess (multi-rank runs and SLURM
+# jobs, one after another: they share the local cluster's nodes, and wait on SLURM's signals
+# and time limits, a core left idle meanwhile) and the long single-process cases (SLOW_SINGLE:
+# the evaluation margins' pretraining and probes, every family compiled, XLNet's runs and
+# memory resumes, the stream with data-loader workers, preparation with process pools) in the
+# background; in the foreground the unit layer (in one process, about a minute), the rest of
+# tests/integration, then the multi-rank tests that use no SLURM (FOREGROUND_MULTIPROCESS: 2-rank
+# restarts, slowed most by running beside the other lanes' processes). The background lanes'
+# output follows, and the target fails if any lane fails.
 FOREGROUND_MULTIPROCESS = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py
-SLOW_SINGLE = tests/multiprocess/test_eval_margin.py tests/integration/test_compile.py
-TEST_TMP ?= $(or $(TMPDIR),/tmp)/pretrain-tests
+SLOW_SINGLE = tests/integration/test_eval_margin.py tests/integration/test_compile.py \
+	tests/integration/test_xlnet_objective.py tests/integration/test_xlnet_memory_stream.py \
+	tests/integration/test_stream.py tests/integration/test_prepare.py
+# Each run makes its own directory under TEST_TMP (mktemp), for the lanes' pytest temporary
+# directories and logs, so two `make test` at once never share or delete each other's files;
+# it is removed when every lane passed and kept, its path printed, when one failed.
+TEST_TMP ?= $(or $(TMPDIR),/tmp)
 PYTEST_LANE = OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15
 test: $(STAMP)
-	@rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)
-	@$(PYTEST_LANE) --basetemp=$(TEST_TMP)/multiprocess tests/multiprocess \
-		$(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)) \
-		> $(TEST_TMP)/multiprocess.log 2>&1 & lane=$$!; \
-	$(PYTEST_LANE) --basetemp=$(TEST_TMP)/slow $(SLOW_SINGLE) > $(TEST_TMP)/slow.log 2>&1 & slow=$$!; \
+	@tmp=$$(mktemp -d "$(TEST_TMP)/pretrain-tests.XXXXXX") || exit 1; \
+	$(PYTEST_LANE) --basetemp=$$tmp/multiprocess tests/multiprocess \
+		$(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS)) > $$tmp/multiprocess.log 2>&1 & lane=$$!; \
+	$(PYTEST_LANE) --basetemp=$$tmp/slow $(SLOW_SINGLE) > $$tmp/slow.log 2>&1 & slow=$$!; \
 	trap 'kill $$lane $$slow 2>/dev/null' INT TERM; \
-	$(PYTEST_LANE) --basetemp=$(TEST_TMP)/single tests/unit tests/integration \
+	$(PYTEST_LANE) --basetemp=$$tmp/single tests/unit tests/integration \
 		$(addprefix --ignore=,$(SLOW_SINGLE)) $(FOREGROUND_MULTIPROCESS); single=$$?; \
 	wait $$lane; multi=$$?; wait $$slow; long=$$?; \
-	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)"; cat $(TEST_TMP)/multiprocess.log; \
-	echo "== $(SLOW_SINGLE)"; cat $(TEST_TMP)/slow.log; \
+	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS)"; cat $$tmp/multiprocess.log; \
+	echo "== $(SLOW_SINGLE)"; cat $$tmp/slow.log; \
 	echo "== foreground lane: exit $$single; multiprocess lane: exit $$multi; slow lane: exit $$long"; \
-	[ $$single -eq 0 ] && [ $$multi -eq 0 ] && [ $$long -eq 0 ]
+	if [ $$single -eq 0 ] && [ $$multi -eq 0 ] && [ $$long -eq 0 ]; then rm -rf $$tmp; \
+	else echo "lane logs and temporary files kept in $$tmp"; exit 1; fi
+
+# The unit layer alone (in-process tests: no training run, no subprocess; about a minute on
+# 2 idle cores), for running often while editing; `make test` runs it with everything else.
+test-unit: $(STAMP)
+	@tmp=$$(mktemp -d "$(TEST_TMP)/pretrain-tests.XXXXXX") || exit 1; \
+	$(PYTEST_LANE) --basetemp=$$tmp/unit tests/unit && rm -rf $$tmp
 
 # Rewrite the golden loss curves (tests/golden/*.json) from the current code, for a change that
 # is meant to alter numerics; commit them with it (tests/integration/test_golden.py).

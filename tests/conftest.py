@@ -1,6 +1,9 @@
 """Shared fixtures: small prepared corpora that every data and training test can read."""
 
 import io
+import multiprocessing.process
+import os
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -19,10 +22,39 @@ from data_pipelines.prepare_config import (
 SMALL_CORPUS_DOCUMENTS = 300
 SMALL_CORPUS_DOCS_PER_SHARD = 50
 SMALL_CORPUS_VOCAB_SIZE = 1500
-DATA_DIR = Path(__file__).parent / "data"
+TESTS_DIR = Path(__file__).parent
+UNIT_DIR = TESTS_DIR / "unit"
+DATA_DIR = TESTS_DIR / "data"
 CHINESE_PROSE = DATA_DIR / "chinese_prose.txt"  # 8 documents, 50 sentences, written for the tests
 CHINESE_ENTITIES = DATA_DIR / "entities_zh.txt"
 ENGLISH_ENTITIES = DATA_DIR / "entities_en.txt"
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(
+            f"{what} in a unit test: tests/unit runs in one process and trains nothing; "
+            "move the test to tests/integration"
+        )
+
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_stay_in_one_process(request: pytest.FixtureRequest, monkeypatch) -> None:
+    """Under tests/unit: a test that starts a subprocess, forks, starts a multiprocessing
+    process (data-loader workers included) or fits a Lightning trainer fails, naming what it
+    started (the layer is the one a developer runs often). Elsewhere: nothing."""
+    if UNIT_DIR not in request.path.parents:
+        return
+    from lightning.pytorch import Trainer
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("a subprocess"))
+    monkeypatch.setattr(os, "fork", _refuse("os.fork"))
+    monkeypatch.setattr(
+        multiprocessing.process.BaseProcess, "start", _refuse("a multiprocessing process")
+    )
+    monkeypatch.setattr(Trainer, "fit", _refuse("a training run (Trainer.fit)"))
 
 
 @pytest.fixture

@@ -193,29 +193,45 @@ def test_a_stop_at_the_last_step_is_a_finished_run():
     assert not stop.value.report
 
 
-def _worker(ready) -> None:
+def _worker(ready, ping) -> None:
     job_signals.ignore_in_data_worker(0)
     ready.put(True)
     while True:
-        time.sleep(0.05)
+        ready.put(ping.get())  # answers each ping from its main thread
+
+
+def pending_signals(pid: int) -> int:
+    """Bit mask (bit n-1 for signal n) of the signals pending for process `pid` (its shared
+    and its main thread's, /proc/<pid>/status)."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
 
 
 @pytest.mark.parametrize("start", ["fork", "run's"])
 def test_data_loader_workers_ignore_the_job_signals_but_not_their_main_process(start):
     # the run's: forked by the forkserver (`worker_processes`), whose parent is not this one
     context = multiprocessing.get_context("fork") if start == "fork" else worker_context(1)
-    ready = context.Queue()
-    worker = context.Process(target=_worker, args=(ready,), daemon=True)
+    ready, ping = context.Queue(), context.Queue()
+    worker = context.Process(target=_worker, args=(ready, ping), daemon=True)
     worker.start()
     # the forkserver imports torch and this module first: minutes on a loaded 2-core machine
     assert ready.get(timeout=180)
     # another sender (SLURM's slurmstepd, scancel, kill -TERM -PGID): ignored
     for name in ("TERM", "USR1", "USR2"):
         subprocess.run(["kill", f"-{name}", str(worker.pid)], check=True)
-    time.sleep(0.5)
+    # handled, not waited out: the worker's SIGTERM thread has taken the SIGTERM (USR1 and
+    # USR2 may stay pending, blocked), and its main thread answers a ping sent after them
+    deadline = time.monotonic() + 180
+    while worker.is_alive() and pending_signals(worker.pid) & 1 << signal.SIGTERM - 1:
+        assert time.monotonic() < deadline, "the worker's SIGTERM thread never took it"
+        time.sleep(0.01)
+    ping.put("alive")
+    assert ready.get(timeout=180) == "alive"
     assert worker.is_alive()
     worker.terminate()  # the main process's own SIGTERM (DataLoader shutdown, exit): ends it
-    worker.join(10)
+    worker.join(180)
     assert worker.exitcode == 128 + signal.SIGTERM
 
 

@@ -12,7 +12,7 @@ PRETRAIN_DATA = str(Path(sys.executable).parent / "pretrain-data")
 
 def run_preview(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PRETRAIN_DATA, "preview", *args], capture_output=True, text=True, timeout=120
+        [PRETRAIN_DATA, "preview", *args], capture_output=True, text=True, timeout=600
     )
 
 

@@ -30,7 +30,7 @@ from conftest import cpu_run_overrides
 from dist_helpers import read_records
 
 TESTS_DIR = Path(__file__).parent
-GUARD_S = 600  # a launch that would hang fails the test after this long (a guard, not a timer)
+GUARD_S = 1800  # a launch that would hang fails the test after this long (a guard, not a timer)
 RANKS = 2
 
 RECORDING = (

@@ -89,7 +89,7 @@ def job_field(env: dict, job_id: str, name: str) -> str:
     return match.group(1) if match else ""
 
 
-def wait_for_job(env: dict, job_id: str, timeout_s: float = 150) -> str:
+def wait_for_job(env: dict, job_id: str, timeout_s: float = 600) -> str:
     """The job's final state (every task of an array done), polled each 0.5 s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -182,13 +182,22 @@ def test_two_task_ddp_job_through_the_sbatch_template(cluster, prepared_corpus, 
     assert last_checkpoint(run_dir)["global_step"] == 6
 
 
-def wait_for_text(path: Path, text: str, timeout_s: float = 120) -> str:
+def wait_for_text(path: Path, text: str, timeout_s: float = 600) -> str:
     """The log at `path` once it holds `text`, polled each 0.2 s."""
     deadline = time.monotonic() + timeout_s
     while text not in (log := path.read_text() if path.exists() else ""):
         assert time.monotonic() < deadline, f"no {text!r} in {path}:\n{log[-3000:]}"
         time.sleep(0.2)
     return log
+
+
+def wait_for_steps(run_dir: Path, timeout_s: float = 300) -> None:
+    """Returns once the run in `run_dir` has trained steps: its CSV metrics, which the logger
+    first writes at step 100 (CSVLogger's flush period), are on disk; polled each 0.2 s."""
+    deadline = time.monotonic() + timeout_s
+    while not list(run_dir.glob("csv/version_*/metrics.csv")):
+        assert time.monotonic() < deadline, f"{run_dir}: no step logged in {timeout_s} s"
+        time.sleep(0.2)
 
 
 def saved_steps(log: str) -> list[int]:
@@ -219,7 +228,7 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
     log = tmp_path / "job.out"
     job = sbatch(cluster, "--ntasks=1", f"--output={log}", "slurm/train.sbatch", *overrides)
     wait_for_text(log, "Total params")  # training has begun (handlers are installed)
-    time.sleep(2)
+    wait_for_steps(tmp_path / "run")  # and trained steps: a save after step 0
     subprocess.run(["scancel", "--full", "--signal=TERM", job], env=cluster, check=True)
     assert wait_for_job(cluster, job) == "FAILED", log.read_text()[-3000:]
     assert job_field(cluster, job, "ExitCode") == "75:0"  # preempted, resumable
@@ -252,7 +261,7 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
         env=cluster,
         check=True,
     )
-    assert wait_for_job(cluster, job, 240) == "COMPLETED", log.read_text()[-3000:]
+    assert wait_for_job(cluster, job, 600) == "COMPLETED", log.read_text()[-3000:]
     text = log.read_text()
     assert saved_steps(text)[0] == after_term
     after_usr1 = saved_steps(text)[1]
@@ -319,7 +328,7 @@ def test_preparation_as_a_job_array(cluster, tmp_path):
         check=True,
     )
     tokenizer_job, array_job, merge_job = result.stdout.split()
-    assert wait_for_job(cluster, merge_job, 180) == "COMPLETED", "\n".join(
+    assert wait_for_job(cluster, merge_job, 600) == "COMPLETED", "\n".join(
         p.read_text()[-2000:] for p in tmp_path.glob("*.out")
     )
     assert wait_for_job(cluster, array_job, 5) == "COMPLETED"  # all 3 tasks

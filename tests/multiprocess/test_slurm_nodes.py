@@ -36,6 +36,7 @@ from test_slurm import (
     slurm_env,
     tiny_run,
     wait_for_job,
+    wait_for_steps,
     wait_for_text,
 )
 from test_train import step_losses
@@ -199,7 +200,7 @@ def test_a_preempted_two_node_job_requeues_and_resumes_exactly(prepared_corpus, 
     preempted = sbatch(env, *job_args, *tiny_run(prepared_corpus, run_dir, *settings))
     log = run_dir / f"slurm-{preempted}.out"
     wait_for_text(log, "Total params", 300)
-    time.sleep(3)
+    wait_for_steps(run_dir)  # trained steps: a save after step 0
     subprocess.run(["scancel", "--signal=USR1", preempted], env=env, check=True)
     wait_for_text(log, "requeueing SLURM job", 300)
     deadline = time.monotonic() + 240

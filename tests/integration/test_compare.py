@@ -1,7 +1,7 @@
 """pretrain-compare from CSV logs alone: runs found in an experiment directory, a resumed
 run's launches merged, one line per run in every figure, the differing config keys as the
 table's first columns, a self-contained HTML page. (With real training runs:
-tests/multiprocess/test_sweep_wandb.py.)"""
+tests/integration/test_sweep_wandb.py.)"""
 
 import csv
 import subprocess
