@@ -1,9 +1,11 @@
 """`pretrain`: the Hydra main of training. `pretrain experiment=demo model=bert_mini ...`
 
-Exit statuses: 0 finished; 2 config or data error (also a changed config in a run directory
-that holds another run's checkpoint); 3 non-finite loss under trainer.nonfinite=stop; 4 a
-collective timed out; 75 preempted: a complete checkpoint was saved and the run is not
-finished (run the same command again to resume). See `pretrain.runtime.run.run_or_exit`.
+Exit statuses: 0 finished; 2 config or data error (Hydra's own too: an unknown group or
+option, a value of the wrong type, a key the schema has no place for; also a changed config in
+a run directory that holds another run's checkpoint); 3 non-finite loss under
+trainer.nonfinite=stop; 4 a collective timed out; 75 preempted: a complete checkpoint was
+saved and the run is not finished (run the same command again to resume). See
+`pretrain.runtime.run.run_or_exit`.
 
 Importing this module first holds SLURM's preemption signals (`pretrain.cluster.signals`): one
 that comes while torch loads and the config is composed is kept for the first step boundary
@@ -47,7 +49,22 @@ def main() -> None:
     if wants_help(sys.argv[1:]):
         summary = "\n\n".join(__doc__.split("\n\n")[:2])  # usage and exit statuses
         sys.exit(print_app_help("pretrain", summary, "train", sys.argv[1:]))
-    hydra_main()
+    try:
+        hydra_main()
+    except SystemExit as stop:
+        if stop.code == 1 and is_hydra_error(stop.__context__):
+            sys.exit(2)  # Hydra printed it: a config error, exit status 2 as for ours
+        raise
+
+
+def is_hydra_error(error: BaseException | None) -> bool:
+    """Whether `error` (what Hydra reported before exiting 1) is Hydra's or OmegaConf's own:
+    an unknown config group or option, an override that does not parse, a value of the wrong
+    type; not an error the training raised."""
+    from hydra.errors import CompactHydraException, HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return isinstance(error, CompactHydraException | HydraException | OmegaConfBaseException)
 
 
 if __name__ == "__main__":
