@@ -21,6 +21,7 @@ from pretrain.cluster.signals import hold_preemption_signals
 
 hold_preemption_signals()
 
+import os  # noqa: E402
 import sys  # noqa: E402
 
 import hydra  # noqa: E402
@@ -49,22 +50,41 @@ def main() -> None:
     if wants_help(sys.argv[1:]):
         summary = "\n\n".join(__doc__.split("\n\n")[:2])  # usage and exit statuses
         sys.exit(print_app_help("pretrain", summary, "train", sys.argv[1:]))
+    reporting = "HYDRA_FULL_ERROR" not in os.environ  # set: the user wants Hydra's traceback
+    if reporting:
+        os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of exiting 1
     try:
         hydra_main()
-    except SystemExit as stop:
-        if stop.code == 1 and is_hydra_error(stop.__context__):
-            sys.exit(2)  # Hydra printed it: a config error, exit status 2 as for ours
-        raise
+    except Exception as error:
+        if not reporting:
+            raise
+        sys.exit(report_launch_error(error))
 
 
-def is_hydra_error(error: BaseException | None) -> bool:
-    """Whether `error` (what Hydra reported before exiting 1) is Hydra's or OmegaConf's own:
-    an unknown config group or option, an override that does not parse, a value of the wrong
-    type; not an error the training raised."""
+def report_launch_error(error: Exception) -> int:
+    """Report an error that reached Hydra (the run itself reports its own, `run_or_exit`) and
+    return the exit status: Hydra's and OmegaConf's own errors (an unknown config group or
+    option, an override that does not parse, a value of the wrong type) as Hydra prints them,
+    status 2; a filesystem fault creating the run directory in one line, status 2; anything
+    else is raised again (its traceback, status 1)."""
     from hydra.errors import CompactHydraException, HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    return isinstance(error, CompactHydraException | HydraException | OmegaConfBaseException)
+    from pretrain.errors import filesystem_error, report_error
+
+    if isinstance(error, CompactHydraException | HydraException | OmegaConfBaseException):
+        lines = [str(error)]
+        if isinstance(error.__cause__, OmegaConfBaseException):
+            lines.append(str(error.__cause__))
+        sys.stderr.write("\n".join(lines) + "\n")
+        return 2
+    fault = filesystem_error(
+        error, "creating the run directory", "run the same command again (or set run_dir=...)"
+    )
+    if fault is None:
+        raise error
+    report_error(fault)
+    return 2
 
 
 if __name__ == "__main__":

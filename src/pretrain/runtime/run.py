@@ -15,7 +15,7 @@ from pretrain.checkpoint.resume import (
     saved_config,
     set_aside_checkpoints,
 )
-from pretrain.checkpoint.safety import check_resume_strategy
+from pretrain.checkpoint.safety import check_checkpoint_slots, check_resume_strategy
 from pretrain.cluster.collectives import CollectiveTimeout, collective_failure
 from pretrain.cluster.preemption import PREEMPTED_EXIT_STATUS, Preempted, raise_if_preempted
 from pretrain.config import (
@@ -34,7 +34,7 @@ from pretrain.data.datamodule import (
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
 from pretrain.data.reading import StreamSpec
 from pretrain.data.shard_format import ShardError
-from pretrain.errors import ConfigError, RunEnvironmentError, report_error
+from pretrain.errors import ConfigError, RunEnvironmentError, filesystem_error, report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.models import DESCRIPTIVE_KEYS
 from pretrain.models.unpadding import describe_unpadded_rows
@@ -107,6 +107,8 @@ def train(cfg: DictConfig) -> Path:
     run, module, datamodule = prepare_run(cfg)
     run_dir = Path(run.run_dir)
     ckpt_path = find_resume_checkpoint(run_dir, run.resume)
+    if run.resume != "never":  # resume=never moves the old checkpoints aside first
+        check_checkpoint_slots(run_dir, run.strategy.name)
     if ckpt_path:  # refused (ConfigError) when the config changed what is trained
         check_resume_strategy(ckpt_path, run.strategy.name)  # a ZeRO dir: DeepSpeed only
         saved = with_schema_defaults(saved_config(ckpt_path))
@@ -220,7 +222,9 @@ def summary(module: PretrainingModule, run_dir: Path) -> str:
 def run_or_exit(cfg: DictConfig) -> Path:
     """`train`, turning config and data errors (a changed config refused on resume too)
     into a clear message and exit status 2, a non-finite loss under trainer.nonfinite=stop
-    into exit status 3, a collective that timed out (a stuck or dead rank) into exit status
+    into exit status 3, a filesystem fault where the run writes (a full disk, a read-only or
+    forbidden directory, a directory in the way) into one line and exit status 2, a
+    collective that timed out (a stuck or dead rank) into exit status
     4, and a preemption (a complete checkpoint saved, the run not finished) into exit status
     75 (`PREEMPTED_EXIT_STATUS`) without the summary of a finished run."""
     try:
@@ -238,3 +242,11 @@ def run_or_exit(cfg: DictConfig) -> Path:
         if stop.report:  # rank 0's one line; every rank exits 75
             print(stop, file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT_STATUS)
+    except (OSError, RuntimeError) as error:  # a log, a config or a directory it writes
+        fault = filesystem_error(
+            error, "writing the run's files", "run the same command again to resume"
+        )
+        if fault is None:
+            raise
+        report_error(fault)
+        sys.exit(2)
