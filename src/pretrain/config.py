@@ -236,7 +236,8 @@ class DataConfig:
     tokens_per_batch: int | None = None
     # Read every shard whole and check it (sha256, blocks, counts) before training starts.
     verify_shards: bool = False
-    # A shard that fails its checks: `error` stops the run naming it; `skip` leaves it out of
+    # A shard that fails its checks, or repeats another shard's content (the manifest's
+    # sha256 of shards and blocks): `error` stops the run naming it; `skip` leaves it out of
     # the epoch (every rank alike), with a warning line per shard and a count.
     bad_shards: str = "error"
 
