@@ -8,7 +8,6 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from pretrain.cluster.signals import ignore_in_data_worker
 from pretrain.data.loader import StepAlignedLoader
 from pretrain.data.reading import MIN_PARTITION_DOCUMENTS, StreamSpec
 from pretrain.data.shard_format import (
@@ -23,7 +22,7 @@ from pretrain.data.shard_format import (
 )
 from pretrain.data.stream import EpochStream, rows_per_sample
 from pretrain.data.vocab import Vocabulary, load_vocabulary
-from pretrain.data.worker_processes import worker_context
+from pretrain.data.worker_processes import init_data_worker, worker_context
 from pretrain.errors import ConfigError, write_line
 
 
@@ -201,7 +200,7 @@ class PretrainingDataModule(L.LightningDataModule):
             # not forked from a grown process
             multiprocessing_context=worker_context(self.num_workers, spec.corruption),
             generator=torch.Generator().manual_seed(spec.seed),  # keeps the global RNG untouched
-            worker_init_fn=ignore_in_data_worker,  # SLURM's signals: the main process decides
+            worker_init_fn=init_data_worker,  # SLURM's signals ignored; ends with the main process
         )
         return self._loader
 
