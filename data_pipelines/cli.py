@@ -15,7 +15,7 @@ pretrain-data merge [overrides...]               slices -> out_dir, one manifest
 
 import sys
 
-from pretrain.errors import report_error
+from pretrain.errors import filesystem_error, report_error
 
 USAGE = __doc__.split("\n", 1)[1]
 
@@ -226,7 +226,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return command(args[1:])
+    try:
+        return command(args[1:])
+    except (OSError, RuntimeError) as error:  # where prepare, merge or upgrade write
+        fault = filesystem_error(
+            error, f"running pretrain-data {args[0]}", "run the same command again"
+        )
+        if fault is None:
+            raise
+        report_error(fault, f"pretrain-data {args[0]}")
+        return 2
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrain.data.shard_blocks import BLOCK_KEY, encode_keys
+from pretrain.data.shard_blocks import BLOCK_KEY, block_sha256, encode_keys
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 TOKENS_PER_BLOCK = 1 << 20  # ids of 2 MB at uint16
@@ -204,9 +204,17 @@ class ShardWriter:
             return
         assert self._tar is not None
         blocks = self.shards[-1]["blocks"]
-        for name, data in block_members(BLOCK_KEY.format(len(blocks)), self._block):
+        key = BLOCK_KEY.format(len(blocks))
+        members = block_members(key, self._block)
+        for name, data in members:
             self._tar.add(name, data)
-        blocks.append({"documents": sum(len(p) for p in self._block), "tokens": self._block_tokens})
+        blocks.append(
+            {
+                "documents": sum(len(p) for p in self._block),
+                "tokens": self._block_tokens,
+                "sha256": block_sha256([(name[len(key) + 1 :], data) for name, data in members]),
+            }
+        )
         self.shards[-1]["tokens"] += self._block_tokens
         self._block, self._block_tokens = [], 0
 

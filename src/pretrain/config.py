@@ -8,7 +8,7 @@ an error that names the key.
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
@@ -238,7 +238,8 @@ class DataConfig:
     tokens_per_batch: int | None = None
     # Read every shard whole and check it (sha256, blocks, counts) before training starts.
     verify_shards: bool = False
-    # A shard that fails its checks: `error` stops the run naming it; `skip` leaves it out of
+    # A shard that fails its checks, or repeats another shard's content (the manifest's
+    # sha256 of shards and blocks): `error` stops the run naming it; `skip` leaves it out of
     # the epoch (every rank alike), with a warning line per shard and a count.
     bad_shards: str = "error"
 
@@ -743,8 +744,36 @@ def register_schemas() -> None:
 
 def validate(cfg: DictConfig) -> TrainConfig:
     """Build the dataclasses from a composed config, running every value check; the result
-    is the run object that components receive their typed sections of."""
+    is the run object that components receive their typed sections of. A key the schema has
+    no place for (added with `+key=...` on the command line) is a ConfigError naming it."""
+    check_known_keys(cfg)
     return OmegaConf.to_object(cfg)
+
+
+def check_known_keys(node: Any, prefix: str = "") -> None:
+    """ConfigError naming the first key of `node` (a composed config, or a section of it) that
+    its schema dataclass has no field for; open places (fields typed `dict` or `Any`: the
+    optimizer's arguments, `strategy.deepspeed`; `model` and `objective`, which
+    `component_config` checks against their own classes) take any key. Hydra's own node
+    (`hydra`, present with return_hydra_config) is left alone."""
+    if not isinstance(node, DictConfig):
+        return
+    schema = OmegaConf.get_type(node)
+    if schema is None or not is_dataclass(schema):
+        return
+    known = {item.name: item for item in fields(schema)}
+    for key in node.keys():
+        if prefix == "" and key == "hydra":
+            continue
+        if key not in known:
+            section = prefix.rstrip(".") or "the run config"
+            raise ConfigError(
+                f"{prefix}{key}: not a setting of {section} (its settings: "
+                f"{', '.join(sorted(known))}); check the spelling, or leave the key out"
+            )
+        value = node._get_node(key)
+        if isinstance(value, DictConfig) and is_dataclass(OmegaConf.get_type(value)):
+            check_known_keys(value, f"{prefix}{key}.")
 
 
 # Sections a plain run config holds beside the schema's: facts of the run's tokenizer

@@ -6,6 +6,7 @@
 project.
 """
 
+import errno
 import os
 import sys
 import traceback
@@ -22,6 +23,39 @@ class ConfigError(ValueError):
 class RunEnvironmentError(RuntimeError):
     """The machine cannot do what the run asks (a disk full while saving, an accelerator it
     does not have); one line naming the path or key and what to do (exit status 2)."""
+
+
+# What each filesystem error means for a writer, and what the user can do about it.
+_FILESYSTEM_FAULTS = {
+    errno.ENOSPC: ("no space left on device", "free space there"),
+    errno.EDQUOT: ("disk quota exceeded", "free space there or raise the quota"),
+    errno.EROFS: ("read-only file system", "point the output at a writable directory"),
+    errno.EACCES: ("permission denied", "make it writable for this user, or write elsewhere"),
+    errno.EPERM: ("operation not permitted", "make it writable for this user, or write elsewhere"),
+    errno.EISDIR: ("a directory is in the way of a file", "move or remove that directory"),
+    errno.ENOTDIR: ("a file is in the way of a directory", "move or remove that file"),
+    errno.EEXIST: ("something is in the way", "move or remove it"),
+}
+
+
+def filesystem_error(
+    error: BaseException | None, doing: str, then: str, path: object = None
+) -> "RunEnvironmentError | None":
+    """The one-line RunEnvironmentError for a filesystem fault (a full disk or quota, a
+    read-only or forbidden directory, a directory or file in the way) found in `error` or the
+    errors it arose from (`__cause__`, `__context__`: torch.save wraps the OSError of a failed
+    write in a RuntimeError): "<path>: <what> while <doing>; <what to do>, then <then>".
+    None when no such OSError is in the chain."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _FILESYSTEM_FAULTS:
+            what, fix = _FILESYSTEM_FAULTS[error.errno]
+            named = error.filename2 if error.errno == errno.EISDIR else None
+            named = named or error.filename or path or "(a file the error did not name)"
+            return RunEnvironmentError(f"{named}: {what} while {doing}; {fix}, then {then}")
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def write_line(text: str) -> None:

@@ -14,18 +14,18 @@ the written directory complete (`COMPLETE_MARKER`), so a crash between them lose
 resuming finishes the replacement (`recover_replacements`).
 """
 
-import errno
+import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from pretrain.checkpoint.safety import load_weights_only
-from pretrain.errors import RunEnvironmentError
+from pretrain.errors import filesystem_error
 
 PARTIAL_SUFFIX = ".partial"
 REPLACED_SUFFIX = ".replaced"
@@ -38,25 +38,35 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
+        """Write `checkpoint` to `path` by way of `path.partial`; a filesystem fault (a full
+        disk, a read-only or forbidden directory, a directory in the way) is a one-line
+        RunEnvironmentError naming the path, the previous checkpoints left intact."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + PARTIAL_SUFFIX)
+        writer = None
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with open(partial, "wb") as f:
-                torch.save(checkpoint, f)
+                writer = RecordingWriter(f)
+                torch.save(checkpoint, writer)
                 f.flush()
                 os.fsync(f.fileno())
-        except (OSError, RuntimeError) as error:  # torch.save reports a full disk as either
-            partial.unlink(missing_ok=True)
-            if is_disk_full(error):
-                raise RunEnvironmentError(
-                    f"{path}: no space left on device while saving the checkpoint; the previous "
-                    f"checkpoints in {path.parent} are intact: free space there and run the same "
-                    "command again to resume"
-                ) from None
+            os.replace(partial, path)
+            fsync_directory(path.parent)
+        except (OSError, RuntimeError) as error:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+            cause = writer.error if writer is not None and writer.error else error
+            fault = filesystem_error(
+                cause,
+                "saving the checkpoint",
+                f"run the same command again to resume (the previous checkpoints in "
+                f"{path.parent} are intact)",
+                path,
+            )
+            if fault is not None:
+                raise fault from None
             raise
-        os.replace(partial, path)
-        fsync_directory(path.parent)
 
     def load_checkpoint(
         self, path: str | Path, map_location: Any = "cpu", weights_only: bool | None = None
@@ -73,11 +83,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             fs.rm(path, recursive=True)
 
 
-def is_disk_full(error: BaseException) -> bool:
-    """An OSError ENOSPC (or EDQUOT), or torch.save's RuntimeError wrapping one."""
-    if isinstance(error, OSError):
-        return error.errno in (errno.ENOSPC, errno.EDQUOT)
-    return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
+class RecordingWriter:
+    """A binary file that keeps the OSError of a failed write (`error`): torch.save reports
+    it as a RuntimeError of its own ("enforce fail at inline_container.cc")."""
+
+    def __init__(self, f: BinaryIO):
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def fsync_directory(directory: str | Path) -> None:

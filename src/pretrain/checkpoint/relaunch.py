@@ -114,6 +114,76 @@ def check_init_from(saved: dict, current: dict, checkpoint: str) -> None:
     )
 
 
+# Model settings that name or tune a model without changing what it computes.
+NAMING_KEYS = ("name", "reference_vocab_size", "layer_norm_impl", "unpad")
+MAX_LISTED_SHAPES = 3
+
+
+def model_differences(
+    saved: dict,
+    current: dict,
+    saved_shapes: dict[str, tuple[int, ...]] | None = None,
+    current_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> list[str]:
+    """How the model stored with a checkpoint (`saved`: its plain run config, or just
+    {"model": ..., "model_runtime": ...}) differs from this run's (`current`): its family
+    (`model._target_`), vocabulary size (`model_runtime.vocab_size`: the corpus's tokenizer),
+    sizes (the other `model.*` keys but `NAMING_KEYS`) and, when both are given, the shapes
+    of the weights both hold (name -> shape). [] when they are the same model; each item is
+    a short phrase "what: there -> here"."""
+    old_model, new_model = saved.get("model") or {}, current.get("model") or {}
+    parts = []
+    old_family, new_family = old_model.get("_target_"), new_model.get("_target_")
+    if old_family and new_family and old_family != new_family:
+        parts.append(
+            f"model family {old_family.rsplit('.', 1)[-1]} -> {new_family.rsplit('.', 1)[-1]}"
+        )
+    old_vocab = (saved.get("model_runtime") or {}).get("vocab_size")
+    new_vocab = (current.get("model_runtime") or {}).get("vocab_size")
+    if old_vocab is not None and new_vocab is not None and old_vocab != new_vocab:
+        parts.append(
+            f"vocabulary size {old_vocab} -> {new_vocab} (another tokenizer: data.shards_dir)"
+        )
+    if not parts:  # sizes only matter within one family
+        sizes = [
+            f"model.{key} {old_model.get(key, UNSET)!r} -> {new_model.get(key, UNSET)!r}"
+            for key in sorted(old_model.keys() & new_model.keys())
+            if key not in NAMING_KEYS and key != "_target_" and old_model[key] != new_model[key]
+        ]
+        parts += sizes
+    if saved_shapes is not None and current_shapes is not None:
+        shapes = [
+            f"{key} {tuple(saved_shapes[key])} -> {tuple(current_shapes[key])}"
+            for key in sorted(saved_shapes.keys() & current_shapes.keys())
+            if tuple(saved_shapes[key]) != tuple(current_shapes[key])
+        ]
+        if shapes:
+            more = len(shapes) - MAX_LISTED_SHAPES
+            listed = ", ".join(shapes[:MAX_LISTED_SHAPES]) + (
+                f" and {more} more" if more > 0 else ""
+            )
+            parts.append(f"{len(shapes)} weight shape(s) differ: {listed}")
+    return parts
+
+
+def check_same_model(
+    what: str,
+    saved: dict,
+    current: dict,
+    saved_shapes: dict[str, tuple[int, ...]] | None = None,
+    current_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> None:
+    """ConfigError in one line when the model of `what` ("init_from=PATH", "resume: PATH")
+    is not this run's (`model_differences`): which of family, vocabulary size, sizes and
+    weight shapes differ, there -> here, and what to do. Checked before any weight is loaded."""
+    parts = model_differences(saved, current, saved_shapes, current_shapes)
+    if parts:
+        raise ConfigError(
+            f"{what}: another model than this run's ({'; '.join(parts)}); use the model "
+            "config and corpus (tokenizer) it was trained with, or start a new run"
+        )
+
+
 def check_relaunch(saved: dict, current: dict, checkpoint: str, resume: str) -> None:
     """Whether the run may continue `checkpoint` (whose config is `saved`) with `current`:
     ConfigError listing the refused changes (`refused_changes`) and how to proceed for

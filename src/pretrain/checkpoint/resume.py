@@ -133,3 +133,12 @@ def saved_config(checkpoint_path: str | Path) -> dict:
         state = load_weights_only(deepspeed_client_state_file(checkpoint_path), mmap=True)
         return state.get("config", {})
     return load_weights_only(checkpoint_path, mmap=True).get("config", {})
+
+
+def checkpoint_weight_shapes(checkpoint_path: str | Path) -> dict[str, tuple[int, ...]] | None:
+    """Name -> shape of the weights stored in a checkpoint file (memory-mapped: nothing is
+    read but the index); None for a ZeRO directory (its weights are partitioned)."""
+    if Path(checkpoint_path).is_dir():
+        return None
+    state = load_weights_only(checkpoint_path, mmap=True).get("state_dict") or {}
+    return {key: tuple(value.shape) for key, value in state.items() if hasattr(value, "shape")}

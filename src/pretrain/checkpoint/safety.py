@@ -170,3 +170,17 @@ def check_resume_strategy(checkpoint: str | Path, strategy: str) -> None:
             "resume it with strategy=deepspeed_zero<N> (the strategy it was written with), or "
             "start over here (resume=never)"
         )
+
+
+def check_checkpoint_slots(run_dir: str | Path, strategy: str) -> None:
+    """ConfigError when the checkpoint directory of `run_dir` holds a directory named
+    `last.ckpt` (a DeepSpeed ZeRO checkpoint, or anything else) while `strategy` writes files:
+    the next save could not replace it. One line naming it and what to do."""
+    last = Path(run_dir) / "checkpoints" / "last.ckpt"
+    if strategy != "deepspeed" and last.is_dir():
+        kind = "a DeepSpeed checkpoint directory" if (last / "latest").is_file() else "a directory"
+        raise ConfigError(
+            f"{last}: {kind}, where strategy.name={strategy} saves a file; resume it with "
+            "strategy=deepspeed_zero<N> (the strategy it was written with), move it away, or "
+            "start over here (resume=never moves the old checkpoints aside)"
+        )

@@ -1,9 +1,11 @@
 """`pretrain`: the Hydra main of training. `pretrain experiment=demo model=bert_mini ...`
 
-Exit statuses: 0 finished; 2 config or data error (also a changed config in a run directory
-that holds another run's checkpoint); 3 non-finite loss under trainer.nonfinite=stop; 4 a
-collective timed out; 75 preempted: a complete checkpoint was saved and the run is not
-finished (run the same command again to resume). See `pretrain.runtime.run.run_or_exit`.
+Exit statuses: 0 finished; 2 config or data error (Hydra's own too: an unknown group or
+option, a value of the wrong type, a key the schema has no place for; also a changed config in
+a run directory that holds another run's checkpoint); 3 non-finite loss under
+trainer.nonfinite=stop; 4 a collective timed out; 75 preempted: a complete checkpoint was
+saved and the run is not finished (run the same command again to resume). See
+`pretrain.runtime.run.run_or_exit`.
 
 Importing this module first holds SLURM's preemption signals (`pretrain.cluster.signals`): one
 that comes while torch loads and the config is composed is kept for the first step boundary
@@ -19,6 +21,7 @@ from pretrain.cluster.signals import hold_preemption_signals
 
 hold_preemption_signals()
 
+import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -68,7 +71,41 @@ def main() -> None:
     if wants_help(sys.argv[1:]):
         summary = "\n\n".join(__doc__.split("\n\n")[:2])  # usage and exit statuses
         sys.exit(print_app_help("pretrain", summary, "train", sys.argv[1:]))
-    hydra_main()
+    reporting = "HYDRA_FULL_ERROR" not in os.environ  # set: the user wants Hydra's traceback
+    if reporting:
+        os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of exiting 1
+    try:
+        hydra_main()
+    except Exception as error:
+        if not reporting:
+            raise
+        sys.exit(report_launch_error(error))
+
+
+def report_launch_error(error: Exception) -> int:
+    """Report an error that reached Hydra (the run itself reports its own, `run_or_exit`) and
+    return the exit status: Hydra's and OmegaConf's own errors (an unknown config group or
+    option, an override that does not parse, a value of the wrong type) as Hydra prints them,
+    status 2; a filesystem fault creating the run directory in one line, status 2; anything
+    else is raised again (its traceback, status 1)."""
+    from hydra.errors import CompactHydraException, HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from pretrain.errors import filesystem_error, report_error
+
+    if isinstance(error, CompactHydraException | HydraException | OmegaConfBaseException):
+        lines = [str(error)]
+        if isinstance(error.__cause__, OmegaConfBaseException):
+            lines.append(str(error.__cause__))
+        sys.stderr.write("\n".join(lines) + "\n")
+        return 2
+    fault = filesystem_error(
+        error, "creating the run directory", "run the same command again (or set run_dir=...)"
+    )
+    if fault is None:
+        raise error
+    report_error(fault)
+    return 2
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from pretrain.cluster.signals import ignore_in_data_worker
 from pretrain.data.loader import StepAlignedLoader
 from pretrain.data.reading import MIN_PARTITION_DOCUMENTS, StreamSpec
 from pretrain.data.shard_format import (
@@ -17,11 +16,13 @@ from pretrain.data.shard_format import (
     check_shards,
     check_tokenizer,
     load_manifest,
+    repeat_message,
+    repeated_shards,
     verify_shard,
 )
 from pretrain.data.stream import EpochStream, rows_per_sample
 from pretrain.data.vocab import Vocabulary, load_vocabulary
-from pretrain.data.worker_processes import worker_context
+from pretrain.data.worker_processes import init_data_worker, worker_context
 from pretrain.errors import ConfigError, write_line
 
 
@@ -69,7 +70,7 @@ def split_holdout(corpus: Corpus, holdout_shards: int) -> tuple[tuple[str, ...],
     return paths[:cut], paths[cut:]
 
 
-def verified_shards(manifest: Manifest, indices: range, bad_shards: str) -> list[int]:
+def verified_shards(manifest: Manifest, indices: range | list[int], bad_shards: str) -> list[int]:
     """Those of the shards `indices` that pass `verify_shard` (data.verify_shards=true),
     read whole with a progress bar. A bad shard raises ShardError (data.bad_shards=error) or
     is left out with a warning line naming it (skip); the count left out is printed."""
@@ -95,6 +96,29 @@ def verified_shards(manifest: Manifest, indices: range, bad_shards: str) -> list
             flush=True,
         )
     return good
+
+
+def unrepeated_shards(manifest: Manifest, indices: range | list[int], bad_shards: str) -> list[int]:
+    """Those of the shards `indices` whose content repeats no other shard of the manifest (by
+    the manifest's sha256 of each shard and of each block, `repeated_shards`: a shard copied
+    under another name, blocks written twice). A repeat raises ShardError naming both
+    (data.bad_shards=error) or is left out with a warning line (skip), the count printed."""
+    repeats = repeated_shards(manifest.shards)
+    kept = [index for index in indices if index not in repeats]
+    for index in indices:
+        if index in repeats:
+            message = repeat_message(manifest, index, repeats[index])
+            if bad_shards == "error":
+                raise ShardError(message)
+            write_line(f"warning: data.bad_shards=skip: left out {message}")
+    if len(kept) < len(indices):
+        print(
+            f"data.bad_shards=skip: {len(indices) - len(kept)} of {len(indices)} training "
+            "shards repeat another shard's content and are left out",
+            file=sys.stderr,
+            flush=True,
+        )
+    return kept
 
 
 class PretrainingDataModule(L.LightningDataModule):
@@ -176,7 +200,7 @@ class PretrainingDataModule(L.LightningDataModule):
             # not forked from a grown process
             multiprocessing_context=worker_context(self.num_workers, spec.corruption),
             generator=torch.Generator().manual_seed(spec.seed),  # keeps the global RNG untouched
-            worker_init_fn=ignore_in_data_worker,  # SLURM's signals: the main process decides
+            worker_init_fn=init_data_worker,  # SLURM's signals ignored; ends with the main process
         )
         return self._loader
 

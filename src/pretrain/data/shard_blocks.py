@@ -6,6 +6,7 @@ block wholly before the first document wanted is skipped after its `docs.npy` (s
 the rest), never decoded.
 """
 
+import hashlib
 import io
 import re
 import tarfile
@@ -141,6 +142,41 @@ class _Block:
     words: np.ndarray
     keys: list[str]
     phrases: np.ndarray | None
+    sha256: str | None = None  # of its members' contents (`block_sha256`), when asked for
+
+
+def block_sha256(members: list[tuple[str, bytes]]) -> str:
+    """Hex sha256 of one block's content: each member's extension (`docs.npy`, ...), length
+    and bytes, in order; the block's key (its place in the shard) is left out, so the same
+    documents (keys included) give the same hash in any shard at any place."""
+    digest = hashlib.sha256()
+    for ext, data in members:
+        digest.update(f"{ext}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def block_index(path: Path, reader: ForwardReader) -> list[tuple[int, int]]:
+    """(documents, tokens) of each block of a shard, from its `docs.npy` and the last sentence
+    end of its `sents.npy` only (the ids and the rest are skipped): the cheap check of a
+    manifest's counts. Raises ShardError when the shard's members are not blocks."""
+    index: list[tuple[int, int]] = []
+    for name, size in _members(path, reader):
+        key, _, ext = name.partition(".")
+        if ext in ("docs.npy", "sents.npy"):
+            array = _load_array(path, name, _read_data(path, reader, name, size))
+            if ext == "docs.npy":
+                if key != BLOCK_KEY.format(len(index)):
+                    raise ShardError(
+                        f"{path}: member {name} where block {BLOCK_KEY.format(len(index))} was "
+                        f"expected; {PREPARE_HINT}"
+                    )
+                index.append((len(array), 0))
+            elif index:
+                index[-1] = (index[-1][0], int(array[-1]) if len(array) else 0)
+        else:
+            reader.skip(size)
+    return index
 
 
 def _load_array(path: Path, name: str, data: bytes) -> np.ndarray:
@@ -192,10 +228,11 @@ def read_blocks(
     dtype: str | None,
     skip_documents: int,
     vocab_size: int | None = None,
+    hash_blocks: bool = False,
 ) -> Iterator[tuple[_Block, int]]:
     """(block, its first document to yield) for the blocks of the shard in order; blocks
     wholly inside the first `skip_documents` documents are skipped after reading their
-    `docs.npy` only."""
+    `docs.npy` only. With `hash_blocks`, each block's `sha256` (`block_sha256`)."""
     members = _members(path, reader)
     pending: tuple[str, int] | None = next(members, None)
     number = 0
@@ -252,6 +289,8 @@ def read_blocks(
         except (UnicodeDecodeError, ValueError) as error:
             raise ShardError(f"{path}: member {key}.keys.txt is malformed ({error})") from error
         _check_block(path, block, dtype, vocab_size)
+        if hash_blocks:
+            block.sha256 = block_sha256(list(arrays.items()))
         yield block, skip_documents
         skip_documents = 0
 

@@ -4,7 +4,9 @@ of one shard, one at a time.
 A shards directory (written by `pretrain-data prepare`) holds
 - `manifest.json`: `format_version` (2), tokenizer (dir, sha256, vocab_size, lowercase), ids
   `dtype`, counts, sources, per shard its `name`, `documents`, `tokens`, `bytes`, `sha256` and
-  `blocks` (per block {"documents", "tokens"}, in order), `annotations` (null, or
+  `blocks` (per block {"documents", "tokens", "sha256"}, in order; the block's sha256 is of
+  its members' contents, `block_sha256`, so a block repeated in another shard is seen;
+  manifests written before it have none), `annotations` (null, or
   {"phrases", "entities", "phrase_spans", "entity_spans"} counts) and the settings;
 - `tokenizer/`: the tokenizer the shards were made with; `phrases.txt` / `entities.txt` when
   annotated;
@@ -61,6 +63,7 @@ from pretrain.data.shard_blocks import (
     ForwardReader,
     ShardError,
     block_documents,
+    block_index,
     decode_keys,
     encode_keys,
     read_blocks,
@@ -270,6 +273,65 @@ def check_shards(manifest: Manifest, verify_sha256: bool = False) -> None:
             raise ShardError(
                 f"{path}: sha256 differs from the manifest's (corrupt?); {PREPARE_HINT}"
             )
+        check_block_index(shard, path)
+
+
+def check_block_index(shard: dict, path: Path) -> None:
+    """Compare the manifest's blocks of one shard (documents and tokens each) with the
+    shard's own block index (`block_index`: its tar headers and small members, the ids not
+    read). Raises ShardError naming the shard when they disagree: a manifest whose counts
+    were edited, or another shard under this name."""
+    try:
+        with open(path, "rb") as f:
+            found = block_index(path, ForwardReader(f))
+    except OSError as error:
+        raise ShardError(f"{path}: cannot be read ({error}); {PREPARE_HINT}") from error
+    listed = [(int(block["documents"]), int(block["tokens"])) for block in shard["blocks"]]
+    if found != listed:
+        documents, tokens = sum(d for d, _ in found), sum(t for _, t in found)
+        raise ShardError(
+            f"{path}: holds {documents} documents and {tokens} tokens in {len(found)} blocks, "
+            f"the manifest says {shard['documents']} and {shard['tokens']} in {len(listed)} "
+            f"(a manifest edited by hand, or another shard under this name?); {PREPARE_HINT}"
+        )
+
+
+def repeated_shards(shards: list[dict], names: list[str] | None = None) -> dict[int, str]:
+    """{number of a shard: why it repeats an earlier one} for the shard records `shards` (a
+    manifest's, or records of what was read: "sha256" and the blocks' "sha256"): a shard whose
+    sha256 is an earlier shard's, or one of whose blocks holds the same content as an earlier
+    block (in another shard or its own). `names` (default: the records' "name") name them."""
+    names = names or [str(shard.get("name", i)) for i, shard in enumerate(shards)]
+    by_shard: dict[str, int] = {}
+    by_block: dict[str, tuple[int, int]] = {}
+    repeats: dict[int, str] = {}
+    for number, shard in enumerate(shards):
+        sha = shard.get("sha256")
+        if sha and sha in by_shard:
+            repeats[number] = f"the same bytes as shard {names[by_shard[sha]]}"
+        elif sha:
+            by_shard[sha] = number
+        for block_number, block in enumerate(shard.get("blocks", ())):
+            digest = block.get("sha256")
+            if not digest:
+                continue
+            if digest in by_block and number not in repeats:
+                first, first_block = by_block[digest]
+                repeats[number] = (
+                    f"block {block_number} holds the documents of block {first_block} of shard "
+                    f"{names[first]}"
+                )
+            by_block.setdefault(digest, (number, block_number))
+    return repeats
+
+
+def repeat_message(manifest: "Manifest", number: int, why: str) -> str:
+    """The one line naming a repeated shard of `manifest` and what to do about it."""
+    return (
+        f"{manifest.shard_paths[number]}: repeats content ({why}): its documents would train "
+        f"twice an epoch; remove it from {manifest.root / MANIFEST_FILE} ({PREPARE_HINT}), or "
+        "leave such shards out with data.bad_shards=skip"
+    )
 
 
 def check_tokenizer(manifest: Manifest, tokenizer_dir: str | Path) -> None:
@@ -350,11 +412,14 @@ def document_token_counts(shard_path: str | Path) -> np.ndarray:
 
 
 def checked_blocks(
-    shard_path: str | Path, start_document: int = 0, expected_sha256: str | None = None
+    shard_path: str | Path,
+    start_document: int = 0,
+    expected_sha256: str | None = None,
+    hash_blocks: bool = False,
 ) -> Iterator[tuple[Any, int, int]]:
     """(block, its first document to yield, number of its first document in the shard) for
     the checked blocks of one shard, from the block holding `start_document` on (see
-    `read_documents`, whose checks they pass)."""
+    `read_documents`, whose checks they pass); with `hash_blocks`, each block's `sha256`."""
     path = Path(shard_path)
     if not path.is_file():
         raise ShardError(f"{path}: shard not found; {PREPARE_HINT}")
@@ -375,7 +440,8 @@ def checked_blocks(
                 source = io.BytesIO(data)
             reader = ForwardReader(source)
             offset = None
-            for block, first in read_blocks(path, reader, dtype, start_document, vocab_size):
+            blocks = read_blocks(path, reader, dtype, start_document, vocab_size, hash_blocks)
+            for block, first in blocks:
                 if offset is None:  # the blocks before it were skipped, not yielded
                     offset = start_document - first
                 yield block, first, offset
@@ -384,24 +450,42 @@ def checked_blocks(
         raise ShardError(f"{path}: cannot be read ({error}); {PREPARE_HINT}") from error
 
 
-def verify_shard(shard: dict, path: Path) -> None:
-    """Read every document of one shard (its sha256 against `shard`, every block checked)
-    and compare its documents and tokens with the manifest record `shard`. Raises ShardError
-    naming the shard."""
+def verify_shard(shard: dict, path: Path) -> dict:
+    """Read every document of one shard (its sha256 against `shard`, every block checked and
+    hashed) and compare its documents, tokens and block hashes (where the manifest has them)
+    with the manifest record `shard`. Returns what was read: {"sha256", "blocks": [{"sha256"}]}.
+    Raises ShardError naming the shard."""
     documents = tokens = 0
-    for document in read_documents(path, expected_sha256=shard["sha256"]):
-        documents += 1
-        tokens += len(document["ids"])
+    hashes = []
+    for block, first, _ in checked_blocks(path, 0, shard["sha256"], hash_blocks=True):
+        for document in block_documents(block, first):
+            documents += 1
+            tokens += len(document["ids"])
+        hashes.append(block.sha256)
     if (documents, tokens) != (shard["documents"], shard["tokens"]):
         raise ShardError(
             f"{path}: holds {documents} documents and {tokens} tokens, the manifest says "
             f"{shard['documents']} and {shard['tokens']}; {PREPARE_HINT}"
         )
+    listed = [block.get("sha256") for block in shard["blocks"]]
+    for number, (found, recorded) in enumerate(zip(hashes, listed, strict=False)):
+        if recorded and found != recorded:
+            raise ShardError(
+                f"{path}: block {number}'s content hash differs from the manifest's; {PREPARE_HINT}"
+            )
+    return {"sha256": shard["sha256"], "blocks": [{"sha256": h} for h in hashes]}
 
 
 def verify_shards(manifest: Manifest) -> None:
-    """`verify_shard` for every shard of `manifest`. Raises ShardError naming the first
-    shard at fault."""
+    """`verify_shard` for every shard of `manifest`, then no shard may repeat another's
+    content (`repeated_shards` over what was read). Raises ShardError naming the first shard
+    at fault."""
     check_shards(manifest)
-    for shard, path in zip(manifest.shards, manifest.shard_paths, strict=True):
+    read = [
         verify_shard(shard, path)
+        for shard, path in zip(manifest.shards, manifest.shard_paths, strict=True)
+    ]
+    repeats = repeated_shards(read, [shard["name"] for shard in manifest.shards])
+    if repeats:
+        number, why = min(repeats.items())
+        raise ShardError(repeat_message(manifest, number, why))

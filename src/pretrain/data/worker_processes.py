@@ -18,6 +18,14 @@ Signals: the forkserver is started with the job's preemption signals blocked
 (`job_signals.PREEMPTION_SIGNALS`), so neither it nor a worker it forks can be ended by a
 signal sent to the whole job, even before the worker's `ignore_in_data_worker` runs; the
 main process keeps them (a signal that came meanwhile is delivered when they are unblocked).
+Lifetime: a worker ends as soon as the main process does, however it ended (SIGKILL from
+the OOM killer or a node agent included): `init_data_worker` starts a thread that waits on
+the main process's sentinel (a pipe multiprocessing gives every child, which reads EOF once
+the process that started it is gone) and exits the worker then. The forkserver and the
+resource tracker follow by themselves: every worker holds the forkserver's "alive" pipe and
+the tracker's pipe open, and both end when the last holder has gone (without this, the
+workers' own watchdog, which watches the forkserver, kept the three alive for good).
+
 Imports only the standard library.
 """
 
@@ -25,9 +33,11 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
+from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 
-from pretrain.cluster.signals import PREEMPTION_SIGNALS
+from pretrain.cluster.signals import PREEMPTION_SIGNALS, ignore_in_data_worker
 
 START_METHOD = "forkserver"
 # What the forkserver imports once, so a worker does not import it again each epoch
@@ -71,6 +81,9 @@ def start_forkserver() -> None:
     the forkserver starts."""
     from multiprocessing import forkserver, resource_tracker
 
+    from pretrain.cluster.resource_tracking import guard_resource_tracker
+
+    guard_resource_tracker()  # its death: one warning line, not a traceback per name
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)  # this thread's
     try:
         resource_tracker.ensure_running()
@@ -78,3 +91,30 @@ def start_forkserver() -> None:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+MAIN_GONE_EXIT_STATUS = 128 + signal.SIGKILL  # a worker whose main process died
+
+
+def init_data_worker(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: the job's signals ignored (`ignore_in_data_worker`: the
+    main process decides), and the worker ends as soon as the main process has gone
+    (`exit_with_main_process`)."""
+    ignore_in_data_worker(worker_id)
+    exit_with_main_process()
+
+
+def exit_with_main_process() -> None:
+    """In a process started by multiprocessing (a data-loader worker): a daemon thread that
+    waits on the starting process's sentinel and ends this process (exit status
+    `MAIN_GONE_EXIT_STATUS`) once it reads EOF: the starter has died, by any signal. Does
+    nothing in a process multiprocessing did not start."""
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+
+    def watch(sentinel: int) -> None:
+        wait([sentinel])  # readable only at EOF: every write end closed with the process
+        os._exit(MAIN_GONE_EXIT_STATUS)
+
+    threading.Thread(target=watch, args=(parent.sentinel,), name="main-alive", daemon=True).start()

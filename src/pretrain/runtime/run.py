@@ -8,14 +8,15 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from pretrain.checkpoint.relaunch import check_relaunch
+from pretrain.checkpoint.relaunch import check_relaunch, check_same_model
 from pretrain.checkpoint.resume import (
+    checkpoint_weight_shapes,
     find_resume_checkpoint,
     save_hydra_config,
     saved_config,
     set_aside_checkpoints,
 )
-from pretrain.checkpoint.safety import check_resume_strategy
+from pretrain.checkpoint.safety import check_checkpoint_slots, check_resume_strategy
 from pretrain.cluster.collectives import CollectiveTimeout, collective_failure
 from pretrain.cluster.preemption import (
     PREEMPTED_EXIT_STATUS,
@@ -34,14 +35,14 @@ from pretrain.data.datamodule import (
     PretrainingDataModule,
     open_corpus,
     split_holdout,
+    unrepeated_shards,
     verified_shards,
 )
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
 from pretrain.data.reading import StreamSpec
 from pretrain.data.shard_format import ShardError
-from pretrain.errors import ConfigError, RunEnvironmentError, report_error
+from pretrain.errors import ConfigError, RunEnvironmentError, filesystem_error, report_error
 from pretrain.export.checkpoint import ExportError
-from pretrain.models import DESCRIPTIVE_KEYS
 from pretrain.models.unpadding import describe_unpadded_rows
 from pretrain.objectives.base import Objective
 from pretrain.runtime.batching import describe as describe_batching
@@ -63,6 +64,7 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objecti
     run.data.tokenizer_dir = str(corpus.tokenizer_dir)
     objective_class = get_class(run.objective._target_)
     training = range(len(split_holdout(corpus, run.data.holdout_shards)[0]))
+    training = unrepeated_shards(corpus.manifest, training, run.data.bad_shards)
     if run.data.verify_shards:
         training = verified_shards(corpus.manifest, training, run.data.bad_shards)
     training_paths = tuple(str(corpus.manifest.shard_paths[i]) for i in training)
@@ -114,9 +116,19 @@ def train(cfg: DictConfig) -> Path:
     run, module, datamodule = prepare_run(cfg)
     run_dir = Path(run.run_dir)
     ckpt_path = find_resume_checkpoint(run_dir, run.resume)
+    if run.resume != "never":  # resume=never moves the old checkpoints aside first
+        check_checkpoint_slots(run_dir, run.strategy.name)
     if ckpt_path:  # refused (ConfigError) when the config changed what is trained
         check_resume_strategy(ckpt_path, run.strategy.name)  # a ZeRO dir: DeepSpeed only
-        saved = with_schema_defaults(saved_config(ckpt_path))
+        stored = saved_config(ckpt_path)
+        check_same_model(
+            f"resume from {ckpt_path}",
+            stored,
+            module.config,
+            checkpoint_weight_shapes(ckpt_path),
+            weight_shapes(module),
+        )
+        saved = with_schema_defaults(stored)
         check_relaunch(saved, module.config, ckpt_path, run.resume)
         check_extension(ckpt_path, run, warmup_steps(run.optim, run.batch_plan))
         print(f"Resuming from {ckpt_path}", flush=True)
@@ -189,28 +201,48 @@ def dead_worker_message(error: BaseException, datamodule: PretrainingDataModule)
 
 def initialise_from(objective: Objective, source: str) -> None:
     """Load the weights of a Hugging Face directory or a `pretrain` checkpoint (a file, or a
-    DeepSpeed ZeRO directory, of any version: `pretrain.checkpoint.compat`) into `objective`;
-    the model sizes must match the run's (a mismatch names the key)."""
+    DeepSpeed ZeRO directory, of any version: `pretrain.checkpoint.compat`) into `objective`.
+    The model must be the run's: the same family, vocabulary size, sizes and encoder weight
+    shapes (one ConfigError line saying which differ, `check_same_model`, before any weight
+    is loaded)."""
     from pretrain.checkpoint.atomic import is_deepspeed_checkpoint
     from pretrain.export import import_hf_model, read_checkpoint
 
     if Path(source).is_dir() and not is_deepspeed_checkpoint(source):
         model_cfg, state_dict = import_hf_model(source)
+        vocab_size = hf_vocab_size(source)
     else:
         state_dict, saved = read_checkpoint(source)
-        model_cfg = saved["model"]
-    ours = objective.config["model"]
-    for key, value in model_cfg.items():
-        if key in DESCRIPTIVE_KEYS:  # the name, the paper's vocabulary, kernel choices
-            continue
-        if key not in ours or ours[key] != value:
-            raise ConfigError(
-                f"init_from={source}: model.{key} is {value!r} there but "
-                f"{ours[key] if key in ours else 'unset'!r} in this run; choose the matching "
-                "model config"
-            )
+        model_cfg, vocab_size = saved["model"], saved.get("model_runtime", {}).get("vocab_size")
+    check_same_model(
+        f"init_from={source}",
+        {"model": model_cfg, "model_runtime": {"vocab_size": vocab_size}},
+        objective.config,
+        {key: tuple(value.shape) for key, value in state_dict.items() if is_encoder(key)},
+        {key: shape for key, shape in weight_shapes(objective).items() if is_encoder(key)},
+    )
     objective.load_pretrained(state_dict, source)
     print(f"Initialised from {source}", flush=True)
+
+
+def is_encoder(key: str) -> bool:
+    """Whether the weight named `key` is the encoder's (heads may differ with init_from)."""
+    return key.startswith("encoder.")
+
+
+def weight_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every weight of `module`'s state_dict."""
+    return {key: tuple(value.shape) for key, value in module.state_dict().items()}
+
+
+def hf_vocab_size(hf_dir: str) -> int | None:
+    """`vocab_size` of a Hugging Face directory's config.json, None when it has none."""
+    import json
+
+    try:
+        return json.loads((Path(hf_dir) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError):
+        return None
 
 
 def summary(module: PretrainingTask, run_dir: Path) -> str:
@@ -239,7 +271,9 @@ def summary(module: PretrainingTask, run_dir: Path) -> str:
 def run_or_exit(cfg: DictConfig) -> Path:
     """`train`, turning config and data errors (a changed config refused on resume too)
     into a clear message and exit status 2, a non-finite loss under trainer.nonfinite=stop
-    into exit status 3, a collective that timed out (a stuck or dead rank) into exit status
+    into exit status 3, a filesystem fault where the run writes (a full disk, a read-only or
+    forbidden directory, a directory in the way) into one line and exit status 2, a
+    collective that timed out (a stuck or dead rank) into exit status
     4, and a preemption (a complete checkpoint saved, the run not finished) into exit status
     75 (`PREEMPTED_EXIT_STATUS`) without the summary of a finished run."""
     try:
@@ -257,3 +291,11 @@ def run_or_exit(cfg: DictConfig) -> Path:
         if stop.report:  # rank 0's one line; every rank exits 75
             print(stop, file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT_STATUS)
+    except (OSError, RuntimeError) as error:  # a log, a config or a directory it writes
+        fault = filesystem_error(
+            error, "writing the run's files", "run the same command again to resume"
+        )
+        if fault is None:
+            raise
+        report_error(fault)
+        sys.exit(2)
