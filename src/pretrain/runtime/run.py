@@ -44,6 +44,7 @@ from pretrain.runtime.batching import warmup_steps
 from pretrain.runtime.schedule import check_extension
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
+from pretrain.storage import local_path
 
 
 def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[PretrainingModule]]:
@@ -51,13 +52,14 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
     describe the data stream. The run's data paths become absolute (the tokenizer's: the
     one the corpus was checked with), as checkpoints store them."""
     run = validate(cfg)
-    corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir)
-    run.data.shards_dir = str(Path(run.data.shards_dir).resolve())
+    corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir, run.data)
+    if corpus.storage is None:  # a URL stays as given
+        run.data.shards_dir = str(Path(local_path(run.data.shards_dir)).resolve())
     run.data.tokenizer_dir = str(corpus.tokenizer_dir)
     module_class = get_class(run.objective._target_)
     training = range(len(split_holdout(corpus, run.data.holdout_shards)[0]))
     if run.data.verify_shards:
-        training = verified_shards(corpus.manifest, training, run.data.bad_shards)
+        training = verified_shards(corpus.manifest, training, run.data.bad_shards, corpus.storage)
     training_paths = tuple(str(corpus.manifest.shard_paths[i]) for i in training)
     training_shards = [corpus.manifest.shards[i] for i in training]
     spec = settings_from(
@@ -73,6 +75,7 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Pretrai
         vocab=corpus.vocab,
         corruption=module_class.build_corruption(run, corpus.vocab),
         pair_task=run.objective.sentence_task,
+        storage=corpus.storage,
     )
     return run, spec, module_class
 
@@ -225,7 +228,14 @@ def run_or_exit(cfg: DictConfig) -> Path:
     75 (`PREEMPTED_EXIT_STATUS`) without the summary of a finished run."""
     try:
         return train(cfg)
-    except (ConfigError, ShardError, ExportError, FileNotFoundError, RunEnvironmentError) as error:
+    except (
+        ConfigError,
+        ShardError,
+        ExportError,
+        FileNotFoundError,
+        RunEnvironmentError,
+        StorageError,
+    ) as error:
         report_error(error)
         sys.exit(2)
     except NonFiniteError as error:
