@@ -228,14 +228,7 @@ def run_or_exit(cfg: DictConfig) -> Path:
     75 (`PREEMPTED_EXIT_STATUS`) without the summary of a finished run."""
     try:
         return train(cfg)
-    except (
-        ConfigError,
-        ShardError,
-        ExportError,
-        FileNotFoundError,
-        RunEnvironmentError,
-        StorageError,
-    ) as error:
+    except (ConfigError, ShardError, ExportError, FileNotFoundError, RunEnvironmentError) as error:
         report_error(error)
         sys.exit(2)
     except NonFiniteError as error:
