@@ -9,6 +9,8 @@ finds the shard there when it gets the lock. A download goes to a partial file, 
 (size and sha256 against the manifest) and only then renamed, so a reader never sees a
 partial or changed shard.
 
+Every download is logged to `<cache_dir>/downloads.log` (the node's bytes downloaded).
+
 Eviction: least recently used first, when the shards of the whole cache_dir would exceed
 `limit_bytes`. A shard in use is never evicted: readers hold a shared lock (flock) on it
 while they read (`Pin`), and eviction takes the exclusive lock without waiting or skips it.
@@ -18,12 +20,14 @@ A limit smaller than the shards in use at once is exceeded, not enforced by wait
 import fcntl
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 SIDECAR = ".sha256"
 EVICTION_LOCK = ".eviction.lock"
+DOWNLOAD_LOG = "downloads.log"  # per cache_dir (node): one line per shard downloaded
 
 
 @dataclass
@@ -132,10 +136,31 @@ def fetch(
             partial.unlink(missing_ok=True)
         STATS.misses += 1
         STATS.bytes_downloaded += size
+        log_download(path, size)
         pin = _pin_if_valid(path, size, sha256)
     if pin is None:  # evicted in the instant between: not while pinned from now on
         return fetch(path, size, sha256, download, limit_bytes)
     return pin
+
+
+def log_download(path: Path, size: int) -> None:
+    """Append `<unix time> <pid> <corpus key>/<shard name> <bytes>` to the cache's download
+    log (one write, so lines of the node's processes never interleave)."""
+    line = f"{time.time():.3f} {os.getpid()} {path.parent.name}/{path.name} {size}\n"
+    fd = os.open(path.parent.parent / DOWNLOAD_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def downloads(cache_dir: Path) -> list[tuple[str, int]]:
+    """(corpus key/shard name, bytes) of every download logged in `cache_dir`, in order."""
+    try:
+        lines = (Path(cache_dir) / DOWNLOAD_LOG).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [(parts[2], int(parts[3])) for parts in (line.split() for line in lines)]
 
 
 class ShardMismatch(OSError):
