@@ -14,6 +14,7 @@ from pretrain.errors import ConfigError
 from pretrain.storage import (
     RetryPolicy,
     StorageError,
+    cache,
     expand_braces,
     filesystem,
     is_url,
@@ -21,7 +22,6 @@ from pretrain.storage import (
     redact,
     with_retries,
 )
-from pretrain.storage import cache
 
 
 def test_brace_patterns_expand_as_webdataset_does():

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from pretrain.storage import cache
-from pretrain.storage.retry import RetryPolicy, StorageError, TransientError, with_retries
+from pretrain.storage.retry import RetryPolicy, StorageError, with_retries
 from pretrain.storage.urls import filesystem, is_url, join_url, protocol, redact
 
 MANIFEST_FILE = "manifest.json"
@@ -58,11 +58,20 @@ def _records(shards: tuple[tuple[str, int, str], ...]) -> dict[str, tuple[int, s
     return {name: (size, sha) for name, size, sha in shards}
 
 
-def download_file(url: str, destination: Path, options_json: str = "{}") -> None:
-    """Copy the object at `url` to the local file `destination` (one attempt)."""
+def download_file(
+    url: str, destination: Path, options_json: str = "{}", size: int | None = None
+) -> None:
+    """Copy the object at `url` (of `size` bytes when known) to the local file `destination`,
+    streamed in MB chunks (one attempt). Over HTTP, a file of unknown size is fetched whole
+    (the small ones), so a server that is down is a connection error, not a missing file."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     fs = filesystem(url, options_json)
-    with fs.open(url, "rb", block_size=0) as source, open(destination, "wb") as target:
+    http = protocol(url) in ("http", "https")
+    if http and size is None:
+        destination.write_bytes(fs.cat_file(url))
+        return
+    extra = {"size": size} if http else {}
+    with fs.open(url, "rb", block_size=0, **extra) as source, open(destination, "wb") as target:
         while chunk := source.read(1 << 20):
             target.write(chunk)
 
@@ -74,19 +83,8 @@ def pin_shard(spec: StorageSpec, name: str) -> cache.Pin:
     size, sha256 = spec.record(name)
     url = join_url(spec.url, name)
 
-    def download(partial: Path) -> None:
-        try:
-            download_file(url, partial, spec.options_json)
-        except cache.ShardMismatch:
-            raise
-        except Exception as error:
-            partial.unlink(missing_ok=True)
-            raise error
-        try:
-            cache.check_download(partial, size, sha256)
-        except cache.ShardMismatch as error:
-            partial.unlink(missing_ok=True)
-            raise TransientError(str(error)) from error
+    def download(partial: Path) -> None:  # checked by cache.fetch: a mismatch is retried
+        download_file(url, partial, spec.options_json, size)
 
     return with_retries(
         lambda: cache.fetch(Path(spec.root) / name, size, sha256, download, spec.limit_bytes),

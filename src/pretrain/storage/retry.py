@@ -45,6 +45,9 @@ def is_transient(error: BaseException) -> bool:
     permission (nor a bug), yes for network, timeout and server errors."""
     if isinstance(error, PERMANENT):
         return False
+    status = http_status(error)
+    if status is not None:
+        return status >= 500 or status in (408, 429)  # server errors, timeouts, throttling
     if isinstance(error, (OSError, TimeoutError, ConnectionError, TransientError)):
         return True
     name = type(error).__name__
@@ -56,6 +59,18 @@ def is_transient(error: BaseException) -> bool:
         word in name
         for word in ("ClientError", "Timeout", "Connection", "Payload", "Server", "Endpoint")
     ) or any(code in text for code in (" 500", " 502", " 503", " 504", "Internal Server Error"))
+
+
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status an aiohttp or botocore error carries, if any."""
+    status = getattr(error, "status", None)
+    if isinstance(status, int):
+        return status
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(code) if code else None
+    return None
 
 
 def with_retries(
