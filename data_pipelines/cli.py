@@ -27,8 +27,18 @@ def _prepare_errors() -> tuple[type[Exception], ...]:
     from data_pipelines.sources import SourceError
     from data_pipelines.span_annotation import EntityFileError
     from data_pipelines.tokenizer import TokenizerError
+    from pretrain.errors import ConfigError
+    from pretrain.storage import StorageError  # an out_dir URL: upload, missing extra
 
-    return (PrepareConfigError, PrepareError, SourceError, TokenizerError, EntityFileError)
+    return (
+        PrepareConfigError,
+        PrepareError,
+        SourceError,
+        TokenizerError,
+        EntityFileError,
+        StorageError,
+        ConfigError,
+    )
 
 
 def _prepare(overrides: list[str]) -> int:
