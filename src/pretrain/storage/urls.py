@@ -17,8 +17,8 @@ PROTOCOLS: dict[str, tuple[str, str | None]] = {
     "az": ("az", "azure"),
     "abfs": ("abfs", "azure"),
     "hf": ("hf", "hf"),
-    "http": ("http", None),
-    "https": ("http", None),
+    "http": ("http", "http"),
+    "https": ("http", "http"),
     "file": ("file", None),
     "memory": ("memory", None),
 }
