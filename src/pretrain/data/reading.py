@@ -15,7 +15,6 @@ shard order. When there are fewer shards than UNITS_PER_READER x R, shards are r
 several readers: prepare a large corpus with enough shards to avoid that.
 """
 
-import contextlib
 import functools
 import heapq
 import math
@@ -131,16 +130,16 @@ def read_split(
         index, share = sharing_order[order]
         first = start_document if order == start_order else 0
         prefetch(spec, [sharing_order[o][0] for o in mine[place + 1 :][: spec_prefetch(spec)]])
-        with local_shard(spec, index):  # a remote shard: fetched, checked, held while read
-            if len(share) == 1:
-                for number, document in enumerate(shard_documents(spec, index, first), first):
-                    yield (order, number), document
-                continue
-            path, sharing = spec.shard_paths[index], tuple(sorted(share.items()))
-            wanted = shard_owners(path, sharing, spec.bad_shards) == reader
-            numbers = np.flatnonzero(wanted[first:]) + first
-            documents = shard_documents(spec, index, first, wanted)
-            yield from (((order, int(n)), d) for n, d in zip(numbers, documents, strict=True))
+        hold_shard(spec, index)  # a remote shard: fetched and checked, read whole at once below
+        if len(share) == 1:
+            for number, document in enumerate(shard_documents(spec, index, first), first):
+                yield (order, number), document
+            continue
+        path, sharing = spec.shard_paths[index], tuple(sorted(share.items()))
+        wanted = shard_owners(path, sharing, spec.bad_shards) == reader
+        numbers = np.flatnonzero(wanted[first:]) + first
+        documents = shard_documents(spec, index, first, wanted)
+        yield from (((order, int(n)), d) for n, d in zip(numbers, documents, strict=True))
 
 
 def spec_prefetch(spec: StreamSpec) -> int:
@@ -148,18 +147,19 @@ def spec_prefetch(spec: StreamSpec) -> int:
     return spec.storage.prefetch_shards if spec.storage is not None else 0
 
 
-def local_shard(spec: StreamSpec, index: int) -> contextlib.AbstractContextManager:
-    """While entered, shard `index` is a checked local file at spec.shard_paths[index]: for
-    a corpus at a URL, fetched into the node's cache (once per node) and kept from eviction
-    (`pretrain.storage.pin_shard`); a local shard as it is. A shard that cannot be fetched
-    raises ShardError naming its URL (data.bad_shards=skip: left out, like a bad shard)."""
+def hold_shard(spec: StreamSpec, index: int) -> None:
+    """Make shard `index` a checked local file at spec.shard_paths[index]: for a corpus at a
+    URL, fetched into the node's cache (once per node) and kept from eviction while this
+    process reads it (`pretrain.storage.hold_shard`); a local shard is left as it is. A
+    shard that cannot be fetched raises ShardError naming its URL (network failures stop
+    the run under any data.bad_shards: ranks would not agree on what to skip)."""
     if spec.storage is None:
-        return contextlib.nullcontext()
-    from pretrain.storage import StorageError, pin_shard
+        return
+    from pretrain.storage import StorageError
+    from pretrain.storage import hold_shard as hold
 
-    name = os.path.basename(spec.shard_paths[index])
     try:
-        return pin_shard(spec.storage, name)
+        hold(spec.storage, os.path.basename(spec.shard_paths[index]))
     except StorageError as error:
         raise ShardError(str(error)) from error
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -91,6 +92,28 @@ def pin_shard(spec: StorageSpec, name: str) -> cache.Pin:
         url,
         spec.retry,
     )
+
+
+HELD_SHARDS = 8  # per process: the shards its readers use now (cf. reading.decoded_shard)
+_HELD: dict = {"pid": None, "pins": OrderedDict()}
+
+
+def hold_shard(spec: StorageSpec, name: str) -> Path:
+    """The checked local copy of shard `name` (`pin_shard`), kept from eviction until this
+    process has asked for HELD_SHARDS other shards since: the shard's readers read it whole
+    as soon as they get it, and the partitions that share a shard read it at about the same
+    time, so a held shard is not downloaded again for each of them. Returns its path."""
+    if _HELD["pid"] != os.getpid():  # a forked child holds nothing of its parent's
+        _HELD["pid"], _HELD["pins"] = os.getpid(), OrderedDict()
+    pins: OrderedDict = _HELD["pins"]
+    key = (spec.url, name)
+    if key in pins:
+        pins.move_to_end(key)
+        return pins[key].path
+    pins[key] = pin = pin_shard(spec, name)
+    while len(pins) > HELD_SHARDS:
+        pins.popitem(last=False)[1].close()
+    return pin.path
 
 
 class Prefetcher:
