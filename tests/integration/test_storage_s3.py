@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import cpu_run_overrides, small_english_documents, write_text_corpus
 from storage_servers import S3_ENV, make_bucket, moto_server
 from test_train import step_losses
@@ -125,12 +126,13 @@ def test_losses_from_s3_equal_those_from_the_local_copy(corpora, tmp_path):
     assert sorted(got) == list(range(8)) and got == want
     fetched = downloads(cache)
     assert fetched and all(name.endswith(".tar") for name, _ in fetched)
-    checkpoint = json.dumps(
-        __import__("torch").load(tmp_path / "s3" / "checkpoints" / "last.ckpt", weights_only=True)[
-            "config"
-        ]["data"]
-    )
-    assert url in checkpoint  # the run records where its data lives, as given
+    saved = torch.load(tmp_path / "s3" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["config"]["data"]["shards_dir"] == url  # where its data lives, as given
+    tokenizer = tmp_path / "s3" / "tokenizer"  # the run's own copy: the cache may go
+    assert saved["config"]["data"]["tokenizer_dir"] == str(tokenizer.resolve())
+    assert (tokenizer / "tokenizer.json").read_bytes() == (
+        local / "tokenizer" / "tokenizer.json"
+    ).read_bytes()
 
 
 def test_storage_options_reach_the_filesystem(corpora, tmp_path, monkeypatch):

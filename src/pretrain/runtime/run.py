@@ -44,18 +44,23 @@ from pretrain.runtime.batching import warmup_steps
 from pretrain.runtime.schedule import check_extension
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
-from pretrain.storage import local_path
+from pretrain.storage import keep_copy, local_path
 
 
 def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[PretrainingModule]]:
     """Validate the config into the typed run object, open and check the corpus, and
     describe the data stream. The run's data paths become absolute (the tokenizer's: the
-    one the corpus was checked with), as checkpoints store them."""
+    one the corpus was checked with), as checkpoints store them; a corpus at a URL keeps its
+    URL, and its tokenizer is copied into `<run_dir>/tokenizer` (the cache may be
+    node-local and temporary, the run's tokenizer must not be)."""
     run = validate(cfg)
     corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir, run.data)
+    tokenizer_dir = corpus.tokenizer_dir
     if corpus.storage is None:  # a URL stays as given
         run.data.shards_dir = str(Path(local_path(run.data.shards_dir)).resolve())
-    run.data.tokenizer_dir = str(corpus.tokenizer_dir)
+    elif run.data.tokenizer_dir is None:  # the cache's copy may go: the run keeps its own
+        tokenizer_dir = keep_copy(tokenizer_dir, Path(run.run_dir).resolve() / "tokenizer")
+    run.data.tokenizer_dir = str(tokenizer_dir)
     module_class = get_class(run.objective._target_)
     training = range(len(split_holdout(corpus, run.data.holdout_shards)[0]))
     if run.data.verify_shards:

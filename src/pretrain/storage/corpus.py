@@ -208,7 +208,9 @@ def mirror_corpus(
             shard_names = {s["name"] for s in shards}
         except (ValueError, AttributeError, TypeError, KeyError):
             shard_names = set()  # load_manifest names the fault
-        names = KNOWN_FILES if objects is None else sorted(objects)
+        names = KNOWN_FILES
+        if objects is not None:  # what the corpus has of them, and its whole tokenizer/
+            names = sorted(n for n in objects if n in KNOWN_FILES or n.startswith("tokenizer/"))
         for name in names:
             if name in shard_names or name == MANIFEST_FILE or name.startswith("."):
                 continue
@@ -226,6 +228,19 @@ def mirror_corpus(
             os.replace(part, target)
         os.replace(manifest_part, root / MANIFEST_FILE)
     return root, objects
+
+
+def keep_copy(source: Path, target: Path) -> Path:
+    """Copy the files at the top of the directory `source` into `target` (created), each
+    renamed into place, so processes doing the same at once leave one whole copy; returns
+    `target`. For a run's copy of a cached corpus's tokenizer, which outlives the cache."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(Path(source).iterdir()):
+        if path.is_file():
+            part = target / f".{path.name}.partial-{os.getpid()}"
+            part.write_bytes(path.read_bytes())
+            os.replace(part, target / path.name)
+    return target
 
 
 def _no_manifest(url: str) -> StorageError:
