@@ -27,8 +27,18 @@ def _prepare_errors() -> tuple[type[Exception], ...]:
     from data_pipelines.sources import SourceError
     from data_pipelines.span_annotation import EntityFileError
     from data_pipelines.tokenizer import TokenizerError
+    from pretrain.errors import ConfigError
+    from pretrain.storage import StorageError  # an out_dir URL: upload, missing extra
 
-    return (PrepareConfigError, PrepareError, SourceError, TokenizerError, EntityFileError)
+    return (
+        PrepareConfigError,
+        PrepareError,
+        SourceError,
+        TokenizerError,
+        EntityFileError,
+        StorageError,
+        ConfigError,
+    )
 
 
 def _prepare(overrides: list[str]) -> int:
@@ -55,9 +65,15 @@ ANNOTATIONS = (
 def summarize(shards_dir: str) -> str:
     """A human-readable summary of a prepared corpus (manifest checked, shards sizes checked)."""
     from pretrain.data.shard_format import check_shards, load_manifest
+    from pretrain.storage import is_url
 
-    manifest = load_manifest(shards_dir)
-    check_shards(manifest)
+    if is_url(shards_dir):  # manifest and tokenizer mirrored into the cache, sizes listed
+        from pretrain.data.datamodule import open_corpus
+
+        manifest = open_corpus(shards_dir).manifest
+    else:
+        manifest = load_manifest(shards_dir)
+        check_shards(manifest)
     tokenizer, counts = manifest.raw["tokenizer"], manifest.counts
     sources = manifest.raw.get("sources", [])
     total_bytes = sum(shard["bytes"] for shard in manifest.shards)
@@ -127,9 +143,11 @@ def _info(args: list[str]) -> int:
     if len(args) != 1:
         print("usage: pretrain-data info <shards_dir>", file=sys.stderr)
         return 2
+    from pretrain.storage import StorageError
+
     try:
         print(summarize(args[0]))
-    except ShardError as error:
+    except (ShardError, StorageError) as error:
         report_error(error, "pretrain-data info")
         return 1
     return 0
@@ -175,13 +193,23 @@ def _verify(args: list[str]) -> int:
     if len(args) != 1:
         print("usage: pretrain-data verify <shards_dir>", file=sys.stderr)
         return 2
+    from pretrain.storage import StorageError, is_url, redact
+
     try:
-        manifest = load_manifest(args[0])
-        verify_shards(manifest)
-    except ShardError as error:
+        if is_url(args[0]):  # each shard fetched through the cache (sha256 checked), then read
+            from pretrain.data.datamodule import open_corpus, verified_shards
+
+            corpus = open_corpus(args[0])
+            manifest = corpus.manifest
+            verified_shards(manifest, range(len(manifest.shards)), "error", corpus.storage)
+        else:
+            manifest = load_manifest(args[0])
+            verify_shards(manifest)
+    except (ShardError, StorageError) as error:
         print(f"pretrain-data verify: {error}", file=sys.stderr)
         return 1
-    print(f"{manifest.root}: {len(manifest.shards)} shards verified")
+    where = redact(args[0]) if is_url(args[0]) else manifest.root
+    print(f"{where}: {len(manifest.shards)} shards verified")
     return 0
 
 

@@ -20,6 +20,7 @@ from data_pipelines.annotate import annotate_corpus
 from data_pipelines.builtin_corpus import builtin_documents
 from data_pipelines.document_encoding import encode_corpus
 from data_pipelines.prepare_config import PrepareConfig
+from data_pipelines.publish import check_remote_out_dir, local_out_dir, publish
 from data_pipelines.shard_writer import ShardWriter
 from data_pipelines.sources import BUILTIN, SourceStats, expand_inputs, read_raw_documents
 from data_pipelines.text import normalize
@@ -31,6 +32,7 @@ from data_pipelines.tokenizer import (
     train_tokenizer,
 )
 from pretrain.data.shard_format import FORMAT_VERSION, MANIFEST_FILE, ids_dtype
+from pretrain.storage import is_url
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -229,11 +231,13 @@ def write_prepared(
 
 
 def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
-    """Prepare a corpus as `cfg` says; returns the shards directory (`cfg.out_dir`, absolute).
+    """Prepare a corpus as `cfg` says; returns the shards directory (`cfg.out_dir`, absolute;
+    a URL out_dir as given, once uploaded with its manifest last: `publish`).
     Raises PrepareError / SourceError / TokenizerError naming the path or key at fault."""
-    out_dir = Path(cfg.out_dir).resolve()
+    out_dir = local_out_dir(cfg.out_dir)  # a URL's: a staging dir, uploaded at the end
     names = expand_inputs(cfg.inputs)
-    _check_out_dir(out_dir, cfg.overwrite, names)
+    check_remote_out_dir(cfg.out_dir, cfg.overwrite)
+    _check_out_dir(out_dir, cfg.overwrite or is_url(cfg.out_dir), names)
     if cfg.entities.path and not Path(cfg.entities.path).is_file():
         raise PrepareError(
             f"entities.path={cfg.entities.path}: no such file; point it at a UTF-8 file with "
@@ -253,4 +257,4 @@ def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
             )
         return tokenizer, corpus
 
-    return write_prepared(cfg, out_dir, write)
+    return publish(cfg.out_dir, write_prepared(cfg, out_dir, write))

@@ -33,17 +33,19 @@ from data_pipelines.prepare import (
     write_prepared,
 )
 from data_pipelines.prepare_config import EntitySettings, PhraseSettings, PrepareConfig
+from data_pipelines.publish import check_remote_out_dir, local_out_dir, publish
 from data_pipelines.shard_writer import ShardWriter, TokenizedDocument
 from data_pipelines.sources import expand_inputs
 from data_pipelines.tokenizer import copy_tokenizer, tokenizer_sha256
 from pretrain.data.shard_format import MANIFEST_FILE, ids_dtype, load_manifest, read_documents
+from pretrain.storage import is_url
 
 COUNTS = ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines")
 
 
 def work_dir(cfg: PrepareConfig) -> Path:
     """`.<out_dir name>.slices` beside `out_dir` (absolute): the tokenizer and the slices."""
-    out_dir = Path(cfg.out_dir).resolve()
+    out_dir = local_out_dir(cfg.out_dir)
     return out_dir.with_name(f".{out_dir.name}.slices")
 
 
@@ -70,7 +72,8 @@ def prepare_tokenizer(cfg: PrepareConfig) -> Path:
     """Train the tokenizer on all inputs (or copy `tokenizer.path`) into `<work>/tokenizer`;
     returns that directory. Refuses an out_dir that `merge` could not replace."""
     names = expand_inputs(cfg.inputs)
-    _check_out_dir(Path(cfg.out_dir).resolve(), cfg.overwrite, names)
+    check_remote_out_dir(cfg.out_dir, cfg.overwrite)
+    _check_out_dir(local_out_dir(cfg.out_dir), cfg.overwrite or is_url(cfg.out_dir), names)
     target = work_dir(cfg) / TOKENIZER_DIR
     partial = target.with_name(TOKENIZER_DIR + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -144,10 +147,11 @@ def _merged_documents(slices: list[Path], dtype: str, sha256: str):
 def merge_slices(cfg: PrepareConfig) -> Path:
     """Merge the slices into `cfg.out_dir` (atomically, as `prepare` writes), annotate spans as
     `cfg` says, remove the work directory; returns out_dir. The bytes equal a single run's."""
-    out_dir = Path(cfg.out_dir).resolve()
+    out_dir = local_out_dir(cfg.out_dir)  # a URL's: a staging dir, uploaded at the end
     slices = _slices(cfg)
     names = expand_inputs(cfg.inputs)
-    _check_out_dir(out_dir, cfg.overwrite, names)
+    check_remote_out_dir(cfg.out_dir, cfg.overwrite)
+    _check_out_dir(out_dir, cfg.overwrite or is_url(cfg.out_dir), names)
 
     def write(partial: Path) -> tuple[Tokenizer, dict]:
         source_tokenizer = work_dir(cfg) / TOKENIZER_DIR
@@ -175,4 +179,4 @@ def merge_slices(cfg: PrepareConfig) -> Path:
 
     write_prepared(cfg, out_dir, write)
     shutil.rmtree(work_dir(cfg))
-    return out_dir
+    return publish(cfg.out_dir, out_dir)

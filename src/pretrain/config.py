@@ -242,9 +242,39 @@ class DataConfig:
     # sha256 of shards and blocks): `error` stops the run naming it; `skip` leaves it out of
     # the epoch (every rank alike), with a warning line per shard and a count.
     bad_shards: str = "error"
+    # A corpus at a URL (s3://, gs://, az://, hf://, http(s)://) is read through a local cache
+    # (pretrain.storage): its directory (null: node-local $TMPDIR/pretrain-cache-<user>,
+    # shared by the ranks of a node), its limit in bytes (null: unbounded; least recently used
+    # shards evicted, never one in use), shards fetched ahead of each reader, attempts per
+    # download (backoff with jitter between), and fsspec's options (endpoint_url, profile...;
+    # keep secrets in the environment, as this config is saved with every checkpoint).
+    cache_dir: str | None = None
+    cache_limit: int | None = None
+    prefetch_shards: int = 2
+    download_attempts: int = 5
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from pretrain.data.input_formats import INPUT_FORMATS  # torch: only when validated
+
+        require(
+            self.cache_limit is None or self.cache_limit > 0,
+            "data.cache_limit",
+            self.cache_limit,
+            "must be a positive number of bytes, or null (unbounded)",
+        )
+        require(
+            self.prefetch_shards >= 0,
+            "data.prefetch_shards",
+            self.prefetch_shards,
+            "must be 0 or more",
+        )
+        require(
+            self.download_attempts >= 1,
+            "data.download_attempts",
+            self.download_attempts,
+            "must be at least 1",
+        )
 
         require(
             self.format in INPUT_FORMATS,

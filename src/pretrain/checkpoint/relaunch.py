@@ -50,6 +50,11 @@ RELAUNCH_KEYS = (
     "data.num_workers",
     "data.verify_shards",
     "data.bad_shards",
+    "data.cache_dir",  # where remote shards are cached and how: the same bytes either way
+    "data.cache_limit",
+    "data.prefetch_shards",
+    "data.download_attempts",
+    "data.storage_options",
     "optim.extend",
     "optim.impl",  # kernels (apex or torch) compute the same update: a machine may lack apex
     "model.layer_norm_impl",

@@ -1,9 +1,12 @@
 """The LightningDataModule: opens and checks a prepared corpus, serves one stream per epoch,
 and records its position in checkpoints so a resumed run sees the same batches."""
 
+import json
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -24,24 +27,54 @@ from pretrain.data.stream import EpochStream, rows_per_sample
 from pretrain.data.vocab import Vocabulary, load_vocabulary
 from pretrain.data.worker_processes import init_data_worker, worker_context
 from pretrain.errors import ConfigError, write_line
+from pretrain.storage import (
+    RetryPolicy,
+    StorageError,
+    StorageSpec,
+    check_remote_shards,
+    default_cache_dir,
+    is_url,
+    local_path,
+    mirror_corpus,
+    pin_shard,
+    redact,
+)
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """A checked, prepared corpus: its manifest, tokenizer directory and special ids."""
+    """A checked, prepared corpus: its manifest, tokenizer directory and special ids; for a
+    corpus at a URL, `storage` says how its shards reach the local cache (the manifest's
+    root, where its shard paths lie, is the corpus's directory in the cache)."""
 
     manifest: Manifest
     tokenizer_dir: Path
     vocab: Vocabulary
+    storage: StorageSpec | None = None
 
 
-def open_corpus(shards_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Corpus:
+def open_corpus(
+    shards_dir: str | Path, tokenizer_dir: str | Path | None = None, data: Any = None
+) -> Corpus:
     """Load and check the manifest, every shard's presence and size, and that the tokenizer is
-    the one the shards were made with. Errors name `data.shards_dir` / `data.tokenizer_dir`
+    the one the shards were made with. `shards_dir` may be a URL (s3://, gs://, http(s)://,
+    ...): its manifest and tokenizer are mirrored into the cache of `data` (the typed
+    DataConfig: cache_dir, cache_limit, prefetch_shards, download_attempts, storage_options)
+    and its shards fetched when read. Errors name `data.shards_dir` / `data.tokenizer_dir`
     and the file at fault."""
+    storage = None
     try:
-        manifest = load_manifest(shards_dir)
-        check_shards(manifest)
+        if is_url(shards_dir):
+            storage, listing = remote_storage(str(shards_dir), data)
+            manifest = load_manifest(storage.root)
+            check_remote_shards(storage.url, manifest.shards, listing)
+            storage = replace(
+                storage,
+                shards=tuple((s["name"], int(s["bytes"]), s["sha256"]) for s in manifest.shards),
+            )
+        else:
+            manifest = load_manifest(local_path(str(shards_dir)))
+            check_shards(manifest)
         tokenizer = Path(tokenizer_dir).resolve() if tokenizer_dir else manifest.tokenizer_dir
         check_tokenizer(manifest, tokenizer)
         vocab = load_vocabulary(tokenizer)
@@ -50,11 +83,32 @@ def open_corpus(shards_dir: str | Path, tokenizer_dir: str | Path | None = None)
                 f"the manifest of {manifest.root} gives vocab_size {manifest.vocab_size}, its "
                 f"tokenizer {tokenizer} has {vocab.size} tokens (a manifest edited by hand?)"
             )
-    except (ShardError, ValueError) as error:
+    except (ShardError, ValueError, StorageError) as error:
         raise ShardError(
-            f"data.shards_dir={shards_dir} data.tokenizer_dir={tokenizer_dir}: {error}"
+            f"data.shards_dir={redact(str(shards_dir))} data.tokenizer_dir={tokenizer_dir}: {error}"
         ) from error
-    return Corpus(manifest, tokenizer, vocab)
+    return Corpus(manifest, tokenizer, vocab, storage)
+
+
+def remote_storage(url: str, data: Any = None) -> tuple[StorageSpec, dict[str, int] | None]:
+    """Mirror the manifest and tokenizer of the corpus at `url` into the cache that `data`
+    (a DataConfig, or None for the defaults) names; (its StorageSpec, without shard records
+    yet, as the caller checks the manifest; {object: bytes} at the URL, None where the
+    storage cannot list)."""
+    options = json.dumps(getattr(data, "storage_options", None) or {}, sort_keys=True)
+    cache_dir = getattr(data, "cache_dir", None) or default_cache_dir()
+    retry = RetryPolicy(attempts=getattr(data, "download_attempts", 5))
+    root, objects = mirror_corpus(url, Path(cache_dir), options, retry)
+    spec = StorageSpec(
+        url=url,
+        root=str(root),
+        shards=(),
+        limit_bytes=getattr(data, "cache_limit", None),
+        prefetch_shards=getattr(data, "prefetch_shards", 2),
+        retry=retry,
+        options_json=options,
+    )
+    return spec, objects
 
 
 def split_holdout(corpus: Corpus, holdout_shards: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -70,17 +124,25 @@ def split_holdout(corpus: Corpus, holdout_shards: int) -> tuple[tuple[str, ...],
     return paths[:cut], paths[cut:]
 
 
-def verified_shards(manifest: Manifest, indices: range | list[int], bad_shards: str) -> list[int]:
+def verified_shards(
+    manifest: Manifest,
+    indices: range | list[int],
+    bad_shards: str,
+    storage: StorageSpec | None = None,
+) -> list[int]:
     """Those of the shards `indices` that pass `verify_shard` (data.verify_shards=true),
-    read whole with a progress bar. A bad shard raises ShardError (data.bad_shards=error) or
-    is left out with a warning line naming it (skip); the count left out is printed."""
+    read whole with a progress bar (fetched into the cache first, for a corpus at a URL:
+    `storage`). A bad shard raises ShardError (data.bad_shards=error) or is left out with a
+    warning line naming it (skip); the count left out is printed."""
     from tqdm import tqdm
 
     good = []
     for index in tqdm(indices, desc="verifying shards", unit="shard", disable=None):
+        path = manifest.shard_paths[index]
         try:
-            verify_shard(manifest.shards[index], manifest.shard_paths[index])
-        except ShardError as error:
+            with pin_shard(storage, path.name) if storage else nullcontext(path):
+                verify_shard(manifest.shards[index], path)
+        except (ShardError, StorageError) as error:
             if bad_shards == "error":
                 raise ShardError(f"data.verify_shards: {error}") from error
             write_line(f"warning: data.bad_shards=skip: left out {error}")

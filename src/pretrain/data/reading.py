@@ -71,6 +71,7 @@ class StreamSpec:
     bad_shards: str = "error"  # error | skip (data.bad_shards)
     tokens_per_batch: int | None = None  # a token budget per optimizer step (stream.py)
     accumulation: int = 1  # micro-batches per optimizer step (with tokens_per_batch)
+    storage: Any = None  # pretrain.storage.StorageSpec of a corpus at a URL; None: local paths
 
     def mask_epoch(self, epoch: int) -> int:
         """The epoch that seeds the corruption's draws: the epoch itself (dynamic masking) or
@@ -123,10 +124,13 @@ def read_split(
     before it in its shard not decoded (a seek). A shard shared by several readers is split
     document by document (`shard_owners`), and each sharer builds only its own documents."""
     start_order, start_document = start
-    for order, (index, share) in enumerate(shard_sharing(spec, epoch, readers)):
-        if order < start_order or reader not in share:
-            continue
+    sharing_order = shard_sharing(spec, epoch, readers)
+    mine = [o for o, (_, share) in enumerate(sharing_order) if o >= start_order and reader in share]
+    for place, order in enumerate(mine):
+        index, share = sharing_order[order]
         first = start_document if order == start_order else 0
+        prefetch(spec, [sharing_order[o][0] for o in mine[place + 1 :][: spec_prefetch(spec)]])
+        hold_shard(spec, index)  # a remote shard: fetched and checked, read whole at once below
         if len(share) == 1:
             for number, document in enumerate(shard_documents(spec, index, first), first):
                 yield (order, number), document
@@ -136,6 +140,38 @@ def read_split(
         numbers = np.flatnonzero(wanted[first:]) + first
         documents = shard_documents(spec, index, first, wanted)
         yield from (((order, int(n)), d) for n, d in zip(numbers, documents, strict=True))
+
+
+def spec_prefetch(spec: StreamSpec) -> int:
+    """Shards a reader fetches ahead (data.prefetch_shards): 0 for local shards."""
+    return spec.storage.prefetch_shards if spec.storage is not None else 0
+
+
+def hold_shard(spec: StreamSpec, index: int) -> None:
+    """Make shard `index` a checked local file at spec.shard_paths[index]: for a corpus at a
+    URL, fetched into the node's cache (once per node) and kept from eviction while this
+    process reads it (`pretrain.storage.hold_shard`); a local shard is left as it is. A
+    shard that cannot be fetched raises ShardError naming its URL (network failures stop
+    the run under any data.bad_shards: ranks would not agree on what to skip)."""
+    if spec.storage is None:
+        return
+    from pretrain.storage import StorageError
+    from pretrain.storage import hold_shard as hold
+
+    try:
+        hold(spec.storage, os.path.basename(spec.shard_paths[index]))
+    except StorageError as error:
+        raise ShardError(str(error)) from error
+
+
+def prefetch(spec: StreamSpec, indices: list[int]) -> None:
+    """Start fetching the shards `indices` (the reader's next ones) of a remote corpus in the
+    background; nothing for local shards."""
+    if spec.storage is not None and indices:
+        from pretrain.storage import prefetcher
+
+        names = [os.path.basename(spec.shard_paths[i]) for i in indices]
+        prefetcher().prefetch(spec.storage, names)
 
 
 @functools.lru_cache(maxsize=16)  # the shards being read now

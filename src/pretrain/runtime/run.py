@@ -52,21 +52,28 @@ from pretrain.runtime.schedule import check_extension
 from pretrain.runtime.task import NonFiniteError, PretrainingTask
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
+from pretrain.storage import keep_copy, local_path
 
 
 def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objective]]:
     """Validate the config into the typed run object, open and check the corpus, and
     describe the data stream; returns them and the objective's class. The run's data paths become absolute (the tokenizer's: the
-    one the corpus was checked with), as checkpoints store them."""
+    one the corpus was checked with), as checkpoints store them; a corpus at a URL keeps its
+    URL, and its tokenizer is copied into `<run_dir>/tokenizer` (the cache may be
+    node-local and temporary, the run's tokenizer must not be)."""
     run = validate(cfg)
-    corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir)
-    run.data.shards_dir = str(Path(run.data.shards_dir).resolve())
-    run.data.tokenizer_dir = str(corpus.tokenizer_dir)
+    corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir, run.data)
+    tokenizer_dir = corpus.tokenizer_dir
+    if corpus.storage is None:  # a URL stays as given
+        run.data.shards_dir = str(Path(local_path(run.data.shards_dir)).resolve())
+    elif run.data.tokenizer_dir is None:  # the cache's copy may go: the run keeps its own
+        tokenizer_dir = keep_copy(tokenizer_dir, Path(run.run_dir).resolve() / "tokenizer")
+    run.data.tokenizer_dir = str(tokenizer_dir)
     objective_class = get_class(run.objective._target_)
     training = range(len(split_holdout(corpus, run.data.holdout_shards)[0]))
     training = unrepeated_shards(corpus.manifest, training, run.data.bad_shards)
     if run.data.verify_shards:
-        training = verified_shards(corpus.manifest, training, run.data.bad_shards)
+        training = verified_shards(corpus.manifest, training, run.data.bad_shards, corpus.storage)
     training_paths = tuple(str(corpus.manifest.shard_paths[i]) for i in training)
     training_shards = [corpus.manifest.shards[i] for i in training]
     spec = settings_from(
@@ -82,6 +89,7 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objecti
         vocab=corpus.vocab,
         corruption=objective_class.build_corruption(run, corpus.vocab),
         pair_task=run.objective.sentence_task,
+        storage=corpus.storage,
     )
     return run, spec, objective_class
 

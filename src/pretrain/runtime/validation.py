@@ -42,7 +42,7 @@ def heldout_spec(run, spec: StreamSpec) -> StreamSpec:
     """The training stream's `spec` on the held-out shards of the run (`data.holdout_shards`
     >= 1), as one reader (rank 0 of 1), corrupted as the last stage of objective.stages
     (so held-out curves stay comparable across stages). `run`: the typed TrainConfig."""
-    corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir)
+    corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir, run.data)
     heldout = split_holdout(corpus, run.data.holdout_shards)[1]
     shards = corpus.manifest.shards[len(corpus.manifest.shards) - len(heldout) :]
     documents = sum(shard["documents"] for shard in shards)

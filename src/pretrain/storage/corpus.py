@@ -1,0 +1,299 @@
+"""A prepared corpus at a URL, read through the node-shared cache: its manifest and tokenizer
+mirrored into the cache, its shards fetched when read (and a few ahead), and publishing a
+locally written corpus to a URL with the manifest last."""
+
+import hashlib
+import json
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from pretrain.storage import cache
+from pretrain.storage.retry import RetryPolicy, StorageError, with_retries
+from pretrain.storage.urls import filesystem, is_url, join_url, protocol, redact
+
+MANIFEST_FILE = "manifest.json"
+
+
+def default_cache_dir() -> Path:
+    """Node-local temporary storage: `$TMPDIR/pretrain-cache-<user>` (/tmp without TMPDIR)."""
+    user = os.environ.get("USER") or str(os.getuid())
+    return Path(os.environ.get("TMPDIR") or "/tmp") / f"pretrain-cache-{user}"
+
+
+def corpus_key(url: str) -> str:
+    """The cache directory name of the corpus at `url`: its last path part and a hash of the
+    whole URL (credentials and query left out)."""
+    clean = redact(url).rstrip("/")
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in clean.rsplit("/", 1)[-1])
+    return f"{name[:40]}-{hashlib.sha256(clean.encode()).hexdigest()[:12]}"
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """How the readers of one remote corpus get its shards (picklable, for data-loader
+    workers): the corpus `url`, the local `root` its manifest and tokenizer were mirrored to
+    (inside `cache_dir`), `shards` as (name, bytes, sha256) triples, the cache's
+    `limit_bytes` (None: unbounded), `prefetch_shards` fetched ahead of the reader, the
+    retry policy, and the fsspec options as JSON (`data.storage_options`)."""
+
+    url: str
+    root: str
+    shards: tuple[tuple[str, int, str], ...]
+    limit_bytes: int | None = None
+    prefetch_shards: int = 2
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    options_json: str = "{}"
+
+    def record(self, name: str) -> tuple[int, str]:
+        """(bytes, sha256) the manifest records for shard `name`."""
+        return _records(self.shards)[name]
+
+
+@lru_cache(maxsize=8)
+def _records(shards: tuple[tuple[str, int, str], ...]) -> dict[str, tuple[int, str]]:
+    return {name: (size, sha) for name, size, sha in shards}
+
+
+def download_file(
+    url: str, destination: Path, options_json: str = "{}", size: int | None = None
+) -> None:
+    """Copy the object at `url` (of `size` bytes when known) to the local file `destination`,
+    streamed in MB chunks (one attempt). Over HTTP, a file of unknown size is fetched whole
+    (the small ones), so a server that is down is a connection error, not a missing file."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    fs = filesystem(url, options_json)
+    http = protocol(url) in ("http", "https")
+    if http and size is None:
+        destination.write_bytes(fs.cat_file(url))
+        return
+    extra = {"size": size} if http else {}
+    with fs.open(url, "rb", block_size=0, **extra) as source, open(destination, "wb") as target:
+        while chunk := source.read(1 << 20):
+            target.write(chunk)
+
+
+def pin_shard(spec: StorageSpec, name: str) -> cache.Pin:
+    """A Pin on the checked local copy of shard `name` of the corpus (fetched once per node
+    into the cache, with retries). Raises StorageError naming the URL after the retries, or
+    at once when the remote object is missing."""
+    size, sha256 = spec.record(name)
+    url = join_url(spec.url, name)
+
+    def download(partial: Path) -> None:  # checked by cache.fetch: a mismatch is retried
+        download_file(url, partial, spec.options_json, size)
+
+    return with_retries(
+        lambda: cache.fetch(Path(spec.root) / name, size, sha256, download, spec.limit_bytes),
+        url,
+        spec.retry,
+    )
+
+
+HELD_SHARDS = 8  # per process: the shards its readers use now (cf. reading.decoded_shard)
+_HELD: dict = {"pid": None, "pins": OrderedDict()}
+
+
+def hold_shard(spec: StorageSpec, name: str) -> Path:
+    """The checked local copy of shard `name` (`pin_shard`), kept from eviction until this
+    process has asked for HELD_SHARDS other shards since: the shard's readers read it whole
+    as soon as they get it, and the partitions that share a shard read it at about the same
+    time, so a held shard is not downloaded again for each of them. Returns its path."""
+    if _HELD["pid"] != os.getpid():  # a forked child holds nothing of its parent's
+        _HELD["pid"], _HELD["pins"] = os.getpid(), OrderedDict()
+    pins: OrderedDict = _HELD["pins"]
+    key = (spec.url, name)
+    if key in pins:
+        pins.move_to_end(key)
+        return pins[key].path
+    pins[key] = pin = pin_shard(spec, name)
+    while len(pins) > HELD_SHARDS:
+        pins.popitem(last=False)[1].close()
+    return pin.path
+
+
+class Prefetcher:
+    """Background fetches of the shards a reader reads next (two threads per process); each
+    shard is fetched into the cache once, errors are left for the reader to meet."""
+
+    def __init__(self, threads: int = 2):
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shard-prefetch")
+        self._pending: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def prefetch(self, spec: StorageSpec, names: list[str]) -> None:
+        """Start fetching `names` (not yet pending) of the corpus of `spec`."""
+        for name in names:
+            key = (spec.url, name)
+            with self._lock:
+                if key in self._pending:
+                    continue
+                self._pending.add(key)
+            self._pool.submit(self._fetch, spec, name, key)
+
+    def _fetch(self, spec: StorageSpec, name: str, key: tuple[str, str]) -> None:
+        try:
+            pin_shard(spec, name).close()
+        except Exception:  # noqa: BLE001 (the reader fetches it again and reports)
+            pass
+        finally:
+            with self._lock:
+                self._pending.discard(key)
+
+
+_PREFETCHERS: dict[int, Prefetcher] = {}
+
+
+def prefetcher() -> Prefetcher:
+    """This process's Prefetcher (a new one in a forked child)."""
+    pid = os.getpid()
+    if pid not in _PREFETCHERS:
+        _PREFETCHERS.clear()
+        _PREFETCHERS[pid] = Prefetcher()
+    return _PREFETCHERS[pid]
+
+
+def list_objects(url: str, options_json: str = "{}") -> dict[str, int]:
+    """{path relative to `url`: bytes} of every object under the corpus URL `url`."""
+    fs = filesystem(url, options_json)
+    base = fs._strip_protocol(url).rstrip("/")
+    found = fs.find(base, detail=True)
+    return {
+        path[len(base) :].lstrip("/"): int(info.get("size") or 0)
+        for path, info in found.items()
+        if info.get("type", "file") != "directory"
+    }
+
+
+# The files of a corpus besides its shards, fetched by name where storage cannot list
+# (plain HTTP): the tokenizer (tokenizer.json required), the annotation lexicons.
+KNOWN_FILES = (
+    "tokenizer/tokenizer.json",
+    "tokenizer/tokenizer_config.json",
+    "tokenizer/special_tokens_map.json",
+    "tokenizer/vocab.txt",
+    "phrases.txt",
+    "entities.txt",
+)
+
+
+def mirror_corpus(
+    url: str, cache_dir: Path, options_json: str = "{}", retry: RetryPolicy | None = None
+) -> tuple[Path, dict[str, int] | None]:
+    """Copy the manifest, tokenizer and other small files (everything but the shards) of
+    the corpus at `url` into `<cache_dir>/<corpus key>/` (under a lock; fetched anew every
+    time, files renamed into place); returns (that directory, {object name: bytes} of the
+    corpus, None where the storage cannot list: http(s)). Raises StorageError naming the
+    URL when there is no manifest."""
+    retry = retry or RetryPolicy()
+    root = Path(cache_dir) / corpus_key(url)
+    root.mkdir(parents=True, exist_ok=True)
+    objects = None
+    if protocol(url) not in ("http", "https"):
+        objects = with_retries(lambda: list_objects(url, options_json), url, retry, "listing")
+        if MANIFEST_FILE not in objects:
+            raise _no_manifest(url)
+    with cache.file_lock(root / ".mirror.lock"):
+        manifest_part = root / f".{MANIFEST_FILE}.partial-{os.getpid()}"
+        try:
+            _fetch_small(join_url(url, MANIFEST_FILE), manifest_part, options_json, retry)
+        except FileNotFoundError:
+            raise _no_manifest(url) from None
+        try:
+            shards = json.loads(manifest_part.read_text(encoding="utf-8")).get("shards", [])
+            shard_names = {s["name"] for s in shards}
+        except (ValueError, AttributeError, TypeError, KeyError):
+            shard_names = set()  # load_manifest names the fault
+        names = KNOWN_FILES
+        if objects is not None:  # what the corpus has of them, and its whole tokenizer/
+            names = sorted(n for n in objects if n in KNOWN_FILES or n.startswith("tokenizer/"))
+        for name in names:
+            if name in shard_names or name == MANIFEST_FILE or name.startswith("."):
+                continue
+            target = root / name
+            part = target.with_name(f".{target.name}.partial-{os.getpid()}")
+            try:
+                _fetch_small(join_url(url, name), part, options_json, retry)
+            except FileNotFoundError:
+                if name == KNOWN_FILES[0]:
+                    raise StorageError(
+                        f"{redact(join_url(url, name))}: missing; the corpus needs the "
+                        "tokenizer it was made with beside its shards"
+                    ) from None
+                continue
+            os.replace(part, target)
+        os.replace(manifest_part, root / MANIFEST_FILE)
+    return root, objects
+
+
+def keep_copy(source: Path, target: Path) -> Path:
+    """Copy the files at the top of the directory `source` into `target` (created), each
+    renamed into place, so processes doing the same at once leave one whole copy; returns
+    `target`. For a run's copy of a cached corpus's tokenizer, which outlives the cache."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(Path(source).iterdir()):
+        if path.is_file():
+            part = target / f".{path.name}.partial-{os.getpid()}"
+            part.write_bytes(path.read_bytes())
+            os.replace(part, target / path.name)
+    return target
+
+
+def _no_manifest(url: str) -> StorageError:
+    return StorageError(
+        f"{redact(join_url(url, MANIFEST_FILE))}: no manifest; prepare a corpus there with "
+        f"`pretrain-data prepare out_dir={redact(url)}` (or point at the out_dir of a prepare run)"
+    )
+
+
+def _fetch_small(url: str, destination: Path, options_json: str, retry: RetryPolicy) -> None:
+    """`download_file` with retries; FileNotFoundError (not retried) when it is missing."""
+    try:
+        with_retries(lambda: download_file(url, destination, options_json), url, retry)
+    except StorageError as error:
+        if isinstance(error.__cause__, FileNotFoundError):
+            raise error.__cause__ from None
+        raise
+
+
+def check_remote_shards(url: str, shards: list[dict], objects: dict[str, int] | None) -> None:
+    """StorageError naming the first shard of the manifest that is missing at `url` or has
+    another size there than recorded (`objects`: the listing; None: not listable, each
+    download checks its shard)."""
+    if objects is None:
+        return
+    for shard in shards:
+        size = objects.get(shard["name"])
+        where = redact(join_url(url, shard["name"]))
+        if size is None:
+            raise StorageError(f"{where}: shard listed in the manifest is missing")
+        if size != int(shard["bytes"]):
+            raise StorageError(
+                f"{where}: {size} bytes, the manifest says {shard['bytes']} (rewritten?); "
+                "prepare the corpus again"
+            )
+
+
+def publish_corpus(local_dir: Path, url: str, options_json: str = "{}") -> None:
+    """Upload the prepared corpus in `local_dir` to `url`: an old manifest there is removed
+    first, then every other file is written, the manifest last, so a reader never sees a
+    manifest whose shards are not all there."""
+    fs = filesystem(url, options_json)
+    retry = RetryPolicy()
+    manifest_url = join_url(url, MANIFEST_FILE)
+    if fs.exists(manifest_url):
+        with_retries(lambda: fs.rm(manifest_url), manifest_url, retry, "removal")
+    files = sorted(p for p in Path(local_dir).rglob("*") if p.is_file())
+    files.sort(key=lambda p: p.name == MANIFEST_FILE)  # the manifest last
+    for path in files:
+        target = join_url(url, path.relative_to(local_dir).as_posix())
+        with_retries(lambda p=path, t=target: fs.put_file(str(p), t), target, retry, "upload")
+
+
+def remote_manifest_exists(url: str, options_json: str = "{}") -> bool:
+    """Whether a corpus manifest lies at `url`."""
+    return bool(is_url(url)) and filesystem(url, options_json).exists(join_url(url, MANIFEST_FILE))

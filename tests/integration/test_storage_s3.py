@@ -1,0 +1,150 @@
+"""A corpus on an S3-compatible server (moto's, a real S3 HTTP API on 127.0.0.1, started by
+the test): `pretrain-data prepare` writes it there (manifest last), `info` and `verify` read
+it, and training from s3:// gives the per-step losses of training from the local copy, with
+data-loader workers and a cache bounded below the corpus's size."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cpu_run_overrides, small_english_documents, write_text_corpus
+from storage_servers import S3_ENV, make_bucket, moto_server
+from test_train import step_losses
+
+from pretrain.config import compose_config
+from pretrain.runtime.run import build_stream, train
+from pretrain.storage import filesystem
+from pretrain.storage.cache import downloads
+
+BUCKET = "corpora"
+PREPARE = ("tokenizer.vocab_size=1500", "tokenizer.min_frequency=2", "docs_per_shard=50")
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The endpoint of a moto S3 server with bucket `corpora`, reached the standard way
+    (AWS_ENDPOINT_URL and the AWS_* credentials in the environment) for the module."""
+    saved = dict(os.environ)
+    with moto_server() as endpoint:
+        os.environ.update(S3_ENV)
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        make_bucket(endpoint, BUCKET)
+        try:
+            yield endpoint
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def pretrain_data(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "data_pipelines.cli", *args],
+        cwd=cwd,
+        env=os.environ | {"TMPDIR": str(cwd)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def corpora(s3, tmp_path_factory):
+    """(URL, local copy) of the same corpus, prepared by `pretrain-data prepare` into S3 and
+    into a local directory from the same input and settings."""
+    work = tmp_path_factory.mktemp("s3_corpora")
+    source = write_text_corpus(work / "corpus.txt", small_english_documents())
+    url, local = f"s3://{BUCKET}/small", work / "local"
+    for out_dir in (url, local):
+        result = pretrain_data(
+            "prepare", f"inputs=[{source}]", f"out_dir={out_dir}", *PREPARE, cwd=work
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    return url, local
+
+
+def test_prepare_writes_the_corpus_to_s3_and_info_verify_read_it(corpora, tmp_path):
+    url, local = corpora
+    fs = filesystem(url)
+    remote = json.loads(fs.cat_file(f"{url}/manifest.json"))
+    assert remote == json.loads((local / "manifest.json").read_text())  # the same bytes
+    for shard in remote["shards"]:
+        assert fs.cat_file(f"{url}/{shard['name']}") == (local / shard["name"]).read_bytes()
+    assert not list(Path(tmp_path).glob(".pretrain-staging/*"))
+    info = pretrain_data("info", url, cwd=tmp_path)
+    assert info.returncode == 0 and "shards" in info.stdout, info.stderr
+    verify = pretrain_data("verify", url, cwd=tmp_path)
+    assert verify.returncode == 0, verify.stderr
+    assert f"{url}: {len(remote['shards'])} shards verified" in verify.stdout
+    again = pretrain_data("prepare", "inputs=[builtin]", f"out_dir={url}", cwd=tmp_path)
+    assert again.returncode == 2 and "holds a prepared corpus" in again.stderr
+
+
+def test_a_changed_object_fails_verify_naming_it(corpora, tmp_path):
+    url, local = corpora
+    fs = filesystem(url)
+    copy = f"s3://{BUCKET}/changed"
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            fs.put_file(str(path), f"{copy}/{path.relative_to(local).as_posix()}")
+    data = bytearray((local / "shard-000003.tar").read_bytes())
+    data[100] ^= 1
+    fs.pipe_file(f"{copy}/shard-000003.tar", bytes(data))
+    result = pretrain_data("verify", copy, cwd=tmp_path)
+    assert result.returncode == 1
+    assert (
+        f"{copy}/shard-000003.tar: download failed" in result.stderr and "sha256" in result.stderr
+    )
+
+
+@pytest.mark.slow
+def test_losses_from_s3_equal_those_from_the_local_copy(corpora, tmp_path):
+    url, local = corpora
+    shard_bytes = max(
+        s["bytes"] for s in json.loads((local / "manifest.json").read_text())["shards"]
+    )
+    common = (
+        "trainer.max_steps=8",
+        "trainer.log_every_n_steps=1",
+        "data.num_workers=2",
+        "data.shuffle_buffer_documents=50",
+    )
+    train(compose_config(cpu_run_overrides(local, tmp_path / "local", *common)))
+    cache = tmp_path / "cache"
+    remote = cpu_run_overrides(
+        url,
+        tmp_path / "s3",
+        *common,
+        f"data.cache_dir={cache}",
+        f"data.cache_limit={int(2.5 * shard_bytes)}",
+    )
+    train(compose_config(remote))
+    want, got = step_losses(tmp_path / "local"), step_losses(tmp_path / "s3")
+    assert sorted(got) == list(range(8)) and got == want
+    fetched = downloads(cache)
+    assert fetched and all(name.endswith(".tar") for name, _ in fetched)
+    saved = torch.load(tmp_path / "s3" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["config"]["data"]["shards_dir"] == url  # where its data lives, as given
+    tokenizer = tmp_path / "s3" / "tokenizer"  # the run's own copy: the cache may go
+    assert saved["config"]["data"]["tokenizer_dir"] == str(tokenizer.resolve())
+    assert (tokenizer / "tokenizer.json").read_bytes() == (
+        local / "tokenizer" / "tokenizer.json"
+    ).read_bytes()
+
+
+def test_storage_options_reach_the_filesystem(corpora, tmp_path, monkeypatch):
+    url, _ = corpora
+    endpoint = os.environ.pop("AWS_ENDPOINT_URL")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    overrides = cpu_run_overrides(
+        url,
+        tmp_path / "run",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"+data.storage_options.endpoint_url={endpoint}",
+    )
+    spec = build_stream(compose_config(overrides))[1]
+    assert spec.storage.url == url and endpoint in spec.storage.options_json
+    os.environ["AWS_ENDPOINT_URL"] = endpoint

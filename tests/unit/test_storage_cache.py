@@ -1,0 +1,156 @@
+"""pretrain.storage without a network: URLs and brace patterns, the retry policy's backoff
+statistics and budget, and the node-shared shard cache (atomic, checked downloads, one
+download among concurrent fetchers, least-recently-used eviction that spares shards in use)."""
+
+import hashlib
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pretrain.errors import ConfigError
+from pretrain.storage import (
+    RetryPolicy,
+    StorageError,
+    cache,
+    expand_braces,
+    filesystem,
+    is_url,
+    join_url,
+    redact,
+    with_retries,
+)
+
+
+def test_brace_patterns_expand_as_webdataset_does():
+    assert expand_braces("s3://b/shard-{000000..000002}.tar") == [
+        "s3://b/shard-000000.tar",
+        "s3://b/shard-000001.tar",
+        "s3://b/shard-000002.tar",
+    ]
+    assert expand_braces("{a,b}-{8..10}") == ["a-8", "a-9", "a-10", "b-8", "b-9", "b-10"]
+    assert expand_braces("plain.tar") == ["plain.tar"]
+
+
+def test_urls_are_told_from_paths_and_credentials_are_hidden():
+    assert is_url("s3://bucket/corpus") and is_url("https://host/x") and is_url("gs://b")
+    assert not is_url("data/builtin") and not is_url("/abs/path") and not is_url("file:///x")
+    assert join_url("s3://b/corpus/", "shard-000000.tar") == "s3://b/corpus/shard-000000.tar"
+    assert redact("https://user:secret@host/c?token=abc") == "https://host/c"
+
+
+def test_a_missing_backend_names_the_extra_to_install():
+    with pytest.raises(ConfigError, match=r'pip install "pretrain\[azure\]"'):
+        filesystem("az://container/corpus")
+
+
+def test_backoff_is_full_jitter_under_a_growing_cap():
+    policy, rng = RetryPolicy(attempts=8, base_delay_s=0.5, max_delay_s=3.0), random.Random(0)
+    for attempt, cap in ((1, 1.0), (2, 2.0), (5, 3.0)):
+        draws = [policy.delay_s(attempt, rng) for _ in range(4000)]
+        assert 0 <= min(draws) and max(draws) <= cap
+        assert sum(draws) / len(draws) == pytest.approx(cap / 2, rel=0.05)  # uniform on [0, cap]
+        assert max(draws) > 0.95 * cap
+
+
+def test_transient_failures_are_retried_within_the_budget_then_named():
+    calls, waits = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset by peer")
+        return "bytes"
+
+    policy = RetryPolicy(attempts=4, base_delay_s=0.1)
+    assert with_retries(flaky, "s3://b/k", policy, sleep=waits.append) == "bytes"
+    assert len(calls) == 3 and len(waits) == 2
+
+    def down():
+        raise TimeoutError("timed out")
+
+    with pytest.raises(StorageError, match=r"s3://b/k: download failed after 4 attempt\(s\)"):
+        with_retries(down, "s3://key:pw@b/k", policy, sleep=waits.append)
+
+    def missing():
+        calls.append(1)
+        raise FileNotFoundError("no such key")
+
+    calls.clear()
+    with pytest.raises(StorageError, match=r"after 1 attempt\(s\): FileNotFoundError"):
+        with_retries(missing, "s3://b/k", policy, sleep=waits.append)
+    assert len(calls) == 1  # a missing object is not retried
+
+
+def _writer(data: bytes, counter: list, delay_s: float = 0.0):
+    def download(partial: Path) -> None:
+        counter.append(1)
+        time.sleep(delay_s)
+        partial.write_bytes(data)
+
+    return download
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_one_download_among_concurrent_fetchers_then_hits(tmp_path):
+    data, downloads = b"x" * 5000, []
+    entry = tmp_path / "corpus" / "shard-000000.tar"
+    pins, errors = [], []
+
+    def fetch():
+        try:
+            pins.append(cache.fetch(entry, len(data), _sha(data), _writer(data, downloads, 0.2)))
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+
+    threads = [threading.Thread(target=fetch) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(pins) == 4 and len(downloads) == 1
+    assert entry.read_bytes() == data
+    assert cache.downloads(tmp_path) == [("corpus/shard-000000.tar", 5000)]
+    assert not list(entry.parent.glob(".*partial*"))  # renamed into place
+
+
+def test_a_wrong_download_is_refused_and_leaves_nothing(tmp_path):
+    entry = tmp_path / "corpus" / "shard-000000.tar"
+    good, bad = b"a" * 100, b"b" * 100
+    with pytest.raises(cache.ShardMismatch, match="sha256 differs"):
+        cache.fetch(entry, 100, _sha(good), _writer(bad, []))
+    with pytest.raises(cache.ShardMismatch, match="got 50 bytes"):
+        cache.fetch(entry, 100, _sha(good), _writer(good[:50], []))
+    assert sorted(p.name for p in entry.parent.iterdir()) == ["shard-000000.tar.lock"]
+
+
+def test_eviction_is_least_recently_used_and_spares_shards_in_use(tmp_path):
+    shards = {name: name.encode() * 1000 for name in ("a", "b", "c", "d")}  # 1000 bytes each
+    root = tmp_path / "corpus"
+
+    def get(name: str) -> cache.Pin:
+        data = shards[name]
+        return cache.fetch(root / name, len(data), _sha(data), _writer(data, []), 2500)
+
+    get("a").close()
+    time.sleep(0.01)
+    get("b").close()
+    time.sleep(0.01)
+    get("a").close()  # a hit: now b is the least recently used
+    time.sleep(0.01)
+    get("c").close()
+    assert sorted(p.name for p in root.glob("?")) == ["a", "c"]
+    held = get("a")  # in use while d arrives: c (older use) goes although a is the oldest
+    time.sleep(0.01)
+    with held:
+        get("c").close()
+        time.sleep(0.01)
+        get("d").close()
+    assert sorted(p.name for p in root.glob("?")) == ["a", "d"]
+    stored = sum(p.stat().st_size for p in root.glob("?"))
+    assert stored <= 2500
