@@ -90,9 +90,14 @@ def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Token
 
 
 def _input_bytes(names: list[str]) -> int | None:
-    """Bytes of text in the sources `names` (None when a source is compressed)."""
-    if any(name.endswith(".gz") for name in names):
-        return None
+    """Bytes of text in the sources `names` (None when a source is compressed or columnar,
+    whose file size is not its text's)."""
+    from data_pipelines.formats import detect_format
+
+    for name in names:
+        fmt, compression = detect_format(name) if name != BUILTIN else ("text", None)
+        if compression is not None or fmt in ("parquet", "arrow", "datasets", "tar"):
+            return None
     return sum(
         sum(len(text.encode("utf-8")) for _, text in builtin_documents())
         if name == BUILTIN
