@@ -22,13 +22,21 @@ USAGE = __doc__.split("\n", 1)[1]
 
 def _prepare_errors() -> tuple[type[Exception], ...]:
     """The errors of preparing a corpus that name what the user should fix (exit status 2)."""
+    from data_pipelines.filter_settings import FilterSettingsError
     from data_pipelines.prepare import PrepareError
     from data_pipelines.prepare_config import PrepareConfigError
     from data_pipelines.sources import SourceError
     from data_pipelines.span_annotation import EntityFileError
     from data_pipelines.tokenizer import TokenizerError
 
-    return (PrepareConfigError, PrepareError, SourceError, TokenizerError, EntityFileError)
+    return (
+        PrepareConfigError,
+        FilterSettingsError,
+        PrepareError,
+        SourceError,
+        TokenizerError,
+        EntityFileError,
+    )
 
 
 def _prepare(overrides: list[str]) -> int:

@@ -18,10 +18,17 @@ from tokenizers import Tokenizer
 
 from data_pipelines.annotate import annotate_corpus
 from data_pipelines.builtin_corpus import builtin_documents
-from data_pipelines.document_encoding import encode_corpus
+from data_pipelines.cleaning import CleaningStats, clean_documents
+from data_pipelines.document_encoding import default_num_proc, encode_corpus
 from data_pipelines.prepare_config import PrepareConfig
 from data_pipelines.shard_writer import ShardWriter
-from data_pipelines.sources import BUILTIN, SourceStats, expand_inputs, read_raw_documents
+from data_pipelines.sources import (
+    BUILTIN,
+    RawDocument,
+    SourceStats,
+    expand_inputs,
+    read_raw_documents,
+)
 from data_pipelines.text import normalize
 from data_pipelines.tokenizer import (
     copy_tokenizer,
@@ -63,10 +70,23 @@ def _check_out_dir(out_dir: Path, overwrite: bool, names: list[str]) -> None:
         )
 
 
-def _training_texts(names: list[str], text_field: str, undecodable: str = "error") -> Iterator[str]:
-    """Normalized documents for tokenizer training (a silent pass over the sources)."""
+def cleaned_documents(
+    cfg: PrepareConfig, names: list[str], stats: list[SourceStats], warn: bool = True
+) -> tuple[Iterator[RawDocument], CleaningStats]:
+    """The documents of the sources `names` that `cfg.filters` keep, in order, and the
+    cleaning statistics they fill as they are read (`stats[i]`: what source i held)."""
+    cleaning = CleaningStats(tuple(cfg.filters), cfg.filter)
+    documents = read_raw_documents(names, stats, cfg.text_field, warn, cfg.undecodable)
+    num_proc = cfg.num_proc or default_num_proc()
+    return clean_documents(documents, cfg.filters, cfg.filter, cleaning, num_proc), cleaning
+
+
+def _training_texts(cfg: PrepareConfig, names: list[str]) -> Iterator[str]:
+    """Normalized documents for tokenizer training: those the filters keep (a silent pass
+    over the sources)."""
     stats = [SourceStats(name) for name in names]
-    for document in read_raw_documents(names, stats, text_field, False, undecodable):
+    documents, _ = cleaned_documents(cfg, names, stats, warn=False)
+    for document in documents:
         text = normalize(document.text)
         if text:
             yield text
@@ -79,7 +99,7 @@ def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Token
         return copy_tokenizer(cfg.tokenizer.path, out_dir)
     settings = cfg.tokenizer
     tokenizer = train_tokenizer(
-        lambda: _training_texts(names, cfg.text_field, cfg.undecodable),
+        lambda: _training_texts(cfg, names),
         settings.vocab_size,
         settings.lowercase,
         settings.min_frequency,
@@ -122,8 +142,9 @@ def write_corpus(
         ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines"), 0
     )
     dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
+    documents, cleaning = cleaned_documents(cfg, names, stats)
     chunks = encode_corpus(
-        read_raw_documents(names, stats, cfg.text_field, undecodable=cfg.undecodable),
+        documents,
         tokenizer,
         dtype,
         cfg.num_proc,
@@ -154,7 +175,10 @@ def write_corpus(
         counts["replaced_lines"] = sum(s.replaced_lines for s in stats)
         for source, s in zip(sources, stats, strict=True):
             source["replaced_lines"] = s.replaced_lines
-    return {"counts": counts, "sources": sources, "shards": writer.shards}
+    corpus = {"counts": counts, "sources": sources, "shards": writer.shards}
+    if cfg.filters:
+        corpus["filters"] = cleaning.record()
+    return corpus
 
 
 def build_manifest(
