@@ -32,7 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
-from data_pipelines.filter_settings import FilterSettings, NearDedupSettings
+from data_pipelines.filter_settings import FilterSettings, FilterSettingsError, NearDedupSettings
 from data_pipelines.quality import quality_failure
 from data_pipelines.sources import RawDocument
 from data_pipelines.text import normalize
@@ -272,6 +272,7 @@ def clean_documents(
     if not filters:
         yield from documents
         return
+    _require_libraries(filters)
     dedup = Deduplicator(filters, settings.near_dedup)
     if dedup.lsh is not None:
         stats.lsh_shape = (dedup.lsh.b, dedup.lsh.r)
@@ -292,6 +293,18 @@ def clean_documents(
                 stats.by_rule[verdict.detail] += 1
             elif removed_by == "language":
                 stats.by_language[verdict.detail] += 1
+
+
+def _require_libraries(filters: tuple[str, ...]) -> None:
+    """FilterSettingsError naming the filter whose library is not installed."""
+    for name, module in (("near_dedup", "datasketch"), ("language", "py3langid")):
+        if name in filters:
+            try:
+                __import__(module)
+            except ImportError as error:
+                raise FilterSettingsError(
+                    f"filters=[{name}] needs {module}; pip install 'pretrain[corpora]'"
+                ) from error
 
 
 def _first_removal(filters: tuple[str, ...], verdict: Verdict, dedup: Deduplicator) -> str | None:

@@ -284,8 +284,18 @@ def _column_texts(table, name: str, text_field: str) -> Iterator[str]:
         yield text or ""
 
 
+def _require_pyarrow(name: str) -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as error:
+        raise SourceError(
+            f"{name}: Parquet and Arrow inputs need pyarrow; pip install 'pretrain[corpora]'"
+        ) from error
+
+
 def parquet_documents(name: str, text_field: str) -> Iterator[str]:
     """The `text_field` column of a Parquet file, one row group in memory at a time."""
+    _require_pyarrow(name)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -313,6 +323,7 @@ def parquet_documents(name: str, text_field: str) -> Iterator[str]:
 
 def arrow_documents(name: str, text_field: str) -> Iterator[str]:
     """The `text_field` column of an Arrow IPC file or stream, one record batch at a time."""
+    _require_pyarrow(name)
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
