@@ -7,11 +7,12 @@ directory of an interrupted run is removed by the next one). A non-empty `out_di
 only with `overwrite=true`, and only once its replacement is complete.
 """
 
+import hashlib
 import json
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -71,21 +72,50 @@ def _check_out_dir(out_dir: Path, overwrite: bool, names: list[str]) -> None:
 
 
 def cleaned_documents(
-    cfg: PrepareConfig, names: list[str], stats: list[SourceStats], warn: bool = True
+    cfg: PrepareConfig, documents: Iterable[RawDocument]
 ) -> tuple[Iterator[RawDocument], CleaningStats]:
-    """The documents of the sources `names` that `cfg.filters` keep, in order, and the
-    cleaning statistics they fill as they are read (`stats[i]`: what source i held)."""
+    """The `documents` that `cfg.filters` keep, in order, and the cleaning statistics they
+    fill as they pass."""
     cleaning = CleaningStats(tuple(cfg.filters), cfg.filter)
-    documents = read_raw_documents(names, stats, cfg.text_field, warn, cfg.undecodable)
     num_proc = cfg.num_proc or default_num_proc()
     return clean_documents(documents, cfg.filters, cfg.filter, cleaning, num_proc), cleaning
 
 
+def sample_point(document: RawDocument) -> float:
+    """A uniform number in [0, 1) fixed by the document's source and index (BLAKE2b)."""
+    digest = hashlib.blake2b(f"{document.source}\0{document.index}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") / 2**64
+
+
+def training_sample(
+    documents: Iterable[RawDocument], megabytes: float | None, total_bytes: int | None
+) -> Iterator[RawDocument]:
+    """The documents the tokenizer is trained on: all of them when `megabytes` is None or
+    the corpus (`total_bytes` of text, None: not known) is no larger; else each document
+    with probability megabytes / total (by `sample_point`, so the same ones every time), or,
+    when the total is not known, the first `megabytes` MB of text."""
+    budget = None if megabytes is None else int(megabytes * 1e6)
+    if budget is None or (total_bytes is not None and total_bytes <= budget):
+        yield from documents
+    elif total_bytes is not None:
+        fraction = budget / total_bytes
+        yield from (d for d in documents if sample_point(d) < fraction)
+    else:
+        for document in documents:
+            yield document
+            budget -= len(document.text.encode("utf-8"))
+            if budget <= 0:
+                return
+
+
 def _training_texts(cfg: PrepareConfig, names: list[str]) -> Iterator[str]:
-    """Normalized documents for tokenizer training: those the filters keep (a silent pass
-    over the sources)."""
+    """Normalized documents for tokenizer training: a sample of `tokenizer.train_megabytes`
+    of text (see `training_sample`), of it those the filters keep (a silent pass over the
+    sources)."""
     stats = [SourceStats(name) for name in names]
-    documents, _ = cleaned_documents(cfg, names, stats, warn=False)
+    documents = read_raw_documents(names, stats, cfg.text_field, False, cfg.undecodable)
+    sample = training_sample(documents, cfg.tokenizer.train_megabytes, _input_bytes(names))
+    documents, _ = cleaned_documents(cfg, sample)
     for document in documents:
         text = normalize(document.text)
         if text:
@@ -142,7 +172,9 @@ def write_corpus(
         ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines"), 0
     )
     dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
-    documents, cleaning = cleaned_documents(cfg, names, stats)
+    documents, cleaning = cleaned_documents(
+        cfg, read_raw_documents(names, stats, cfg.text_field, undecodable=cfg.undecodable)
+    )
     chunks = encode_corpus(
         documents,
         tokenizer,

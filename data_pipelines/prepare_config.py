@@ -39,7 +39,8 @@ SEGMENTERS = ("none", "jieba")
 @dataclass
 class TokenizerSettings:
     """Train a tokenizer (`vocab_size` in tokens, special tokens included), or use the one in
-    `path`. `kind`: `wordpiece` (BERT), `chinese` (Chinese BERT: every CJK character of the
+    `path`, trained on a sample of `train_megabytes` MB of the corpus's text (None: all
+    of it; see `data_pipelines.prepare.training_sample`). `kind`: `wordpiece` (BERT), `chinese` (Chinese BERT: every CJK character of the
     corpus is a whole token of the vocabulary, WordPiece for the rest), `unigram` (ALBERT:
     SentencePiece-style Unigram; `min_frequency` unused) or `bytelevel_bpe` (GPT-2 / RoBERTa /
     BART byte-level BPE; set lowercase=false for their cased vocabularies)."""
@@ -49,8 +50,15 @@ class TokenizerSettings:
     vocab_size: int = 8000
     lowercase: bool = True
     min_frequency: int = 2
+    train_megabytes: float | None = 20.0
 
     def __post_init__(self) -> None:
+        _check(
+            self.train_megabytes is None or self.train_megabytes > 0,
+            "tokenizer.train_megabytes",
+            self.train_megabytes,
+            "must be null (train on all the text) or more than 0 (MB of text)",
+        )
         _check(
             self.kind in TOKENIZER_KINDS,
             "tokenizer.kind",
