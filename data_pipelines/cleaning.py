@@ -193,6 +193,26 @@ class CleaningStats:
         return section
 
 
+def merge_records(records: list[dict]) -> dict:
+    """One `filters` section from those of slices prepared apart (SLURM array tasks): counts
+    summed (deduplication was within each slice: `dedup_scope: slice`)."""
+    merged = {key: value for key, value in records[0].items() if not isinstance(value, (int, dict))}
+    for key in ("documents_in", "documents_kept"):
+        merged[key] = sum(r[key] for r in records)
+    for name in records[0]["order"]:
+        section = dict(records[0][name])
+        section["removed"] = sum(r[name]["removed"] for r in records)
+        for detail in ("by_rule", "by_language"):
+            if detail in section:
+                total: Counter = Counter()
+                for r in records:
+                    total.update(r[name][detail])
+                section[detail] = dict(sorted(total.items()))
+        merged[name] = section
+    merged["dedup_scope"] = "slice"
+    return merged
+
+
 class Deduplicator:
     """The order-dependent decisions: exact digests and the MinHash LSH index of the
     documents kept so far."""

@@ -14,6 +14,7 @@ from data_pipelines.cleaning import (
     dedup_text,
     detection_probability,
     identify_language,
+    merge_records,
 )
 from data_pipelines.filter_settings import FilterSettings, FilterSettingsError, QualitySettings
 from data_pipelines.prepare import prepare
@@ -214,3 +215,14 @@ def test_prepare_records_the_filters_statistics(tmp_path):
     assert filters["quality"]["by_rule"] == {"words": 1}
     assert manifest["counts"]["documents"] == 30
     assert manifest["config"]["filters"] == ["exact_dedup", "near_dedup", "language", "quality"]
+
+
+def test_slices_records_merge_by_summing():
+    texts = [GOOD, GOOD, "short", GERMAN]
+    first = clean(texts, ["exact_dedup", "quality"])[1].record()
+    second = clean(texts[1:], ["exact_dedup", "quality"])[1].record()
+    merged = merge_records([first, second])
+    assert merged["documents_in"] == 7 and merged["documents_kept"] == 2
+    assert merged["exact_dedup"] == {"removed": 1}
+    assert merged["quality"] == {"removed": 4, "by_rule": {"words": 4}}
+    assert merged["order"] == ["exact_dedup", "quality"] and merged["dedup_scope"] == "slice"
