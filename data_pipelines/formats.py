@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from data_pipelines.sources import STREAM_ERRORS, SourceError, open_input
+from data_pipelines.sources import DATASETS_STATE, STREAM_ERRORS, SourceError, open_input
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bz2"}
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -50,7 +50,6 @@ SUPPORTED = (
     "tar (WebDataset .txt/.json members), text; jsonl/csv/tsv/tar/text also as "
     ".gz/.zst/.xz/.bz2"
 )
-DATASETS_STATE = "state.json"
 READ_BYTES = 1 << 20  # bytes per read of a compressed stream
 
 

@@ -31,6 +31,7 @@ from data_pipelines.builtin_corpus import BUILTIN, builtin_documents
 
 _GLOB_CHARS = frozenset("*?[")
 UNDECODABLE_POLICIES = ("error", "skip", "replace")
+DATASETS_STATE = "state.json"  # marks a datasets save_to_disk directory
 # What a corrupt or truncated compressed stream raises while it is read.
 STREAM_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
 
@@ -76,12 +77,18 @@ def expand_inputs(inputs: list[str]) -> list[str]:
             found = sorted(p for p in glob.glob(item, recursive=True) if Path(p).is_file())
             if not found:
                 raise SourceError(f"inputs: the glob {item!r} matches no file")
-        elif Path(item).is_dir() and (Path(item) / "state.json").is_file():
+        elif Path(item).is_dir() and (Path(item) / DATASETS_STATE).is_file():
             found = [item]  # a datasets save_to_disk directory: one source
         elif Path(item).is_dir():
             root = Path(item)
+            saved = {p.parent for p in root.rglob(DATASETS_STATE) if not _hidden(p, root)}
             found = sorted(
-                (str(p) for p in root.rglob("*") if p.is_file() and not _hidden(p, root)),
+                (
+                    str(p)
+                    for p in root.rglob("*")
+                    if (p in saved or (p.is_file() and not saved.intersection(p.parents)))
+                    and not _hidden(p, root)
+                ),
                 key=lambda p: Path(p).relative_to(root).as_posix(),
             )
             if not found:

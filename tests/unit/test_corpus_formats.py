@@ -155,6 +155,10 @@ def test_every_format_reads_the_same_documents(formats, label):
 
 def test_a_datasets_directory_is_one_source(formats):
     assert expand_inputs([str(formats["datasets"])]) == [str(formats["datasets"])]
+    root = formats["datasets"].parent
+    found = expand_inputs([str(root)])
+    assert str(formats["datasets"]) in found and not any("/saved/" in name for name in found)
+    assert str(formats["parquet"]) in found
 
 
 def test_csv_is_rows_not_blank_line_paragraphs(formats):
