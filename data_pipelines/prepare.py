@@ -122,6 +122,16 @@ def _training_texts(cfg: PrepareConfig, names: list[str]) -> Iterator[str]:
             yield text
 
 
+def _training_texts_source(cfg: PrepareConfig, names: list[str]) -> Callable[[], Iterable[str]]:
+    """What the trainer calls for its texts (it reads them twice): with a sample budget
+    (`tokenizer.train_megabytes`), the sample read once and kept in memory (at most the
+    budget, in documents, plus one); without one, a new pass over the sources each time."""
+    if cfg.tokenizer.train_megabytes is None:
+        return lambda: _training_texts(cfg, names)
+    texts = list(_training_texts(cfg, names))
+    return lambda: texts
+
+
 def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Tokenizer:
     """Train the tokenizer on the sources `names` (or copy `cfg.tokenizer.path`) and save it
     in `out_dir`."""
@@ -129,7 +139,7 @@ def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Token
         return copy_tokenizer(cfg.tokenizer.path, out_dir)
     settings = cfg.tokenizer
     tokenizer = train_tokenizer(
-        lambda: _training_texts(cfg, names),
+        _training_texts_source(cfg, names),
         settings.vocab_size,
         settings.lowercase,
         settings.min_frequency,
