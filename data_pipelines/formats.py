@@ -90,8 +90,19 @@ def magic_format(head: bytes) -> str | None:
     None for bytes of no known binary format (text)."""
     for fmt, offset, magic in MAGIC:
         if head[offset : offset + len(magic)] == magic:
+            if fmt == "bz2" and not _bz2_block(head):
+                continue  # text that happens to start with "BZh"
             return fmt
     return None
+
+
+def _bz2_block(head: bytes) -> bool:
+    """Whether `head` goes on as bzip2 does after "BZh": a block size digit, then the block
+    magic (pi's digits) or the end-of-stream magic of an empty stream."""
+    return head[3:4] in [b"%d" % n for n in range(1, 10)] and head[4:10] in (
+        bytes.fromhex("314159265359"),
+        bytes.fromhex("177245385090"),
+    )
 
 
 def _mismatch(name: str, named: str, found: str | None) -> SourceError:

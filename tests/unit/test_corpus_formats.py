@@ -179,6 +179,12 @@ def test_text_field_is_configurable_and_a_missing_one_is_named(formats, tmp_path
         assert str(formats[label]) in str(error.value) and "\n" not in str(error.value)
 
 
+def test_text_that_starts_like_a_magic_number_is_text(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("BZh is how this note starts.\n\nPAR1 is not Parquet here.\n")
+    assert _texts(path) == ["BZh is how this note starts.", "PAR1 is not Parquet here."]
+
+
 def test_zstd_text_and_multiple_frames(tmp_path):
     path = tmp_path / "t.txt.zst"
     frames = [compress(b"first doc\n\nsecond doc\n\n", "zst"), compress(b"third doc\n", "zst")]
