@@ -147,17 +147,19 @@ def time_prepare(
     num_proc: int,
     vocab_size: int = 8000,
     filters: list[str] | None = None,
-) -> float:
+    train_megabytes: float | None = None,
+) -> tuple[float, float]:
     """(wall, CPU) seconds of `pretrain-data prepare` of `corpus`, from reading the input to the
     manifest: with the tokenizer in `tokenizer_dir`, or (None) training one as prepare does
     (`tokenizer.train_megabytes` of text), with the cleaning `filters`."""
     from data_pipelines.prepare import prepare
     from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 
+    budget = {"train_megabytes": train_megabytes} if train_megabytes else {}
     tokenizer = (
         TokenizerSettings(path=str(tokenizer_dir))
         if tokenizer_dir
-        else TokenizerSettings(vocab_size=vocab_size)
+        else TokenizerSettings(vocab_size=vocab_size, **budget)
     )
     cfg = PrepareConfig(
         inputs=[str(corpus)],
@@ -200,6 +202,13 @@ def main() -> None:
         "--input-format", default="text", choices=("text", "jsonl", "jsonl.zst", "parquet", "csv")
     )
     parser.add_argument("--filters", default="", help="also time prepare with these filters")
+    parser.add_argument(
+        "--train-megabytes",
+        type=float,
+        default=None,
+        help="tokenizer.train_megabytes (default: prepare's); a 10 MB corpus with 2 is a "
+        "scale model of a 100 MB one with the default 20",
+    )
     args = parser.parse_args()
     from data_pipelines.document_encoding import default_num_proc
 
@@ -218,7 +227,16 @@ def main() -> None:
         keys = ("encode", "fast", "prepare", "trained", "filtered")
         best = {key: (float("inf"), float("inf")) for key in keys}
         for _ in range(args.repeats):  # alternating, best of each: load spikes hit both alike
-            timing = {"trained": time_prepare(corpus, None, trained, num_proc, args.vocab_size)}
+            timing = {
+                "trained": time_prepare(
+                    corpus,
+                    None,
+                    trained,
+                    num_proc,
+                    args.vocab_size,
+                    train_megabytes=args.train_megabytes,
+                )
+            }
             tokenizer_json = trained / "tokenizer" / "tokenizer.json"
             timing["encode"] = time_encode_batch(tokenizer_json, texts)
             timing["fast"] = time_encode_batch(tokenizer_json, texts, "encode_batch_fast")

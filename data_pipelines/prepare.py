@@ -7,7 +7,6 @@ directory of an interrupted run is removed by the next one). A non-empty `out_di
 only with `overwrite=true`, and only once its replacement is complete.
 """
 
-import hashlib
 import json
 import shutil
 import sys
@@ -29,6 +28,7 @@ from data_pipelines.sources import (
     SourceStats,
     expand_inputs,
     read_raw_documents,
+    read_source,
 )
 from data_pipelines.text import normalize
 from data_pipelines.tokenizer import (
@@ -81,41 +81,47 @@ def cleaned_documents(
     return clean_documents(documents, cfg.filters, cfg.filter, cleaning, num_proc), cleaning
 
 
-def sample_point(document: RawDocument) -> float:
-    """A uniform number in [0, 1) fixed by the document's source and index (BLAKE2b)."""
-    digest = hashlib.blake2b(f"{document.source}\0{document.index}".encode(), digest_size=8)
-    return int.from_bytes(digest.digest(), "little") / 2**64
+def stored_bytes(name: str) -> int:
+    """Bytes a source takes where it is stored (compressed or not; a directory: its files;
+    `builtin`: its text)."""
+    if name == BUILTIN:
+        return sum(len(text.encode("utf-8")) for _, text in builtin_documents())
+    path = Path(name)
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
 
 
-def training_sample(
-    documents: Iterable[RawDocument], megabytes: float | None, total_bytes: int | None
-) -> Iterator[RawDocument]:
-    """The documents the tokenizer is trained on: all of them when `megabytes` is None or
-    the corpus (`total_bytes` of text, None: not known) is no larger; else each document
-    with probability megabytes / total (by `sample_point`, so the same ones every time), or,
-    when the total is not known, the first `megabytes` MB of text."""
-    budget = None if megabytes is None else int(megabytes * 1e6)
-    if budget is None or (total_bytes is not None and total_bytes <= budget):
-        yield from documents
-    elif total_bytes is not None:
-        fraction = budget / total_bytes
-        yield from (d for d in documents if sample_point(d) < fraction)
-    else:
-        for document in documents:
-            yield document
-            budget -= len(document.text.encode("utf-8"))
-            if budget <= 0:
-                return
+def source_quotas(sizes: list[int], megabytes: float | None) -> list[int | None]:
+    """Bytes of text the tokenizer is trained on from each source of stored `sizes`: None
+    (all of it) without a budget or when the sources hold no more than `megabytes` MB; else
+    the budget shared in proportion to the stored sizes."""
+    total = sum(sizes)
+    if megabytes is None or total <= megabytes * 1e6:
+        return [None] * len(sizes)
+    return [int(megabytes * 1e6 * size / total) for size in sizes]
+
+
+def training_documents(cfg: PrepareConfig, names: list[str]) -> Iterator[RawDocument]:
+    """The raw documents the tokenizer is trained on: every document, or, for a corpus of more
+    than `tokenizer.train_megabytes` MB, the first documents of each source up to its quota
+    (`source_quotas`): the budget is read, not the whole corpus."""
+    sizes = [stored_bytes(name) for name in names]
+    quotas = source_quotas(sizes, cfg.tokenizer.train_megabytes)
+    for name, quota in zip(names, quotas, strict=True):
+        texts = read_source(name, SourceStats(name), cfg.text_field, False, cfg.undecodable)
+        for index, text in enumerate(texts):
+            if quota is not None and quota <= 0:
+                break
+            yield RawDocument(name, index, text)
+            if quota is not None:
+                quota -= len(text.encode("utf-8"))
 
 
 def _training_texts(cfg: PrepareConfig, names: list[str]) -> Iterator[str]:
-    """Normalized documents for tokenizer training: a sample of `tokenizer.train_megabytes`
-    of text (see `training_sample`), of it those the filters keep (a silent pass over the
-    sources)."""
-    stats = [SourceStats(name) for name in names]
-    documents = read_raw_documents(names, stats, cfg.text_field, False, cfg.undecodable)
-    sample = training_sample(documents, cfg.tokenizer.train_megabytes, _input_bytes(names))
-    documents, _ = cleaned_documents(cfg, sample)
+    """Normalized documents for tokenizer training: `training_documents`, of them those the
+    filters keep (a silent pass over the sources)."""
+    documents, _ = cleaned_documents(cfg, training_documents(cfg, names))
     for document in documents:
         text = normalize(document.text)
         if text:
@@ -123,9 +129,9 @@ def _training_texts(cfg: PrepareConfig, names: list[str]) -> Iterator[str]:
 
 
 def _training_texts_source(cfg: PrepareConfig, names: list[str]) -> Callable[[], Iterable[str]]:
-    """What the trainer calls for its texts (it reads them twice): with a sample budget
-    (`tokenizer.train_megabytes`), the sample read once and kept in memory (at most the
-    budget, in documents, plus one); without one, a new pass over the sources each time."""
+    """What the trainer calls for its texts (it reads them twice): with a budget
+    (`tokenizer.train_megabytes`), the texts read once and kept in memory (at most the
+    budget, plus a document per source); without one, a new pass over the sources each time."""
     if cfg.tokenizer.train_megabytes is None:
         return lambda: _training_texts(cfg, names)
     texts = list(_training_texts(cfg, names))

@@ -39,8 +39,9 @@ SEGMENTERS = ("none", "jieba")
 @dataclass
 class TokenizerSettings:
     """Train a tokenizer (`vocab_size` in tokens, special tokens included), or use the one in
-    `path`, trained on a sample of `train_megabytes` MB of the corpus's text (None: all
-    of it; see `data_pipelines.prepare.training_sample`). `kind`: `wordpiece` (BERT), `chinese` (Chinese BERT: every CJK character of the
+    `path`, trained on at most `train_megabytes` MB of the corpus's text, the first
+    documents of each source in proportion to its size (None: all of it; see
+    `data_pipelines.prepare.training_documents`). `kind`: `wordpiece` (BERT), `chinese` (Chinese BERT: every CJK character of the
     corpus is a whole token of the vocabulary, WordPiece for the rest), `unigram` (ALBERT:
     SentencePiece-style Unigram; `min_frequency` unused) or `bytelevel_bpe` (GPT-2 / RoBERTa /
     BART byte-level BPE; set lowercase=false for their cased vocabularies)."""

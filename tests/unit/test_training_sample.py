@@ -1,31 +1,30 @@
-"""The tokenizer's training sample: a fixed, uniform share of a large corpus's documents."""
+"""The tokenizer's training text of a large corpus: at most the budget, every source its share,
+read from the sources' beginnings (the rest of the corpus is not read)."""
 
-import math
-
-from data_pipelines.prepare import training_sample
-from data_pipelines.sources import RawDocument
-
-
-def documents(count: int, size: int = 100) -> list[RawDocument]:
-    return [RawDocument(f"part-{i % 7}.jsonl", i, "x" * size) for i in range(count)]
+from data_pipelines.prepare import source_quotas, training_documents
+from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 
 
-def test_the_sample_is_the_share_of_the_budget_and_always_the_same():
-    corpus = documents(20_000)  # 2 MB of text
-    sample = list(training_sample(corpus, 0.5, 2_000_000))  # a quarter
-    n, p = len(corpus), 0.25
-    assert abs(len(sample) - n * p) < 4 * math.sqrt(n * p * (1 - p))
-    assert sample == list(training_sample(corpus, 0.5, 2_000_000))
-    first_half = sum(d.index < 10_000 for d in sample)  # spread over the corpus
-    assert abs(first_half - len(sample) / 2) < 4 * math.sqrt(len(sample) / 4)
+def test_quotas_share_the_budget_by_stored_size():
+    assert source_quotas([3_000_000, 1_000_000], 2.0) == [1_500_000, 500_000]
+    assert source_quotas([3_000_000, 1_000_000], 4.0) == [None, None]  # all of a small corpus
+    assert source_quotas([3_000_000, 1_000_000], None) == [None, None]
 
 
-def test_small_corpora_and_no_budget_use_every_document():
-    corpus = documents(100)
-    assert list(training_sample(corpus, 1.0, 10_000)) == corpus
-    assert list(training_sample(corpus, None, 10_000)) == corpus
-
-
-def test_an_unknown_total_takes_the_first_megabytes():
-    sample = list(training_sample(documents(1000), 0.01, None))  # 10 kB of 100-byte documents
-    assert [d.index for d in sample] == list(range(100))
+def test_training_documents_are_each_sources_first_up_to_its_quota(tmp_path):
+    big, small = tmp_path / "big.txt", tmp_path / "small.txt"
+    big.write_text("".join(f"big document {i:05d} {'x' * 80}\n\n" for i in range(3000)))
+    small.write_text("".join(f"small document {i:05d} {'y' * 80}\n\n" for i in range(1000)))
+    names = [str(big), str(small)]
+    sizes = [big.stat().st_size, small.stat().st_size]
+    cfg = PrepareConfig(inputs=names, tokenizer=TokenizerSettings(train_megabytes=0.1))
+    documents = list(training_documents(cfg, names))
+    quotas = source_quotas(sizes, 0.1)
+    for name, quota in zip(names, quotas, strict=True):
+        mine = [d for d in documents if d.source == name]
+        assert [d.index for d in mine] == list(range(len(mine)))  # the first ones, in order
+        taken = sum(len(d.text.encode()) for d in mine)
+        assert quota <= taken < quota + 100  # up to the quota, one document over at most
+    assert len(documents) < 4000 / 3
+    everything = PrepareConfig(inputs=names, tokenizer=TokenizerSettings(train_megabytes=None))
+    assert len(list(training_documents(everything, names))) == 4000
