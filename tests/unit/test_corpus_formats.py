@@ -255,3 +255,15 @@ def test_each_format_prepares_to_the_same_shards_as_jsonl(formats, tmp_path):
     assert expected[0]["documents"] == 40
     for label in ("parquet", "datasets", "csv", "tar", "jsonl.zst"):
         assert prepared(label) == expected, label
+
+
+def test_the_cli_reports_a_mismatch_in_one_line_and_exits_2(formats, tmp_path, capsys):
+    from data_pipelines import cli
+
+    wrong = tmp_path / "data.jsonl"
+    wrong.write_bytes(formats["parquet"].read_bytes())
+    status = cli.main(["prepare", f"inputs=[{wrong}]", f"out_dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert str(wrong) in err and "parquet" in err and "supported:" in err
+    assert not (tmp_path / "out").exists()
