@@ -1,33 +1,37 @@
 """`pretrain-data prepare` against the tokenizer it exists to run, side by side in one run.
 
-Generates a plain-text corpus (default 100 MB) twice, once of short documents (about 190
-bytes, a web-forum post) and once of long ones (about 20 KB, an article), from the built-in
-corpus's paragraphs drawn at random, trains one tokenizer on the first (timed on its own),
-then on each corpus, with the same cores:
+Generates a corpus (default 100 MB) twice, once of short documents (about 190 bytes, a
+web-forum post) and once of long ones (about 20 KB, an article), from the built-in corpus's
+paragraphs drawn at random, written as `--input-format` (text, jsonl, jsonl.zst, parquet,
+csv), then on each, with the same cores:
 
-- `encode_batch`: the fast tokenizer's own batch encoding of every document's text, in
-  batches of 1,000 documents (all cores: the tokenizer's own threads);
+- `+training`: `pretrain-data prepare` from scratch, the tokenizer trained as prepare trains
+  it (on `tokenizer.train_megabytes`, default 20 MB, of the text), from reading the input to
+  the manifest;
+- `encode_batch`: that tokenizer's own batch encoding of every document's text, in batches
+  of 1,000 documents (all cores: the tokenizer's own threads; the text already in memory);
 - `prepare`: `pretrain-data prepare` with that tokenizer (`tokenizer.path`), `num_proc`
-  processes (default: all cores), from reading the text to the manifest;
+  processes (default: all cores);
+- `+filters` (with `--filters exact_dedup,quality,...`): the same with those filters;
 
-and prints MB of text per second for both (and for `encode_batch_fast`, which skips offsets
-and word ids: prepare uses it for WordPiece, whose word starts follow from the ids) and the
-ratio of prepare's time to encode_batch's, and the shards' bytes against
-the physical size of their content (ids at the manifest dtype, int32 sentence ends, one bit
-per token for word starts, an int64 offset per document and per sentence list). Targets
-(benchmarks/RESULTS.md): prepare within 1.5x of encode_batch's time, shards within 1.15x of
-the physical size.
+and prints MB of text per second (also for `encode_batch_fast`, which skips offsets and word
+ids: prepare uses it for WordPiece, whose word starts follow from the ids), each prepare's
+time over encode_batch's, and the shards' bytes against the physical size of their content
+(ids at the manifest dtype, int32 sentence ends, one bit per token for word starts, an int64
+offset per document and per sentence list). Targets (benchmarks/RESULTS.md): prepare, the
+training included, within 1.5x of encode_batch's time; shards within 1.15x of the physical
+size.
 
-    .venv/bin/python benchmarks/prepare.py [--megabytes 100] [--repeats 1] [--num-proc N] [--work-dir DIR] [--keep]
+    .venv/bin/python benchmarks/prepare.py [--megabytes 100] [--repeats 1] [--num-proc N]
+        [--input-format text] [--filters F,...] [--work-dir DIR] [--keep]
 
-Needs about 3x --megabytes of disk per kind (text, shards) in --work-dir; about 2 minutes per
+Needs about 3x --megabytes of disk per kind (text, shards) in --work-dir; about 3 minutes per
 10 MB on 2 cores.
 """
 
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,54 +73,105 @@ def write_corpus(path: Path, megabytes: float, document_bytes: int, seed: int = 
 
 
 def read_texts(path: Path) -> list[str]:
-    """The documents of a corpus written by `write_corpus`, as prepare's reader splits them."""
+    """The documents of a corpus (any input format), as prepare's reader gives them."""
     from data_pipelines.sources import SourceStats, read_source
 
     return list(read_source(str(path), SourceStats(str(path))))
 
 
+def clocks() -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process and its finished children)."""
+    t = os.times()
+    return time.perf_counter(), t.user + t.system + t.children_user + t.children_system
+
+
+def since(start: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds since `start` (from `clocks`). CPU time is what load from other
+    processes on the machine does not inflate: ratios of it compare work on the same cores."""
+    now = clocks()
+    return now[0] - start[0], now[1] - start[1]
+
+
 def time_encode_batch(
     tokenizer_json: Path, texts: list[str], method: str = "encode_batch", batch: int = 1000
 ) -> float:
-    """Seconds the fast tokenizer's `encode_batch` (or `encode_batch_fast`: no offsets) takes
+    """(wall, CPU) seconds the fast tokenizer's `encode_batch` (or `encode_batch_fast`: no offsets) takes
     over `texts`, `batch` documents a call, with its own threads on every core (the text
     already in memory)."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     encode = getattr(tokenizer, method)
-    start = time.perf_counter()
+    start = clocks()
     for i in range(0, len(texts), batch):
         encode(texts[i : i + batch], add_special_tokens=False)
-    return time.perf_counter() - start
+    return since(start)
 
 
-def time_training(corpus: Path, out: Path, vocab_size: int) -> float:
-    """Seconds to train and save prepare's tokenizer on `corpus` (as prepare does)."""
-    from data_pipelines.prepare import make_tokenizer
-    from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
+def write_input(corpus: Path, input_format: str) -> Path:
+    """The text corpus `corpus` rewritten as `input_format` (text: as it is; jsonl,
+    jsonl.zst, parquet, csv: one record per document, the text in `text`)."""
+    if input_format == "text":
+        return corpus
+    texts = read_texts(corpus)
+    path = corpus.with_suffix(f".{input_format}")
+    if input_format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-    cfg = PrepareConfig(inputs=[str(corpus)], tokenizer=TokenizerSettings(vocab_size=vocab_size))
-    start = time.perf_counter()
-    make_tokenizer(cfg, [str(corpus)], out)
-    return time.perf_counter() - start
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=10_000)
+    elif input_format == "csv":
+        import csv
+
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["text"])
+            writer.writerows([t] for t in texts)
+    else:
+        import json
+
+        data = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode("utf-8")
+        if input_format == "jsonl.zst":
+            import zstandard
+
+            data = zstandard.ZstdCompressor().compress(data)
+        path.write_bytes(data)
+    corpus.unlink()
+    return path
 
 
-def time_prepare(corpus: Path, tokenizer_dir: Path, out: Path, num_proc: int) -> float:
-    """Seconds of `pretrain-data prepare` of `corpus` with the tokenizer in `tokenizer_dir`."""
+def time_prepare(
+    corpus: Path,
+    tokenizer_dir: Path | None,
+    out: Path,
+    num_proc: int,
+    vocab_size: int = 8000,
+    filters: list[str] | None = None,
+    train_megabytes: float | None = None,
+) -> tuple[float, float]:
+    """(wall, CPU) seconds of `pretrain-data prepare` of `corpus`, from reading the input to the
+    manifest: with the tokenizer in `tokenizer_dir`, or (None) training one as prepare does
+    (`tokenizer.train_megabytes` of text), with the cleaning `filters`."""
     from data_pipelines.prepare import prepare
     from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 
+    budget = {"train_megabytes": train_megabytes} if train_megabytes else {}
+    tokenizer = (
+        TokenizerSettings(path=str(tokenizer_dir))
+        if tokenizer_dir
+        else TokenizerSettings(vocab_size=vocab_size, **budget)
+    )
     cfg = PrepareConfig(
         inputs=[str(corpus)],
         out_dir=str(out),
-        tokenizer=TokenizerSettings(path=str(tokenizer_dir)),
+        tokenizer=tokenizer,
         num_proc=num_proc,
         overwrite=True,
+        filters=list(filters or []),
     )
-    start = time.perf_counter()
+    start = clocks()
     prepare(cfg, progress=False)
-    return time.perf_counter() - start
+    return since(start)
 
 
 def physical_bytes(manifest: dict) -> int:
@@ -143,67 +198,90 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep corpora and shards")
     parser.add_argument("--kinds", default="short,long")
     parser.add_argument("--repeats", type=int, default=1, help="best of this many, alternating")
+    parser.add_argument(
+        "--input-format", default="text", choices=("text", "jsonl", "jsonl.zst", "parquet", "csv")
+    )
+    parser.add_argument("--filters", default="", help="also time prepare with these filters")
+    parser.add_argument(
+        "--train-megabytes",
+        type=float,
+        default=None,
+        help="tokenizer.train_megabytes (default: prepare's); a 10 MB corpus with 2 is a "
+        "scale model of a 100 MB one with the default 20",
+    )
     args = parser.parse_args()
     from data_pipelines.document_encoding import default_num_proc
 
     num_proc = args.num_proc or default_num_proc()
+    filters = [f for f in args.filters.split(",") if f]
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-prepare-"))
     work.mkdir(parents=True, exist_ok=True)
-    kinds = args.kinds.split(",")
     rows = []
-    tokenizer_dir = work / "tokenizer"
-    for kind in kinds:
-        corpus = work / f"{kind}.txt"
-        documents = write_corpus(corpus, args.megabytes, DOCUMENT_BYTES[kind])
-        megabytes = corpus.stat().st_size / 1e6
-        if not (tokenizer_dir / "tokenizer.json").is_file():
-            trained = time_training(corpus, tokenizer_dir, args.vocab_size)
-            print(
-                f"tokenizer: trained on the {kind} corpus ({megabytes:.0f} MB) in {trained:.1f} s "
-                f"({megabytes / trained:.2f} MB/s), timed apart from prepare",
-                file=sys.stderr,
-            )
+    for kind in args.kinds.split(","):
+        text_corpus = work / f"{kind}.txt"
+        documents = write_corpus(text_corpus, args.megabytes, DOCUMENT_BYTES[kind])
+        megabytes = text_corpus.stat().st_size / 1e6
+        corpus = write_input(text_corpus, args.input_format)
         texts = read_texts(corpus)
-        shards = work / f"shards-{kind}"
-        encode = fast = seconds = float("inf")
+        shards, trained = work / f"shards-{kind}", work / f"trained-{kind}"
+        keys = ("encode", "fast", "prepare", "trained", "filtered")
+        best = {key: (float("inf"), float("inf")) for key in keys}
         for _ in range(args.repeats):  # alternating, best of each: load spikes hit both alike
-            encode = min(encode, time_encode_batch(tokenizer_dir / "tokenizer.json", texts))
-            fast = min(
-                fast,
-                time_encode_batch(tokenizer_dir / "tokenizer.json", texts, "encode_batch_fast"),
-            )
-            seconds = min(seconds, time_prepare(corpus, tokenizer_dir, shards, num_proc))
+            timing = {
+                "trained": time_prepare(
+                    corpus,
+                    None,
+                    trained,
+                    num_proc,
+                    args.vocab_size,
+                    train_megabytes=args.train_megabytes,
+                )
+            }
+            tokenizer_json = trained / "tokenizer" / "tokenizer.json"
+            timing["encode"] = time_encode_batch(tokenizer_json, texts)
+            timing["fast"] = time_encode_batch(tokenizer_json, texts, "encode_batch_fast")
+            timing["prepare"] = time_prepare(corpus, trained / "tokenizer", shards, num_proc)
+            if filters:
+                timing["filtered"] = time_prepare(
+                    corpus, trained / "tokenizer", work / "filtered", num_proc, filters=filters
+                )
+            for key, (wall, cpu) in timing.items():
+                best[key] = (min(best[key][0], wall), min(best[key][1], cpu))
         del texts
         manifest = json.loads((shards / "manifest.json").read_text())
         shard_bytes = sum(shard["bytes"] for shard in manifest["shards"])
-        rows.append(
-            (
-                kind,
-                documents,
-                megabytes,
-                megabytes / encode,
-                megabytes / fast,
-                megabytes / seconds,
-                seconds / encode,
-                shard_bytes / 1e6,
-                physical_bytes(manifest) / 1e6,
-            )
-        )
+        rows.append((kind, documents, megabytes, best, shard_bytes / 1e6, physical_bytes(manifest)))
         if not args.keep:
             shutil.rmtree(shards)
+            shutil.rmtree(trained)
+            shutil.rmtree(work / "filtered", ignore_errors=True)
             corpus.unlink()
     print(
-        f"prepare with {num_proc} processes, encode_batch with its threads; {os.cpu_count()} cores"
+        f"prepare with {num_proc} processes, encode_batch with its threads; {os.cpu_count()} "
+        f"cores; input {args.input_format}; time ratios are prepare's time / encode_batch's"
     )
     print(
         f"{'documents':<10} {'count':>9} {'MB':>5} {'encode_batch':>13} {'_fast':>7} "
-        f"{'prepare':>8} {'time ratio':>11} {'shard MB':>9} {'physical MB':>12} {'size ratio':>11}"
+        f"{'prepare':>8} {'ratio':>7} {'+training':>10}"
+        + (f" {'+filters':>9}" if filters else "")
+        + f" {'CPU: ratio':>11} {'+training':>10}"
+        + (f" {'+filters':>9}" if filters else "")
+        + f" {'shard MB':>9} {'physical MB':>12} {'size ratio':>11}"
     )
-    for kind, documents, mb, encode, fast, prepared, ratio, shard_mb, physical_mb in rows:
+    for kind, documents, mb, best, shard_mb, physical in rows:
+        wall = {key: value[0] for key, value in best.items()}
+        cpu = {key: value[1] for key, value in best.items()}
+        cpu_ratios = (
+            f" {cpu['prepare'] / cpu['encode']:>10.2f}x {cpu['trained'] / cpu['encode']:>9.2f}x"
+        )
         print(
-            f"{kind:<10} {documents:>9,} {mb:>5.0f} {encode:>8.2f} MB/s {fast:>7.2f} "
-            f"{prepared:>8.2f} {ratio:>10.2f}x {shard_mb:>9.1f} {physical_mb:>12.1f} "
-            f"{shard_mb / physical_mb:>10.3f}x"
+            f"{kind:<10} {documents:>9,} {mb:>5.0f} {mb / wall['encode']:>8.2f} MB/s "
+            f"{mb / wall['fast']:>7.2f} {mb / wall['prepare']:>8.2f} "
+            f"{wall['prepare'] / wall['encode']:>6.2f}x {wall['trained'] / wall['encode']:>9.2f}x"
+            + (f" {wall['filtered'] / wall['encode']:>8.2f}x" if filters else "")
+            + cpu_ratios
+            + (f" {cpu['filtered'] / cpu['encode']:>8.2f}x" if filters else "")
+            + f" {shard_mb:>9.1f} {physical / 1e6:>12.1f} {shard_mb * 1e6 / physical:>10.3f}x"
         )
     if not args.keep and args.work_dir is None:
         shutil.rmtree(work)

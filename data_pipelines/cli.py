@@ -22,6 +22,7 @@ USAGE = __doc__.split("\n", 1)[1]
 
 def _prepare_errors() -> tuple[type[Exception], ...]:
     """The errors of preparing a corpus that name what the user should fix (exit status 2)."""
+    from data_pipelines.filter_settings import FilterSettingsError
     from data_pipelines.prepare import PrepareError
     from data_pipelines.prepare_config import PrepareConfigError
     from data_pipelines.sources import SourceError
@@ -32,6 +33,7 @@ def _prepare_errors() -> tuple[type[Exception], ...]:
 
     return (
         PrepareConfigError,
+        FilterSettingsError,
         PrepareError,
         SourceError,
         TokenizerError,

@@ -12,7 +12,7 @@ their sentences: the same ids, sentence ends and word starts as `tokenize_docume
 document at a time (the reference, kept for tests), at the tokenizer's batch speed.
 `encode_corpus` runs it over a corpus in spawned processes, about `CHUNK_BYTES` of text a
 task, results in input order, with at most 4 tasks per process in flight (memory stays flat
-in the corpus size) and a progress bar in MB of text per second with the time left.
+in the corpus size) and a progress bar in MB of text per second with the time left, documents and documents per second.
 """
 
 import hashlib
@@ -271,7 +271,7 @@ def encode_corpus(
             word_segmenter = make_segmenter(segmenter)
             for chunk, size in _chunks(documents, chunk_bytes):
                 yield chunk, encode_documents(chunk, tokenizer, dtype, word_segmenter)
-                bar.update(size)
+                _advance(bar, size, len(chunk))
             _complete(bar)
             return
         # spawn: the parent's tokenizers threads must not be forked. A worker that dies raises
@@ -288,14 +288,26 @@ def encode_corpus(
                 if len(pending) >= 4 * num_proc:
                     chunk, size, future = pending.popleft()
                     yield chunk, future.result()
-                    bar.update(size)
+                    _advance(bar, size, len(chunk))
             while pending:
                 chunk, size, future = pending.popleft()
                 yield chunk, future.result()
-                bar.update(size)
+                _advance(bar, size, len(chunk))
         _complete(bar)
     finally:
         bar.close()
+
+
+def _advance(bar: tqdm, size: int, documents: int) -> None:
+    """Move the bar by `size` bytes of text and show documents done and documents/s."""
+    bar.update(size)
+    done = getattr(bar, "documents_done", 0) + documents
+    bar.documents_done = done
+    elapsed = bar.format_dict.get("elapsed") or 0.0
+    if not bar.disable:
+        bar.set_postfix_str(
+            f"{done:,} docs, {done / max(elapsed, 1e-9):,.0f} docs/s", refresh=False
+        )
 
 
 def _complete(bar: tqdm) -> None:

@@ -11,18 +11,26 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from data_pipelines.annotate import annotate_corpus
 from data_pipelines.builtin_corpus import builtin_documents
-from data_pipelines.document_encoding import encode_corpus
+from data_pipelines.cleaning import CleaningStats, clean_documents
+from data_pipelines.document_encoding import default_num_proc, encode_corpus
 from data_pipelines.prepare_config import PrepareConfig
 from data_pipelines.publish import check_remote_out_dir, local_out_dir, publish
 from data_pipelines.shard_writer import ShardWriter
-from data_pipelines.sources import BUILTIN, SourceStats, expand_inputs, read_raw_documents
+from data_pipelines.sources import (
+    BUILTIN,
+    RawDocument,
+    SourceStats,
+    expand_inputs,
+    read_raw_documents,
+    read_source,
+)
 from data_pipelines.text import normalize
 from data_pipelines.tokenizer import (
     copy_tokenizer,
@@ -65,13 +73,71 @@ def _check_out_dir(out_dir: Path, overwrite: bool, names: list[str]) -> None:
         )
 
 
-def _training_texts(names: list[str], text_field: str, undecodable: str = "error") -> Iterator[str]:
-    """Normalized documents for tokenizer training (a silent pass over the sources)."""
-    stats = [SourceStats(name) for name in names]
-    for document in read_raw_documents(names, stats, text_field, False, undecodable):
+def cleaned_documents(
+    cfg: PrepareConfig, documents: Iterable[RawDocument]
+) -> tuple[Iterator[RawDocument], CleaningStats]:
+    """The `documents` that `cfg.filters` keep, in order, and the cleaning statistics they
+    fill as they pass."""
+    cleaning = CleaningStats(tuple(cfg.filters), cfg.filter)
+    num_proc = cfg.num_proc or default_num_proc()
+    return clean_documents(documents, cfg.filters, cfg.filter, cleaning, num_proc), cleaning
+
+
+def stored_bytes(name: str) -> int:
+    """Bytes a source takes where it is stored (compressed or not; a directory: its files;
+    `builtin`: its text)."""
+    if name == BUILTIN:
+        return sum(len(text.encode("utf-8")) for _, text in builtin_documents())
+    path = Path(name)
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def source_quotas(sizes: list[int], megabytes: float | None) -> list[int | None]:
+    """Bytes of text the tokenizer is trained on from each source of stored `sizes`: None
+    (all of it) without a budget or when the sources hold no more than `megabytes` MB; else
+    the budget shared in proportion to the stored sizes."""
+    total = sum(sizes)
+    if megabytes is None or total <= megabytes * 1e6:
+        return [None] * len(sizes)
+    return [int(megabytes * 1e6 * size / total) for size in sizes]
+
+
+def training_documents(cfg: PrepareConfig, names: list[str]) -> Iterator[RawDocument]:
+    """The raw documents the tokenizer is trained on: every document, or, for a corpus of more
+    than `tokenizer.train_megabytes` MB, the first documents of each source up to its quota
+    (`source_quotas`): the budget is read, not the whole corpus."""
+    sizes = [stored_bytes(name) for name in names]
+    quotas = source_quotas(sizes, cfg.tokenizer.train_megabytes)
+    for name, quota in zip(names, quotas, strict=True):
+        texts = read_source(name, SourceStats(name), cfg.text_field, False, cfg.undecodable)
+        for index, text in enumerate(texts):
+            if quota is not None and quota <= 0:
+                break
+            yield RawDocument(name, index, text)
+            if quota is not None:
+                quota -= len(text.encode("utf-8"))
+
+
+def _training_texts(cfg: PrepareConfig, names: list[str]) -> Iterator[str]:
+    """Normalized documents for tokenizer training: `training_documents`, of them those the
+    filters keep (a silent pass over the sources)."""
+    documents, _ = cleaned_documents(cfg, training_documents(cfg, names))
+    for document in documents:
         text = normalize(document.text)
         if text:
             yield text
+
+
+def _training_texts_source(cfg: PrepareConfig, names: list[str]) -> Callable[[], Iterable[str]]:
+    """What the trainer calls for its texts (it reads them twice): with a budget
+    (`tokenizer.train_megabytes`), the texts read once and kept in memory (at most the
+    budget, plus a document per source); without one, a new pass over the sources each time."""
+    if cfg.tokenizer.train_megabytes is None:
+        return lambda: _training_texts(cfg, names)
+    texts = list(_training_texts(cfg, names))
+    return lambda: texts
 
 
 def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Tokenizer:
@@ -81,7 +147,7 @@ def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Token
         return copy_tokenizer(cfg.tokenizer.path, out_dir)
     settings = cfg.tokenizer
     tokenizer = train_tokenizer(
-        lambda: _training_texts(names, cfg.text_field, cfg.undecodable),
+        _training_texts_source(cfg, names),
         settings.vocab_size,
         settings.lowercase,
         settings.min_frequency,
@@ -92,9 +158,14 @@ def make_tokenizer(cfg: PrepareConfig, names: list[str], out_dir: Path) -> Token
 
 
 def _input_bytes(names: list[str]) -> int | None:
-    """Bytes of text in the sources `names` (None when a source is compressed)."""
-    if any(name.endswith(".gz") for name in names):
-        return None
+    """Bytes of text in the sources `names` (None when a source is compressed or columnar,
+    whose file size is not its text's)."""
+    from data_pipelines.formats import detect_format
+
+    for name in names:
+        fmt, compression = detect_format(name) if name != BUILTIN else ("text", None)
+        if compression is not None or fmt in ("parquet", "arrow", "datasets", "tar"):
+            return None
     return sum(
         sum(len(text.encode("utf-8")) for _, text in builtin_documents())
         if name == BUILTIN
@@ -119,8 +190,11 @@ def write_corpus(
         ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines"), 0
     )
     dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
+    documents, cleaning = cleaned_documents(
+        cfg, read_raw_documents(names, stats, cfg.text_field, undecodable=cfg.undecodable)
+    )
     chunks = encode_corpus(
-        read_raw_documents(names, stats, cfg.text_field, undecodable=cfg.undecodable),
+        documents,
         tokenizer,
         dtype,
         cfg.num_proc,
@@ -151,7 +225,10 @@ def write_corpus(
         counts["replaced_lines"] = sum(s.replaced_lines for s in stats)
         for source, s in zip(sources, stats, strict=True):
             source["replaced_lines"] = s.replaced_lines
-    return {"counts": counts, "sources": sources, "shards": writer.shards}
+    corpus = {"counts": counts, "sources": sources, "shards": writer.shards}
+    if cfg.filters:
+        corpus["filters"] = cleaning.record()
+    return corpus
 
 
 def build_manifest(

@@ -14,6 +14,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from data_pipelines.filter_settings import FILTERS, FilterSettings, FilterSettingsError
 from data_pipelines.sources import UNDECODABLE_POLICIES
 from data_pipelines.tokenizer import BYTE_ALPHABET_SIZE, SPECIAL_TOKENS, TOKENIZER_KINDS
 from pretrain.paths import CONF_DIR
@@ -38,7 +39,9 @@ SEGMENTERS = ("none", "jieba")
 @dataclass
 class TokenizerSettings:
     """Train a tokenizer (`vocab_size` in tokens, special tokens included), or use the one in
-    `path`. `kind`: `wordpiece` (BERT), `chinese` (Chinese BERT: every CJK character of the
+    `path`, trained on at most `train_megabytes` MB of the corpus's text, the first
+    documents of each source in proportion to its size (None: all of it; see
+    `data_pipelines.prepare.training_documents`). `kind`: `wordpiece` (BERT), `chinese` (Chinese BERT: every CJK character of the
     corpus is a whole token of the vocabulary, WordPiece for the rest), `unigram` (ALBERT:
     SentencePiece-style Unigram; `min_frequency` unused) or `bytelevel_bpe` (GPT-2 / RoBERTa /
     BART byte-level BPE; set lowercase=false for their cased vocabularies)."""
@@ -48,8 +51,15 @@ class TokenizerSettings:
     vocab_size: int = 8000
     lowercase: bool = True
     min_frequency: int = 2
+    train_megabytes: float | None = 20.0
 
     def __post_init__(self) -> None:
+        _check(
+            self.train_megabytes is None or self.train_megabytes > 0,
+            "tokenizer.train_megabytes",
+            self.train_megabytes,
+            "must be null (train on all the text) or more than 0 (MB of text)",
+        )
         _check(
             self.kind in TOKENIZER_KINDS,
             "tokenizer.kind",
@@ -120,6 +130,10 @@ class PrepareConfig:
 
     inputs: list[str] = field(default_factory=lambda: ["builtin"])
     text_field: str = "text"
+    # Cleaning steps, applied in this order (data_pipelines.cleaning): exact_dedup,
+    # near_dedup, quality, language; their settings under `filter`.
+    filters: list[str] = field(default_factory=list)
+    filter: FilterSettings = field(default_factory=FilterSettings)
     # Lines that are not UTF-8 (or, in JSONL, not a JSON object): error | skip | replace
     # (data_pipelines.sources).
     undecodable: str = "error"
@@ -150,7 +164,14 @@ class PrepareConfig:
             bool(self.text_field),
             "text_field",
             self.text_field,
-            "must name the JSONL field that holds the text",
+            "must name the field (JSONL, CSV, Parquet, Arrow, tar .json) that holds the text",
+        )
+        _check(
+            all(name in FILTERS for name in self.filters)
+            and len(set(self.filters)) == len(self.filters),
+            "filters",
+            self.filters,
+            f"must list each of {', '.join(FILTERS)} at most once",
         )
         _check(
             self.undecodable in UNDECODABLE_POLICIES,
@@ -195,6 +216,9 @@ class PrepareConfig:
             settings.pop(key)
         if settings["undecodable"] == "error":  # nothing was dropped or replaced: as before
             settings.pop("undecodable")
+        if not settings["filters"]:  # not cleaned: recorded as before there were filters
+            settings.pop("filters")
+            settings.pop("filter")
         return settings
 
 
@@ -224,7 +248,7 @@ def compose_prepare_config(overrides: list[str] | None = None) -> PrepareConfig:
             cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides or []))
         _check_known_keys(OmegaConf.to_container(cfg), PrepareConfig)
         return OmegaConf.to_object(cfg)  # type: ignore[return-value]
-    except PrepareConfigError:
+    except (PrepareConfigError, FilterSettingsError):
         raise
     except (HydraException, OmegaConfBaseException) as error:
         cause = f" ({error.__cause__})" if error.__cause__ else ""

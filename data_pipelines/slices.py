@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from data_pipelines.cleaning import merge_records
 from data_pipelines.prepare import (
     TOKENIZER_DIR,
     PrepareError,
@@ -159,8 +160,11 @@ def merge_slices(cfg: PrepareConfig) -> Path:
         dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
         counts = dict.fromkeys(COUNTS, 0)
         sources: list[dict] = []
+        filter_records = []
         for directory in slices:
             raw = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
+            if raw.get("filters"):
+                filter_records.append(raw["filters"])
             for key in ("empty_documents", "undecodable_lines"):
                 counts[key] += raw["counts"][key]
             if "replaced_lines" in raw["counts"]:  # undecodable=replace
@@ -175,7 +179,10 @@ def merge_slices(cfg: PrepareConfig) -> Path:
                 counts["documents"] += 1
                 counts["sentences"] += len(document.sents)
                 counts["tokens"] += len(document.ids)
-        return tokenizer, {"counts": counts, "sources": sources, "shards": writer.shards}
+        corpus = {"counts": counts, "sources": sources, "shards": writer.shards}
+        if filter_records:
+            corpus["filters"] = merge_records(filter_records)
+        return tokenizer, corpus
 
     write_prepared(cfg, out_dir, write)
     shutil.rmtree(work_dir(cfg))

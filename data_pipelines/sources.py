@@ -1,24 +1,27 @@
 """Input sources: which files a list of inputs names, and the raw documents in each.
 
-An input is a file, a directory (every file under it, recursively, sorted by path), a glob
-(`corpus/**/*.jsonl`, matches sorted) or `builtin` (the corpus that ships with Python). Files:
-- plain text (any other suffix): documents are separated by blank lines;
-- JSONL (`.jsonl`, `.json`): one document per line, its text in a configurable field;
-- either one gzipped (`.gz` after the suffix).
-Files are read line by line in binary and each line is decoded as UTF-8. What happens to a
-line that does not decode (or, in JSONL, is not a JSON object) is the `undecodable` policy:
+An input is a file, a directory (every file under it, recursively, sorted by path; a
+`datasets` save_to_disk directory is one source), a glob (`corpus/**/*.jsonl`, matches
+sorted) or `builtin` (the corpus that ships with Python). Which format a file is (Parquet,
+Arrow, JSONL, CSV/TSV, WebDataset tar, plain text; compressed with gzip, zstd, xz or bz2) is
+told by its suffix and checked by its first bytes: see `data_pipelines.formats`. Every
+source's bytes are opened by `open_input`, the one place that knows where bytes live.
+Text and JSONL are read line by line in binary and each line is decoded as UTF-8. What
+happens to a line that does not decode (or, in JSONL, is not a JSON object) is the
+`undecodable` policy (CSV: `error` raises, the others decode with U+FFFD):
 - `error` (the default): SourceError naming the file, the first bad line and how many there
   are (the rest of the file is scanned to count them);
 - `skip`: the line is dropped and counted (`undecodable_lines`), one warning per file;
 - `replace`: undecodable bytes become U+FFFD and the line is kept, counted
   (`replaced_lines`); a JSONL line that is still not a JSON object is dropped and counted.
-A file holding a NUL byte is binary (or UTF-16): always refused, naming it.
+A text or JSONL file holding a NUL byte is binary (or UTF-16): always refused, naming it.
 """
 
 import glob
-import gzip
 import json
+import lzma
 import warnings
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +30,10 @@ from typing import IO
 from data_pipelines.builtin_corpus import BUILTIN, builtin_documents
 
 _GLOB_CHARS = frozenset("*?[")
-JSONL_SUFFIXES = (".jsonl", ".json")
 UNDECODABLE_POLICIES = ("error", "skip", "replace")
+DATASETS_STATE = "state.json"  # marks a datasets save_to_disk directory
+# What a corrupt or truncated compressed stream raises while it is read.
+STREAM_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
 
 
 class SourceError(ValueError):
@@ -72,10 +77,18 @@ def expand_inputs(inputs: list[str]) -> list[str]:
             found = sorted(p for p in glob.glob(item, recursive=True) if Path(p).is_file())
             if not found:
                 raise SourceError(f"inputs: the glob {item!r} matches no file")
+        elif Path(item).is_dir() and (Path(item) / DATASETS_STATE).is_file():
+            found = [item]  # a datasets save_to_disk directory: one source
         elif Path(item).is_dir():
             root = Path(item)
+            saved = {p.parent for p in root.rglob(DATASETS_STATE) if not _hidden(p, root)}
             found = sorted(
-                (str(p) for p in root.rglob("*") if p.is_file() and not _hidden(p, root)),
+                (
+                    str(p)
+                    for p in root.rglob("*")
+                    if (p in saved or (p.is_file() and not saved.intersection(p.parents)))
+                    and not _hidden(p, root)
+                ),
                 key=lambda p: Path(p).relative_to(root).as_posix(),
             )
             if not found:
@@ -95,16 +108,24 @@ def _hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
-def _open_binary(path: str) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
+def open_input(name: str) -> IO[bytes]:
+    """A buffered binary stream (with `peek`) of the bytes of the source file `name`, as
+    stored (compressed or not). SourceError naming it when it cannot be opened."""
+    try:
+        return open(name, "rb")  # noqa: SIM115
+    except OSError as error:
+        raise SourceError(f"{name}: cannot be opened ({error}); fix or remove it") from error
 
 
-def _decoded_lines(path: str, stats: SourceStats, policy: str = "error") -> Iterator[str]:
-    """Lines of `path` without line ends, undecodable ones handled as `policy` says (see the
-    module docstring); a line holding a NUL byte makes the file binary (SourceError)."""
+def _decoded_lines(
+    stream: IO[bytes], path: str, stats: SourceStats, policy: str = "error"
+) -> Iterator[str]:
+    """Lines of the bytes `stream` of `path` without line ends, undecodable ones handled as
+    `policy` says (see the module docstring); a line holding a NUL byte makes the file binary
+    (SourceError). The stream is closed at the end."""
     first_bad = 0
     try:
-        with _open_binary(path) as f:
+        with stream as f:
             for number, raw in enumerate(f, start=1):
                 if b"\0" in raw:
                     raise SourceError(
@@ -123,7 +144,7 @@ def _decoded_lines(path: str, stats: SourceStats, policy: str = "error") -> Iter
                         continue
                 if not first_bad or policy != "error":
                     yield line.rstrip("\r\n")
-    except (OSError, EOFError) as error:  # unreadable file, corrupt or truncated gzip
+    except STREAM_ERRORS as error:  # corrupt or truncated compression
         raise SourceError(
             f"{path}: cannot be read ({error}); fix or remove it from inputs"
         ) from error
@@ -135,9 +156,9 @@ def _decoded_lines(path: str, stats: SourceStats, policy: str = "error") -> Iter
         )
 
 
-def _text_documents(path: str, stats: SourceStats, policy: str) -> Iterator[str]:
+def _text_documents(stream: IO[bytes], path: str, stats: SourceStats, policy: str) -> Iterator[str]:
     lines: list[str] = []
-    for line in _decoded_lines(path, stats, policy):
+    for line in _decoded_lines(stream, path, stats, policy):
         if line.strip():
             lines.append(line)
         elif lines:
@@ -147,8 +168,10 @@ def _text_documents(path: str, stats: SourceStats, policy: str) -> Iterator[str]
         yield "\n".join(lines)
 
 
-def _jsonl_documents(path: str, stats: SourceStats, text_field: str, policy: str) -> Iterator[str]:
-    for number, line in enumerate(_decoded_lines(path, stats, policy), start=1):
+def _jsonl_documents(
+    stream: IO[bytes], path: str, stats: SourceStats, text_field: str, policy: str
+) -> Iterator[str]:
+    for number, line in enumerate(_decoded_lines(stream, path, stats, policy), start=1):
         if not line.strip():
             continue
         try:
@@ -187,12 +210,7 @@ def read_source(
             stats.documents += 1
             yield text
         return
-    stem = name[:-3] if name.endswith(".gz") else name
-    if stem.endswith(JSONL_SUFFIXES):
-        documents = _jsonl_documents(name, stats, text_field, undecodable)
-    else:
-        documents = _text_documents(name, stats, undecodable)
-    for text in documents:
+    for text in _documents(name, stats, text_field, undecodable):
         stats.documents += 1
         yield text
     if warn and stats.undecodable_lines:
@@ -202,6 +220,37 @@ def read_source(
             UndecodableLinesWarning,
             stacklevel=2,
         )
+
+
+def _documents(name: str, stats: SourceStats, text_field: str, policy: str) -> Iterator[str]:
+    """Texts of the documents of the file (or datasets directory) `name`, by its format."""
+    from data_pipelines import formats
+
+    fmt, compression = formats.detect_format(name)
+    if fmt in ("parquet", "arrow", "datasets"):
+        return formats.columnar_documents(name, fmt, text_field)
+    stream = formats.open_stream(name, fmt, compression)
+    if fmt == "jsonl":
+        return _jsonl_documents(stream, name, stats, text_field, policy)
+    if fmt in ("csv", "tsv"):
+        delimiter = "," if fmt == "csv" else "\t"
+        return _closing(
+            stream, name, formats.csv_documents(stream, name, text_field, delimiter, policy)
+        )
+    if fmt == "tar":
+        return _closing(stream, name, formats.tar_documents(stream, name, text_field))
+    return _text_documents(stream, name, stats, policy)
+
+
+def _closing(stream: IO[bytes], name: str, documents: Iterator[str]) -> Iterator[str]:
+    """`documents`, with `stream` closed when they end (or are abandoned), and errors of a
+    corrupt or truncated compressed stream turned into SourceError naming it."""
+    try:
+        yield from documents
+    except STREAM_ERRORS as error:
+        raise SourceError(f"{name}: cannot be read ({error}); fix or remove it") from error
+    finally:
+        stream.close()
 
 
 def read_raw_documents(

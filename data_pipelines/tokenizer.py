@@ -52,7 +52,10 @@ BYTE_ALPHABET_SIZE = 256  # bytelevel_bpe: every byte is a token of the vocabula
 # Unigram scores are log-probabilities summed in a thread-dependent order; rounding them to
 # this many decimals makes the same texts give the same tokenizer.json, byte for byte.
 UNIGRAM_SCORE_DECIMALS = 8
-UNIGRAM_REQUIRED_STEP = 0.0001  # score step of the required characters the trainer appends
+UNIGRAM_REQUIRED_STEP = 0.0001
+# Characters per normalizer call in the alphabet pass; the joining line breaks normalize to
+# spaces, which the alphabet never holds.
+ALPHABET_BATCH_CHARS = 1 << 20  # score step of the required characters the trainer appends
 
 
 class TokenizerError(ValueError):
@@ -89,8 +92,16 @@ def training_alphabet(
     continue a word, i.e. are neither punctuation nor CJK for the pre-tokenizer), both
     sorted."""
     counts: Counter[str] = Counter()
-    for text in texts:
-        counts.update(tokenizer.normalizer.normalize_str(text))
+    batch: list[str] = []
+    size = 0
+    for text in texts:  # normalized in batches: one call per ~1 MB, not per text
+        batch.append(text)
+        size += len(text)
+        if size >= ALPHABET_BATCH_CHARS:
+            counts.update(tokenizer.normalizer.normalize_str("\n".join(batch)))
+            batch, size = [], 0
+    if batch:
+        counts.update(tokenizer.normalizer.normalize_str("\n".join(batch)))
     visible = [(c, n) for c, n in counts.items() if tokenizer.pre_tokenizer.pre_tokenize_str(c)]
     if all_cjk:
         cjk = [c for c, _ in visible if is_cjk_char(c)]
