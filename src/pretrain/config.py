@@ -75,6 +75,12 @@ class ModelConfig:
         return "gelu"
 
     @property
+    def head_bias(self) -> bool:
+        """Whether the MLM head's transform (dense, LayerNorm) has biases: yes but in
+        families without biases (ModernBERT)."""
+        return True
+
+    @property
     def max_sequence_tokens(self) -> int | None:
         """The longest input the model accepts (tokens), or None when unbounded."""
         return getattr(self, "max_position_embeddings", None)

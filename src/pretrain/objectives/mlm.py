@@ -214,6 +214,7 @@ class MaskedLanguageModel(PretrainingModule):
             self.encoder.word_embeddings,
             initializer_range=init,
             hidden_act=model.head_activation,
+            bias=model.head_bias,
         )
         self.pair_task = self.run.objective.pair_task
         head = None
