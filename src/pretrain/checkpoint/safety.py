@@ -34,6 +34,7 @@ MODEL_CLASSES = frozenset(
         "pretrain.models.distilbert.DistilBertEncoder",
         "pretrain.models.electra.ElectraEncoder",
         "pretrain.models.gpt.GPTModel",
+        "pretrain.models.modernbert.ModernBertEncoder",
         "pretrain.models.roberta.RobertaEncoder",
         "pretrain.models.seq2seq.EncoderDecoder",
         "pretrain.models.xlnet.XLNetEncoder",
@@ -55,7 +56,14 @@ OBJECTIVE_CLASSES = frozenset(
         "pretrain.objectives.xlnet.PermutationLanguageModel",
     }
 )
-OPTIMIZER_CLASSES = frozenset({"torch.optim.AdamW", "torch.optim.Adam", "pytorch_optimizer.Lamb"})
+OPTIMIZER_CLASSES = frozenset(
+    {
+        "torch.optim.AdamW",
+        "torch.optim.Adam",
+        "pytorch_optimizer.Lamb",
+        "pytorch_optimizer.StableAdamW",
+    }
+)
 ALLOWED_TARGETS = {
     "model._target_": MODEL_CLASSES,
     "objective._target_": OBJECTIVE_CLASSES,
