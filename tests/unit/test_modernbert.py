@@ -1,6 +1,7 @@
 """The ModernBERT encoder: the same logits as transformers' ModernBertForMaskedLM after the
 export (fp32, padded batches, local and global layers), packed rows equal to the documents
-encoded alone (SDPA and FlexAttention), the unpadded paths equal to the padded one, and the
+encoded alone (SDPA and FlexAttention), FlexAttention and the unpadded path equal to SDPA on
+the padded grid, and the
 import that is the export's inverse."""
 
 import pytest
@@ -141,8 +142,8 @@ def test_packed_rows_equal_documents_encoded_alone(backend):
     assert (unmasked[7:12] - packed[7:12]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("backend,unpad", [("flex", "false"), ("sdpa", "true")])
-def test_unpadded_paths_equal_the_padded_grid(backend, unpad):
+@pytest.mark.parametrize("backend,unpad", [("flex", "false"), ("flex", "true"), ("sdpa", "true")])
+def test_flex_and_unpadded_paths_equal_the_padded_sdpa_grid(backend, unpad):
     encoder, *_ = build()
     other, *_ = build(attention_backend=backend)
     other.unpad = unpad

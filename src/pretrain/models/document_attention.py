@@ -7,10 +7,9 @@ keys of its own document only, and in a local layer only to those within `half_w
 positions on either side (ModernBERT: |q - k| <= 64 for a 128-token window). Padding attends
 to padding, so no row is empty (an empty row would give NaN); its outputs are meaningless.
 
-Two layouts: the (batch, seq) grid, masked by a dense boolean (batch, 1, seq, seq) mask for
-`torch.nn.functional.scaled_dot_product_attention` (SDPA), and the unpadded rows, the real
-tokens of the grid as one (1, tokens) sequence, masked by a FlexAttention `BlockMask`, so no
-padding block is computed. Positions restart at 0 at each document's first token, so a packed
+Attention runs on the (batch, seq) grid, masked by a dense boolean (batch, 1, seq, seq) mask
+for `torch.nn.functional.scaled_dot_product_attention` (SDPA), or by a FlexAttention
+`BlockMask`, which skips the blocks outside a document or the window and those of padding. Positions restart at 0 at each document's first token, so a packed
 document is encoded as if it were alone in its row.
 """
 
@@ -92,27 +91,35 @@ def dense_mask(
     return allowed[:, None]
 
 
-def block_mask(keys: Tensor, half_window: int | None):
-    """(tokens,) document keys of unpadded rows -> a FlexAttention BlockMask over one
-    (1, tokens) sequence: same key, and |q - k| <= half_window when given."""
+def block_mask(keys: Tensor | None, half_window: int | None, seq: int, device: torch.device):
+    """(batch, seq) document keys (None: one document filling every row) -> a FlexAttention
+    BlockMask over the grid: same document, and |q - k| <= half_window when given. Padding
+    queries see nothing (FlexAttention gives them zeros), so blocks of padding are skipped.
+    None when every position sees every other."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def same_document(batch, head, query, key):
-        allowed = keys[query] == keys[key]
-        if half_window is not None:
-            allowed = allowed & ((query - key).abs() <= half_window)
-        return allowed
+    if keys is None and half_window is None:
+        return None
 
-    tokens = keys.shape[0]
-    return create_block_mask(same_document, None, None, tokens, tokens, device=keys.device)
+    def visible(batch, head, query, key):
+        near = (query - key).abs() <= half_window if half_window is not None else query >= 0
+        if keys is None:
+            return near
+        same = (keys[batch, query] == keys[batch, key]) & (keys[batch, query] >= 0)
+        return same & near
+
+    rows = None if keys is None else keys.shape[0]
+    compiled = device.type == "cuda"  # block by block, never the dense (batch, seq, seq) mask
+    return create_block_mask(visible, rows, None, seq, seq, device=device, _compile=compiled)
 
 
 _compiled_flex = None
 
 
 def flex_attention(query: Tensor, key: Tensor, value: Tensor, mask) -> Tensor:
-    """FlexAttention of (1, heads, tokens, head) query, key and value under BlockMask `mask`;
-    compiled (fused kernels) on CUDA, the eager reference elsewhere."""
+    """FlexAttention of (batch, heads, seq, head) query, key and value under BlockMask `mask`;
+    compiled (fused kernels) on CUDA, the eager reference elsewhere (torch has no
+    FlexAttention backward on a CPU: there it serves inference and tests)."""
     global _compiled_flex
     from torch.nn.attention import flex_attention as flex
 
@@ -123,5 +130,5 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, mask) -> Tensor:
             warnings.filterwarnings("ignore", message="flex_attention called without")
             return flex.flex_attention(query, key, value, block_mask=mask)
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex.flex_attention, dynamic=False)
+        _compiled_flex = torch.compile(flex.flex_attention)
     return _compiled_flex(query, key, value, block_mask=mask)

@@ -8,8 +8,9 @@ and alternating attention: every `global_attn_every_n_layers`-th layer (the firs
 attends over the whole document, the others within a `local_attention`-token sliding window.
 Rows may pack several documents (`document_ids`); attention never crosses a document and
 positions restart at each (pretrain/models/document_attention.py). Attention runs through
-FlexAttention over the unpadded tokens (no padding compute) or SDPA over the (batch, seq)
-grid (`model.attention_backend`). Weights follow `transformers.ModernBertModel`, so the
+FlexAttention, whose block masks skip the blocks outside the window, other documents and
+padding, or SDPA with a dense mask (`model.attention_backend`); with `model.unpad` the dense
+layers run on the real tokens only (pretrain/models/unpadding.py). Weights follow `transformers.ModernBertModel`, so the
 export (pretrain/export/modernbert.py) gives the same outputs.
 """
 
@@ -128,16 +129,14 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 @dataclass
 class Layout:
-    """Where the hidden states lie and how each kind of layer attends: `rows` (FlexAttention
-    over the unpadded tokens as one (1, tokens) sequence), `unpadded` (rows gathered from
-    the grid; SDPA scatters them back), or neither (the (batch, seq) grid). `kinds` maps
-    is-global -> (cos, sin, mask); `tokens` gathers the grid into the rows the layers see
-    (None: the grid itself)."""
+    """How the layers see a batch: `unpadded` (the real tokens as (tokens, hidden) rows,
+    scattered onto the grid for attention) or None (the (batch, seq) grid); `flex`
+    (FlexAttention with BlockMasks) or SDPA with dense masks; `kinds` maps is-global ->
+    (cos, sin, mask) of that kind of layer."""
 
-    rows: bool
+    flex: bool
     unpadded: Unpadded | None
     kinds: dict
-    tokens: Unpadded | None
 
 
 class ModernBertAttention(nn.Module):
@@ -157,13 +156,11 @@ class ModernBertAttention(nn.Module):
         qkv = self.qkv(hidden)
         if layout.unpadded is not None:
             qkv = layout.unpadded.scatter(qkv)  # (batch, seq, 3 hidden)
-        elif layout.rows:
-            qkv = qkv[None]  # (1, tokens, 3 hidden)
         batch, seq, _ = qkv.shape
         qkv = qkv.view(batch, seq, 3, self.num_heads, self.head_size)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, seq, head)
         query, key = rotate(query, cos, sin), rotate(key, cos, sin)
-        if layout.rows:
+        if layout.flex:
             context = flex_attention(query, key, value, mask)
         else:
             dropout_p = self.dropout if self.training else 0.0
@@ -173,8 +170,6 @@ class ModernBertAttention(nn.Module):
         context = context.transpose(1, 2).reshape(batch, seq, -1)  # (batch, seq, hidden)
         if layout.unpadded is not None:
             context = layout.unpadded.gather(context)
-        elif layout.rows:
-            context = context[0]
         return self.output(context)
 
 
@@ -310,31 +305,22 @@ class ModernBertEncoder(nn.Module):
             positions = document_positions(keys)  # (batch, seq)
         else:
             positions = torch.arange(seq, device=device)[None]  # (1, seq)
-        rows = uses_flex(config.attention_backend, device, config.attention_dropout)
-        unpadded = tokens = None
-        if rows:
-            index = unpadded_index_  # None: every grid position a row (no host read)
-            if index is None:
-                index = torch.arange(batch * seq, device=device)
-            row = torch.arange(batch, device=device)[:, None] * seq
-            flat_keys = torch.where(keys >= 0, keys + row, -1) if keys is not None else row
-            keys = flat_keys.expand(batch, seq).reshape(-1).index_select(0, index)  # (tokens,)
-            positions = positions.expand(batch, seq).reshape(-1).index_select(0, index)[None]
-            tokens = Unpadded(index, batch, seq, None)
-        elif attention_mask is not None and unpads(self.unpad, attention_mask, unpadded_index_):
-            unpadded = tokens = unpadding(attention_mask, None, unpadded_index_)
+        flex = uses_flex(config.attention_backend, device, config.attention_dropout)
+        unpadded = None
+        if attention_mask is not None and unpads(self.unpad, attention_mask, unpadded_index_):
+            unpadded = unpadding(attention_mask, None, unpadded_index_)
         half = config.local_attention // 2
         kinds = {}
         for is_global in {layer.is_global for layer in self.layers}:
-            window = None if is_global else half
+            window = None if is_global or half >= seq - 1 else half
             theta = config.global_rope_theta if is_global else config.local_rope_theta
             cos, sin = rotary_tables(positions, self.head_size, theta, dtype)
-            if rows:
-                kind_mask = block_mask(keys, window)
+            if flex:
+                kind_mask = block_mask(keys, window, seq, device)
             else:
                 kind_mask = dense_mask(keys, window, seq, device)
             kinds[is_global] = (cos, sin, kind_mask)
-        return Layout(rows, unpadded, kinds, tokens)
+        return Layout(flex, unpadded, kinds)
 
     def forward(
         self,
@@ -355,9 +341,9 @@ class ModernBertEncoder(nn.Module):
         """
         hidden = self.embeddings(input_ids)  # (batch, seq, hidden)
         layout = self.layout(input_ids, attention_mask, unpadded_index, document_ids, hidden.dtype)
-        if layout.tokens is not None:
-            hidden = layout.tokens.gather(hidden)  # (tokens, hidden)
+        if layout.unpadded is not None:
+            hidden = layout.unpadded.gather(hidden)  # (tokens, hidden)
         for layer in self.layers:
             hidden = layer(hidden, layout)
         hidden = self.final_norm(hidden)
-        return hidden if layout.tokens is None else layout.tokens.scatter(hidden)
+        return hidden if layout.unpadded is None else layout.unpadded.scatter(hidden)

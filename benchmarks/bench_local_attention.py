@@ -1,0 +1,110 @@
+"""ModernBERT's alternating attention (a global layer every 3rd, the others in a 128-token
+sliding window) against every layer global: time and peak memory per token as the sequence
+grows, on this machine, printed as ratios (local/global over all-global).
+
+Each point runs in a fresh subprocess (so its peak resident memory is its own): a ModernBERT
+of `--hidden` features, `--layers` layers and `--heads` heads encodes one row of N tokens,
+`--repeats` times after a warm-up; the time is the median, the memory the peak RSS growth
+over the process after the model was built (activations, masks, scores). Backends:
+- sdpa: the (batch, seq) grid with a dense boolean mask (the CPU path): a local layer still
+  computes every score, so the window saves nothing here; the ratio shows the mask's cost;
+- flex: FlexAttention over the tokens with a BlockMask, compiled (inductor), inference only
+  on a CPU (torch has no FlexAttention backward on CPU): blocks outside the window are skipped.
+`--train` times forward + backward (sdpa only on a CPU).
+
+    .venv/bin/python benchmarks/bench_local_attention.py [--lengths 512 1024 2048 4096 8192]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+CHILD = r"""
+import json, resource, statistics, sys, time, warnings
+import torch
+from pretrain.models.modernbert import ModernBertEncoder
+warnings.filterwarnings("ignore")
+args = json.loads(sys.argv[1])
+torch.manual_seed(0)
+encoder = ModernBertEncoder(
+    1000, 0, hidden_size=args["hidden"], num_hidden_layers=args["layers"],
+    num_attention_heads=args["heads"], intermediate_size=args["hidden"] * 3 // 2,
+    local_attention=128, global_attn_every_n_layers=args["every"],
+    attention_backend=args["backend"], max_position_embeddings=8192,
+)
+ids = torch.randint(1, 1000, (1, args["length"]))
+mask = torch.ones_like(ids)
+def step():
+    if args["train"]:
+        encoder(ids, attention_mask=mask).square().mean().backward()
+    else:
+        with torch.no_grad():
+            encoder(ids, attention_mask=mask)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+step()  # warm-up (and compilation)
+times = []
+for _ in range(args["repeats"]):
+    start = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - start)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+print(json.dumps({"seconds": statistics.median(times), "peak_kib": peak}))
+"""
+
+
+def measure(backend: str, every: int, length: int, args) -> dict:
+    """One point in a fresh process: {"seconds": median step, "peak_kib": RSS growth}."""
+    settings = dict(
+        backend=backend,
+        every=every,
+        length=length,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        repeats=args.repeats,
+        train=args.train,
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(settings)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--backends", nargs="+", default=["sdpa", "flex"])
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--train", action="store_true", help="forward + backward (sdpa)")
+    args = parser.parse_args()
+    print(
+        "| backend | tokens | local/global µs/token | all-global µs/token | time ratio "
+        "| local/global MiB | all-global MiB | memory ratio |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for backend in args.backends:
+        for length in args.lengths:
+            local = measure(backend, 3, length, args)
+            glob = measure(backend, 1, length, args)
+            lt, gt = (1e6 * r["seconds"] / length for r in (local, glob))
+            lm, gm = (r["peak_kib"] / 1024 for r in (local, glob))
+            memory = f"{lm / gm:.2f}" if gm > 0 else "—"
+            print(
+                f"| {backend} | {length:,} | {lt:.1f} | {gt:.1f} | {lt / gt:.2f} | {lm:.0f} "
+                f"| {gm:.0f} | {memory} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
