@@ -1,8 +1,7 @@
 """The ModernBERT encoder: the same logits as transformers' ModernBertForMaskedLM after the
 export (fp32, padded batches, local and global layers), packed rows equal to the documents
 encoded alone (SDPA and FlexAttention), FlexAttention and the unpadded path equal to SDPA on
-the padded grid, and the
-import that is the export's inverse."""
+the padded grid, and the import that is the export's inverse."""
 
 import pytest
 import torch
