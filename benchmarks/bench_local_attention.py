@@ -10,9 +10,11 @@ over the process after the model was built (activations, masks, scores). Backend
   computes every score, so the window saves nothing here; the ratio shows the mask's cost;
 - flex: FlexAttention over the tokens with a BlockMask, compiled (inductor), inference only
   on a CPU (torch has no FlexAttention backward on CPU): blocks outside the window are skipped.
-`--train` times forward + backward (sdpa only on a CPU).
+`--train` times forward + backward (sdpa only on a CPU). `--device cuda` runs on the GPU
+(bf16 weights; memory is then the peak CUDA allocation over the model's own).
 
     .venv/bin/python benchmarks/bench_local_attention.py [--lengths 512 1024 2048 4096 8192]
+    .venv/bin/python benchmarks/bench_local_attention.py --device cuda --train --hidden 768 --heads 12
 """
 
 import argparse
@@ -30,13 +32,15 @@ from pretrain.models.modernbert import ModernBertEncoder
 warnings.filterwarnings("ignore")
 args = json.loads(sys.argv[1])
 torch.manual_seed(0)
+device = torch.device(args["device"])
+cuda = device.type == "cuda"
 encoder = ModernBertEncoder(
     1000, 0, hidden_size=args["hidden"], num_hidden_layers=args["layers"],
     num_attention_heads=args["heads"], intermediate_size=args["hidden"] * 3 // 2,
     local_attention=128, global_attn_every_n_layers=args["every"],
     attention_backend=args["backend"], max_position_embeddings=8192,
-)
-ids = torch.randint(1, 1000, (1, args["length"]))
+).to(device, torch.bfloat16 if cuda else torch.float32)
+ids = torch.randint(1, 1000, (1, args["length"]), device=device)
 mask = torch.ones_like(ids)
 def step():
     if args["train"]:
@@ -44,14 +48,18 @@ def step():
     else:
         with torch.no_grad():
             encoder(ids, attention_mask=mask)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = torch.cuda.memory_allocated() // 1024 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 step()  # warm-up (and compilation)
 times = []
 for _ in range(args["repeats"]):
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     step()
+    if cuda:
+        torch.cuda.synchronize()
     times.append(time.perf_counter() - start)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+peak = (torch.cuda.max_memory_allocated() // 1024 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) - base
 print(json.dumps({"seconds": statistics.median(times), "peak_kib": peak}))
 """
 
@@ -67,6 +75,7 @@ def measure(backend: str, every: int, length: int, args) -> dict:
         heads=args.heads,
         repeats=args.repeats,
         train=args.train,
+        device=args.device,
     )
     result = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(settings)],
@@ -86,6 +95,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--train", action="store_true", help="forward + backward (sdpa)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     print(
         "| backend | tokens | local/global µs/token | all-global µs/token | time ratio "
