@@ -8,8 +8,9 @@ of `--hidden` features, `--layers` layers and `--heads` heads encodes one row of
 over the process after the model was built (activations, masks, scores). Backends:
 - sdpa: the (batch, seq) grid with a dense boolean mask (the CPU path): a local layer still
   computes every score, so the window saves nothing here; the ratio shows the mask's cost;
-- flex: FlexAttention over the tokens with a BlockMask, compiled (inductor), inference only
-  on a CPU (torch has no FlexAttention backward on CPU): blocks outside the window are skipped.
+- flex: FlexAttention with a BlockMask; compiled on CUDA, where blocks outside the window
+  are skipped; on a CPU its eager reference (inference only: torch has no FlexAttention
+  backward there), which computes every score, so it shows no saving either.
 `--train` times forward + backward (sdpa only on a CPU). `--device cuda` runs on the GPU
 (bf16 weights; memory is then the peak CUDA allocation over the model's own).
 

@@ -85,8 +85,8 @@ def dense_mask(
         return None
     allowed = None if keys is None else keys[:, :, None] == keys[:, None, :]  # (batch, seq, seq)
     if window:
-        index = torch.arange(seq, device=device)
-        near = ((index[:, None] - index[None, :]).abs() <= half_window)[None]  # (1, seq, seq)
+        band = torch.ones(seq, seq, dtype=torch.bool, device=device)
+        near = band.tril(half_window).triu(-half_window)[None]  # (1, seq, seq): |q - k| <= w
         allowed = near if allowed is None else allowed & near
     return allowed[:, None]
 
