@@ -6,6 +6,7 @@ the padded grid, and the import that is the export's inverse."""
 import pytest
 import torch
 
+from pretrain.errors import ConfigError
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import HFModel
 from pretrain.export.modernbert import from_hf, to_hf
@@ -175,3 +176,10 @@ def test_neobert_settings_are_refused_by_the_export():
             state_dict(encoder, head),
             {"model": cfg, "model_runtime": {"vocab_size": VOCAB, "pad_token_id": PAD}},
         )
+
+
+def test_flex_training_off_cuda_is_refused_with_the_key():
+    encoder, *_ = build(attention_backend="flex")
+    ids, mask = padded_batch()
+    with pytest.raises(ConfigError, match="model.attention_backend"):
+        encoder.train()(ids, attention_mask=mask)

@@ -306,6 +306,11 @@ class ModernBertEncoder(nn.Module):
         else:
             positions = torch.arange(seq, device=device)[None]  # (1, seq)
         flex = uses_flex(config.attention_backend, device, config.attention_dropout)
+        if flex and device.type != "cuda" and self.training and torch.is_grad_enabled():
+            raise ConfigError(
+                "model.attention_backend=flex: torch has no FlexAttention backward on a "
+                f"{device.type} device (inference only there); set model.attention_backend=auto"
+            )
         unpadded = None
         if attention_mask is not None and unpads(self.unpad, attention_mask, unpadded_index_):
             unpadded = unpadding(attention_mask, None, unpadded_index_)
