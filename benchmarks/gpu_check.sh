@@ -10,7 +10,9 @@
 #      compiled or not, apex's FusedAdam vs torch's fused AdamW when apex is present, and the
 #      exported model's logits vs ours;
 #   3. DDP vs DeepSpeed ZeRO-2 on one device: short `pretrain` runs (trainer=gpu), their
-#      tokens/s and MFU as the run logs them.
+#      tokens/s and MFU as the run logs them;
+#   4. ModernBERT's local/global attention vs all-global (bench_local_attention.py): time and
+#      peak memory per token from 512 to 8,192 tokens, FlexAttention and SDPA, bf16 training.
 # Exits non-zero at the first check that fails. $SHARDS: a prepared corpus (default
 # data/builtin, prepared when missing); $WORK: scratch (default a new temporary directory).
 set -euo pipefail
@@ -30,6 +32,7 @@ if [ $SMOKE = 1 ]; then
 	BENCH=(--smoke)
 	RUN=(trainer=cpu model=bert_tiny data.max_seq_length=64 data.batch_size=8
 		trainer.max_steps=4 trainer.log_every_n_steps=2 data.num_workers=0)
+	WINDOW=(--backends sdpa --lengths 256 --repeats 1)
 else
 	nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 	$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device (use --smoke on a CPU)'"
@@ -38,6 +41,7 @@ else
 	BENCH=()
 	RUN=(trainer=gpu model=bert_base data.max_seq_length=128 data.batch_size=64
 		trainer.max_steps=40 trainer.log_every_n_steps=20 data.num_workers=4)
+	WINDOW=(--device cuda --train --backends flex sdpa --hidden 768 --heads 12 --layers 3)
 fi
 
 echo "== ours vs transformers, compile, apex, exported logits"
@@ -62,7 +66,10 @@ print(f"| {sys.argv[2]} | {float(last['train/tokens_per_s']):,.0f} | "
 PY
 done
 
-cat "$WORK/models.md" - "$STRATEGIES" <<<"" >"$OUT"
+echo "== ModernBERT: local/global vs all-global attention per token"
+$PY benchmarks/bench_local_attention.py "${WINDOW[@]}" >"$WORK/window.md"
+
+{ cat "$WORK/models.md"; echo; cat "$STRATEGIES"; echo; cat "$WORK/window.md"; } >"$OUT"
 echo
 cat "$OUT"
 echo "(written to $OUT)"

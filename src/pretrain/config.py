@@ -75,6 +75,12 @@ class ModelConfig:
         return "gelu"
 
     @property
+    def head_bias(self) -> bool:
+        """Whether the MLM head's transform (dense, LayerNorm) has biases: yes but in
+        families without biases (ModernBERT)."""
+        return True
+
+    @property
     def max_sequence_tokens(self) -> int | None:
         """The longest input the model accepts (tokens), or None when unbounded."""
         return getattr(self, "max_position_embeddings", None)
@@ -352,7 +358,11 @@ class OptimConfig:
             "weight_decay": 0.01,
         }
     )
-    schedule: str = "linear"
+    schedule: str = "linear"  # linear | constant | wsd (warm-up, stable, decay)
+    # wsd: the share of the steps after the warm-up that decay to 0, and the decay's shape
+    # (linear | 1-sqrt); pretrain/runtime/schedule.py
+    decay_fraction: float = 0.1
+    decay_shape: str = "1-sqrt"
     warmup_steps: int = 10000
     # Optimizer steps over which `linear` decays to 0 (null: trainer.max_steps); set it to stop
     # early with trainer.max_steps and continue later exactly.
@@ -406,10 +416,22 @@ class OptimConfig:
             "must be 0 or more, or null (use optim.warmup_steps)",
         )
         require(
-            self.schedule in ("linear", "constant"),
+            0 < self.decay_fraction <= 1,
+            "optim.decay_fraction",
+            self.decay_fraction,
+            "must be in (0, 1] (the share of the steps after the warm-up that decay)",
+        )
+        require(
+            self.decay_shape in ("linear", "1-sqrt"),
+            "optim.decay_shape",
+            self.decay_shape,
+            "must be 'linear' or '1-sqrt'",
+        )
+        require(
+            self.schedule in ("linear", "constant", "wsd"),
             "optim.schedule",
             self.schedule,
-            "must be 'linear' or 'constant'",
+            "must be 'linear', 'constant' or 'wsd'",
         )
         require(
             self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be 0 or more"

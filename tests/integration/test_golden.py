@@ -84,6 +84,11 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
         "golden_corpus",
         ("objective=causal_lm", "model=gpt_tiny", "data=full_sentences"),
     ),
+    "modernbert": (
+        "golden_corpus",
+        ("objective=mlm", "objective.mlm_probability=0.3", "model=modernbert_tiny")
+        + ("model.local_attention=16", "data=full_sentences", "optim=stable_adamw"),
+    ),
 }
 # The distillation teacher: a fresh BERT-tiny after a few MLM steps (the mlm_nsp case's model)
 TEACHER = ("objective=mlm", "model=bert_tiny", "data=full_sentences")

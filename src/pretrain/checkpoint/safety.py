@@ -35,6 +35,7 @@ MODEL_CLASSES = frozenset(
         "pretrain.models.distilbert.DistilBertEncoder",
         "pretrain.models.electra.ElectraEncoder",
         "pretrain.models.gpt.GPTModel",
+        "pretrain.models.modernbert.ModernBertEncoder",
         "pretrain.models.roberta.RobertaEncoder",
         "pretrain.models.seq2seq.EncoderDecoder",
         "pretrain.models.xlnet.XLNetEncoder",
@@ -53,7 +54,14 @@ def shipped_objective_classes(conf_dir: Path = CONF_DIR) -> frozenset[str]:
 
 _TARGET_LINE = re.compile(r"^_target_:\s*([\w.]+)", re.MULTILINE)
 OBJECTIVE_CLASSES = shipped_objective_classes()
-OPTIMIZER_CLASSES = frozenset({"torch.optim.AdamW", "torch.optim.Adam", "pytorch_optimizer.Lamb"})
+OPTIMIZER_CLASSES = frozenset(
+    {
+        "torch.optim.AdamW",
+        "torch.optim.Adam",
+        "pytorch_optimizer.Lamb",
+        "pytorch_optimizer.StableAdamW",
+    }
+)
 ALLOWED_TARGETS = {
     "model._target_": MODEL_CLASSES,
     "objective._target_": OBJECTIVE_CLASSES,

@@ -30,6 +30,7 @@ FAMILIES["xlnet"] = "pretrain.export.xlnet"
 FAMILIES["gpt2"] = "pretrain.export.gpt2"
 FAMILIES["distilbert"] = "pretrain.export.distilbert"
 FAMILIES["electra"] = "pretrain.export.electra"
+FAMILIES["modernbert"] = "pretrain.export.modernbert"
 
 
 @dataclass

@@ -100,7 +100,8 @@ def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
                 module.weight[module.padding_idx].zero_()
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
 
 
 class BertEmbeddings(nn.Module):

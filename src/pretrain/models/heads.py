@@ -30,6 +30,7 @@ class MaskedLMHead(nn.Module):
     The decoder's weight is the encoder's word-embedding weight (one shared Parameter, so an
     optimizer step updates both); the decoder has its own (vocab,) bias, `bias`. The transform
     maps hidden_size to the embedding width E (E = hidden_size in BERT, smaller in ALBERT).
+    `bias`: whether the transform's dense layer and LayerNorm have biases (ModernBERT's none).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class MaskedLMHead(nn.Module):
         word_embeddings: nn.Embedding,
         initializer_range: float = 0.02,
         hidden_act: str = "gelu",
+        bias: bool = True,
     ) -> None:
         super().__init__()
         activation_fn(hidden_act)  # fails early on an unknown name
@@ -50,8 +52,8 @@ class MaskedLMHead(nn.Module):
                 f"needs vocab_size = {vocab_size} rows"
             )
         embedding_size = word_embeddings.weight.shape[1]
-        self.dense = nn.Linear(hidden_size, embedding_size)
-        self.norm = nn.LayerNorm(embedding_size, eps=layer_norm_eps)
+        self.dense = nn.Linear(hidden_size, embedding_size, bias=bias)
+        self.norm = nn.LayerNorm(embedding_size, eps=layer_norm_eps, bias=bias)
         weight = word_embeddings.weight
         # The decoder's own weight is never used: build it on "meta" (no memory), then tie.
         self.decoder = nn.Linear(embedding_size, vocab_size, bias=False, device="meta")

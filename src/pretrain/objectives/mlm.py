@@ -203,6 +203,7 @@ class MaskedLanguageModel(Objective):
             self.encoder.word_embeddings,
             initializer_range=init,
             hidden_act=model.head_activation,
+            bias=model.head_bias,
         )
         self.pair_task = self.run.objective.pair_task
         head = None

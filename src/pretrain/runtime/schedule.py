@@ -1,8 +1,11 @@
 """The learning-rate schedule of a run, stored in its checkpoints, and how a run is extended.
 
 A schedule is a list of segments, each {"start", "warmup_steps", "end", "kind"} in optimizer
-steps: from `start`, a linear warm-up over `warmup_steps`, then `kind` ("constant", or
-"linear" decay to 0 at `end`). A run starts with one segment, start 0, ending at
+steps: from `start`, a linear warm-up over `warmup_steps`, then `kind` ("constant", "linear"
+decay to 0 at `end`, or "wsd": warm-up, stable, decay, the rate held at its peak until the
+last `decay_steps` before `end`, then decayed to 0 at `end` by `decay_shape`, "linear" or
+"1-sqrt", 1 - sqrt(progress) as in ModernBERT; `optim.decay_fraction` of the steps after the
+warm-up decay). A run starts with one segment, start 0, ending at
 `optim.schedule_steps` (null: `trainer.max_steps`). The schedule is state of the run, not of a
 launch: it is saved with the LR scheduler in every checkpoint (and as `lr_schedule`, readable
 without the weights), and a resumed launch follows the saved one whatever its own max_steps.
@@ -15,12 +18,15 @@ is explicit, `optim.extend`:
 A constant schedule is extended as is (the rate does not depend on max_steps).
 """
 
+import math
 from pathlib import Path
 from typing import Any
 
 from pretrain.errors import ConfigError
 
 EXTEND_MODES = ("refuse", "rewarm")
+SCHEDULES = ("linear", "constant", "wsd")
+DECAY_SHAPES = ("linear", "1-sqrt")
 
 
 class LearningRateSchedule:
@@ -38,12 +44,34 @@ class LearningRateSchedule:
         if segment["kind"] == "constant":
             return 1.0
         end = segment["end"]
+        if segment["kind"] == "wsd":
+            return stable_then_decay(step, end, segment["decay_steps"], segment["decay_shape"])
         return max(0.0, (end - step) / max(1, end - segment["start"] - warmup))
 
 
-def first_segment(warmup_steps: int, end: int, kind: str) -> dict:
-    """The one segment of a new run (optimizer steps)."""
-    return {"start": 0, "warmup_steps": warmup_steps, "end": end, "kind": kind}
+def stable_then_decay(step: int, end: int, decay_steps: int, shape: str) -> float:
+    """WSD's multiplier after the warm-up: 1 until `end - decay_steps`, then down to 0 at
+    `end` (optimizer steps), linearly or as 1 - sqrt(progress) (`shape` "1-sqrt")."""
+    progress = min(1.0, max(0.0, (step - (end - decay_steps)) / max(1, decay_steps)))
+    return 1.0 - (math.sqrt(progress) if shape == "1-sqrt" else progress)
+
+
+def decay_settings(optim: Any, start: int, end: int, warmup_steps: int) -> dict:
+    """The extra keys of a segment from `start` to `end` (optimizer steps) under the run's
+    (typed OptimConfig) schedule: for wsd, "decay_steps" (optim.decay_fraction of the steps
+    after the warm-up, at least 1) and "decay_shape"; none for the others."""
+    if getattr(optim, "schedule", None) != "wsd":
+        return {}
+    after_warmup = max(1, end - start - warmup_steps)
+    decay_steps = max(1, round(optim.decay_fraction * after_warmup))
+    return {"decay_steps": decay_steps, "decay_shape": optim.decay_shape}
+
+
+def first_segment(warmup_steps: int, end: int, kind: str, optim: Any = None) -> dict:
+    """The one segment of a new run (optimizer steps); `optim` (the typed OptimConfig) gives
+    a wsd segment its decay."""
+    segment = {"start": 0, "warmup_steps": warmup_steps, "end": end, "kind": kind}
+    return segment | decay_settings(optim, 0, end, warmup_steps)
 
 
 def run_schedule_end(run: Any) -> int:
@@ -70,7 +98,8 @@ def extended(segments: list[dict], step: int, run: Any, warmup_steps: int) -> li
             f"trainer.max_steps <= {last['end']}"
         )
     segment = {"start": step, "warmup_steps": warmup_steps, "end": max_steps}
-    return [*segments, segment | {"kind": run.optim.schedule}]
+    decay = decay_settings(run.optim, step, max_steps, warmup_steps)
+    return [*segments, segment | {"kind": run.optim.schedule} | decay]
 
 
 def describe_extension(segments: list[dict]) -> str:

@@ -170,7 +170,7 @@ class PretrainingTask(L.LightningModule):
             [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         )
         segment = first_segment(
-            warmup_steps(optim, plan), run_schedule_end(self.run), optim.schedule
+            warmup_steps(optim, plan), run_schedule_end(self.run), optim.schedule, optim
         )
         self._lr_schedule = LearningRateSchedule([segment])
         return {
