@@ -51,8 +51,14 @@ class PretrainingBatches:
             yield {key: batch[key] for key in STREAM_FIELDS if key in batch}
 
 
-def task_batches(task_name: str, tokenizer_dir: str | Path, max_seq_length: int, batch_size: int,
-                 train_size: int = 400, seed: int = 0) -> list[dict[str, Tensor]]:
+def task_batches(
+    task_name: str,
+    tokenizer_dir: str | Path,
+    max_seq_length: int,
+    batch_size: int,
+    train_size: int = 400,
+    seed: int = 0,
+) -> list[dict[str, Tensor]]:
     """The training examples of the built-in `pretrain-eval` task `task_name`, tokenized with
     the fast tokenizer of `tokenizer_dir` (an export directory) to `max_seq_length` tokens, in
     batches of `batch_size` (input_ids, token_type_ids, attention_mask): the data of

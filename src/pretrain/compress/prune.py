@@ -30,7 +30,9 @@ from pretrain.compress.trace import trace_encoder
 from pretrain.errors import ConfigError
 
 
-def mlm_loss(model: EncoderWithMLM, batch: dict[str, Tensor], head_gates: Tensor | None = None) -> Tensor:
+def mlm_loss(
+    model: EncoderWithMLM, batch: dict[str, Tensor], head_gates: Tensor | None = None
+) -> Tensor:
     """Mean cross-entropy of the MLM predictions at the batch's labelled positions
     (`labels` != -100), through the gated trace when `head_gates` (layers, heads) is given."""
     inputs = (batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))
@@ -56,7 +58,9 @@ def mlm_accuracy(model: EncoderWithMLM, batches: Iterable[dict[str, Tensor]]) ->
     return right / max(total, 1)
 
 
-def head_importance(model: EncoderWithMLM, batches: Iterable[dict[str, Tensor]], steps: int) -> Tensor:
+def head_importance(
+    model: EncoderWithMLM, batches: Iterable[dict[str, Tensor]], steps: int
+) -> Tensor:
     """(layers, heads) importance of every head over `steps` batches: mean |dL/d gate|, each
     layer's row divided by its L2 norm."""
     encoder = model.encoder

@@ -27,7 +27,12 @@ from pretrain.errors import ConfigError
 
 QUANTIZED_STATE = "quantized.pt"
 PROGRAM = "encoder.pt2"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
 
 
 def quantizable(module: nn.Module, name: str) -> bool:
@@ -134,23 +139,34 @@ def export_program(model: nn.Module, path: Path, max_seq_length: int) -> Path:
     wrapped = LastHiddenState(model.base_model).eval()
     inputs = example_inputs(model.config.vocab_size)
     batch, seq = Dim("batch", min=1, max=1024), Dim("seq", min=2, max=max_seq_length)
-    shapes = {name: {0: batch, 1: seq} for name in ("input_ids", "token_type_ids", "attention_mask")}
+    shapes = {
+        name: {0: batch, 1: seq} for name in ("input_ids", "token_type_ids", "attention_mask")
+    }
     with torch.no_grad():
         program = torch.export.export(wrapped, inputs, dynamic_shapes=shapes)
     torch.export.save(program, path)
     return path
 
 
-def save_quantized(model: nn.Module, source_dir: Path, out_dir: Path, max_seq_length: int,
-                   extra: dict | None = None) -> Path:
+def save_quantized(
+    model: nn.Module,
+    source_dir: Path,
+    out_dir: Path,
+    max_seq_length: int,
+    extra: dict | None = None,
+) -> Path:
     """Write `out_dir`: config.json (with a `quantization` entry and `extra`), the tokenizer
     files of `source_dir`, `quantized.pt` (the state_dict) and `encoder.pt2`; returns it."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     config = json.loads((source_dir / "config.json").read_text())
-    config["quantization"] = {"library": "torchao", "weights": "int8 per channel",
-                              "activations": "int8 per token, dynamic", **(extra or {})}
+    config["quantization"] = {
+        "library": "torchao",
+        "weights": "int8 per channel",
+        "activations": "int8 per token, dynamic",
+        **(extra or {}),
+    }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         if (source_dir / name).is_file():
@@ -179,8 +195,9 @@ def is_quantized(directory: str | Path) -> bool:
     return (Path(directory) / QUANTIZED_STATE).is_file()
 
 
-def max_abs_difference(reference: Callable[..., Tensor], other: Callable[..., Tensor],
-                       inputs: tuple[Tensor, ...]) -> float:
+def max_abs_difference(
+    reference: Callable[..., Tensor], other: Callable[..., Tensor], inputs: tuple[Tensor, ...]
+) -> float:
     """max |reference(*inputs) - other(*inputs)| over every element, without gradients."""
     with torch.no_grad():
         return float((reference(*inputs) - other(*inputs)).abs().max())

@@ -56,7 +56,9 @@ def attention_loss(student_scores: Tensor, teacher_scores: Tensor, real: Tensor)
     return (squared * pairs).sum() / pairs.sum().clamp(min=1)
 
 
-def soft_cross_entropy(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
+def soft_cross_entropy(
+    student_logits: Tensor, teacher_logits: Tensor, temperature: float
+) -> Tensor:
     """-sum_k softmax(z_T / T)_k log softmax(z_S / T)_k of (n, classes) logits, averaged over
     the n rows, in fp32."""
     targets = F.softmax(teacher_logits.float() / temperature, dim=-1)
@@ -128,7 +130,11 @@ class LayerwiseDistiller(nn.Module):
         self, student: EncoderTrace, teacher: EncoderTrace, real: Tensor
     ) -> dict[str, Tensor]:
         """Embedding, hidden and attention losses of two traces (see the module docstring)."""
-        out = {"embedding_loss": masked_mse(self.projections[0](student.embeddings), teacher.embeddings, real)}
+        out = {
+            "embedding_loss": masked_mse(
+                self.projections[0](student.embeddings), teacher.embeddings, real
+            )
+        }
         hidden = attention = 0.0
         for m, g in enumerate(self.layers, start=1):
             projected = self.projections[m](student.hidden[m - 1])
@@ -193,7 +199,9 @@ def cycled(batches: Iterable[dict[str, Tensor]]) -> Iterator[dict[str, Tensor]]:
             raise ConfigError("the distillation data gave no batch; check data.shards_dir")
 
 
-def initialise_from_teacher(student: EncoderWithMLM, teacher: EncoderWithMLM, layers: list[int]) -> None:
+def initialise_from_teacher(
+    student: EncoderWithMLM, teacher: EncoderWithMLM, layers: list[int]
+) -> None:
     """Start a student of the teacher's width from the teacher: embeddings, MLM head and the
     mapped layers (student layer m <- teacher layer g(m)); a narrower one keeps its random
     initialisation (TinyBERT's)."""
