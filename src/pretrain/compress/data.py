@@ -12,6 +12,22 @@ from pretrain.errors import ConfigError
 STREAM_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "labels")
 
 
+def outside_hydra_app(compose, overrides: list[str]):
+    """`compose(overrides)` (a Hydra compose of another config directory) from inside a
+    running Hydra app: the app's global Hydra is set aside and restored afterwards."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    global_hydra = GlobalHydra.instance()
+    running = global_hydra.hydra if global_hydra.is_initialized() else None
+    global_hydra.clear()
+    try:
+        return compose(overrides)
+    finally:
+        global_hydra.clear()
+        if running is not None:
+            global_hydra.initialize(running)
+
+
 class PretrainingBatches:
     """The MLM pretraining stream of `shards_dir`: batches of `batch_size` full-sentence
     sequences of `max_seq_length` tokens (input_ids, token_type_ids, attention_mask, labels
@@ -38,7 +54,7 @@ class PretrainingBatches:
             "data.num_workers=0",
             f"seed={seed}",
         ]
-        run, self.spec, _ = build_stream(compose_config(overrides))
+        run, self.spec, _ = build_stream(outside_hydra_app(compose_config, overrides))
         self.tokenizer_dir = Path(run.data.tokenizer_dir)  # the corpus's, checked against it
         self.epoch = 0
 

@@ -22,6 +22,7 @@ from pretrain.compress.encoders import (
 from pretrain.errors import ConfigError
 
 REPORT = "compression.json"
+SHARED_SIZES = ("max_position_embeddings", "type_vocab_size")  # a student takes the teacher's
 
 
 def stream_of(run: CompressConfig, teacher: LoadedModel) -> PretrainingBatches:
@@ -66,7 +67,9 @@ def distil_tinybert(run: CompressConfig) -> dict[str, Any]:
         )
     batches = stream_of(run, teacher)
     torch.manual_seed(run.data.seed)
-    student = EncoderWithMLM(run.student, teacher.vocab)
+    # positions and token types as the teacher's: those are what the teacher can teach
+    shared = {key: teacher.model_cfg[key] for key in SHARED_SIZES if key in teacher.model_cfg}
+    student = EncoderWithMLM({**run.student, **shared}, teacher.vocab)
     distiller = LayerwiseDistiller(student, teacher.model)
     initialise_from_teacher(student, teacher.model, distiller.layers)
     logs = [distil(distiller, batches, "intermediate", method.intermediate_steps, method.lr)]

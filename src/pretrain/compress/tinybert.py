@@ -182,7 +182,7 @@ def distil(
         schedule.step()
         losses.append(float(loss.detach()))
     distiller.eval()
-    window = max(1, min(window, len(losses)))
+    window = max(1, min(window, len(losses) // 2))
     return DistillationLog(
         stage, len(losses), sum(losses[:window]) / window, sum(losses[-window:]) / window
     )
@@ -202,10 +202,11 @@ def cycled(batches: Iterable[dict[str, Tensor]]) -> Iterator[dict[str, Tensor]]:
 def initialise_from_teacher(
     student: EncoderWithMLM, teacher: EncoderWithMLM, layers: list[int]
 ) -> None:
-    """Start a student of the teacher's width from the teacher: embeddings, MLM head and the
-    mapped layers (student layer m <- teacher layer g(m)); a narrower one keeps its random
-    initialisation (TinyBERT's)."""
-    if student.model_cfg["hidden_size"] != teacher.model_cfg["hidden_size"]:
+    """Start a student of the teacher's widths (hidden and feed-forward) from the teacher:
+    embeddings, MLM head and the mapped layers (student layer m <- teacher layer g(m)); a
+    narrower one keeps its random initialisation (TinyBERT's)."""
+    widths = ("hidden_size", "intermediate_size")
+    if any(student.model_cfg[key] != teacher.model_cfg[key] for key in widths):
         return
     with torch.no_grad():
         student.encoder.embeddings.load_state_dict(teacher.encoder.embeddings.state_dict())
