@@ -72,8 +72,8 @@ def read_weights(source: str | Path) -> tuple[dict[str, Any], dict[str, Tensor],
         state_dict, config = read_checkpoint(path)
         return dict(config["model"]), state_dict, Path(config["data"]["tokenizer_dir"])
     raise ConfigError(
-        f"{source}: no such file or directory; give a `pretrain` .ckpt or a Hugging Face "
-        "directory written by pretrain-export"
+        "no such file or directory; give a `pretrain` .ckpt or a Hugging Face directory "
+        "written by pretrain-export"
     )
 
 

@@ -35,6 +35,20 @@ TOKENIZER_FILES = (
 )
 
 
+def import_torchao() -> None:
+    """Import torchao without its warnings about the CUDA kernel libraries it ships, which a
+    CPU build of torch cannot load (harmless: the CPU paths do not use them)."""
+    import logging
+
+    log = logging.getLogger("torchao")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        import torchao  # noqa: F401
+    finally:
+        log.setLevel(level)
+
+
 def quantizable(module: nn.Module, name: str) -> bool:
     """torchao's filter: the Linear layers of the encoder (not the MLM decoder, whose weight
     is the word embeddings)."""
@@ -59,6 +73,7 @@ def load_hf_masked_lm(hf_dir: str | Path) -> nn.Module:
 def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
     """Replace, in place, the weight of every `quantizable` Linear by an int8 tensor
     (per-channel scales) with per-token dynamic int8 activations; returns `model`."""
+    import_torchao()
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
     quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=quantizable)
@@ -68,6 +83,7 @@ def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
 def prepare_qat(model: nn.Module) -> nn.Module:
     """Insert Q8BERT's fake quantizers in place: int8 symmetric per-channel weights, int8
     asymmetric per-token activations, straight-through gradients; returns `model`."""
+    import_torchao()
     from torchao.quantization import quantize_
     from torchao.quantization.qat import IntxFakeQuantizeConfig, QATConfig
 
@@ -80,6 +96,7 @@ def prepare_qat(model: nn.Module) -> nn.Module:
 
 def convert_qat(model: nn.Module) -> nn.Module:
     """The fake-quantized model of `prepare_qat` -> the int8 model of `quantize_dynamic_int8`."""
+    import_torchao()
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
     from torchao.quantization.qat import QATConfig
 

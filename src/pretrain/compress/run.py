@@ -34,11 +34,13 @@ def stream_of(run: CompressConfig, teacher: LoadedModel) -> PretrainingBatches:
     return batches
 
 
-def held_out(run: CompressConfig) -> list[dict]:
-    """The first `data.eval_batches` batches of the stream under another seed: MLM accuracy's."""
+def held_out(run: CompressConfig, teacher: LoadedModel) -> list[dict]:
+    """The first `data.eval_batches` batches of the stream under another seed: MLM accuracy's
+    (refused unless made with the teacher's tokenizer)."""
     batches = PretrainingBatches(
         run.data.shards_dir, run.data.max_seq_length, run.data.batch_size, run.data.seed + 1
     )
+    require_same_tokenizer(teacher, batches.tokenizer_dir, "teacher")
     return [batch for _, batch in zip(range(run.data.eval_batches), batches, strict=False)]
 
 
@@ -93,7 +95,7 @@ def distil_tinybert(run: CompressConfig) -> dict[str, Any]:
             )
         )
     out = write_hf_directory(student, teacher.tokenizer_dir, teacher.vocab, run.out_dir)
-    evaluation = held_out(run)
+    evaluation = held_out(run, teacher)
     return write_report(
         out,
         {
@@ -127,6 +129,7 @@ def quantize_int8(run: CompressConfig) -> dict[str, Any]:
 
     method = run.method
     teacher = load_model(run.teacher)
+    evaluation = held_out(run, teacher)
     with tempfile.TemporaryDirectory() as scratch:
         source = hf_directory(run.teacher, Path(scratch))
         reference = q.load_hf_masked_lm(source)
@@ -139,7 +142,6 @@ def quantize_int8(run: CompressConfig) -> dict[str, Any]:
             q.convert_qat(model)
         else:
             q.quantize_dynamic_int8(model)
-        evaluation = held_out(run)
         inputs = q.example_inputs(teacher.vocab.size, 4, min(64, run.data.max_seq_length))
         difference = q.max_abs_difference(
             lambda *x: reference.base_model(*x).last_hidden_state,
@@ -189,7 +191,7 @@ def prune_model(run: CompressConfig) -> dict[str, Any]:
     method = run.method
     loaded = load_model(run.teacher)
     model = loaded.model
-    evaluation = held_out(run)
+    evaluation = held_out(run, teacher)
     report: dict[str, Any] = {
         "method": method.name,
         "kind": method.kind,
