@@ -191,7 +191,7 @@ def prune_model(run: CompressConfig) -> dict[str, Any]:
     method = run.method
     loaded = load_model(run.teacher)
     model = loaded.model
-    evaluation = held_out(run, teacher)
+    evaluation = held_out(run, loaded)
     report: dict[str, Any] = {
         "method": method.name,
         "kind": method.kind,
