@@ -15,7 +15,7 @@ not_finished = { status=$$?; [ $$status -ne $(PREEMPTED) ] || echo "preempted (e
 saved a checkpoint, not finished; to resume: $(1)" >&2; exit $$status; }
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
-.PHONY: setup demo demo-ddp demo-chinese demo-families demo-sweep test test-unit golden conf-tables lint clean
+.PHONY: setup demo demo-ddp demo-chinese demo-families demo-sweep demo-compress test test-unit golden conf-tables lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -91,6 +91,25 @@ demo-chinese: $(STAMP) data/chinese/manifest.json
 demo-eval: $(STAMP)
 	test -f $(DEMO_EXPORT)/config.json || $(MAKE) demo
 	$(PY) -m pretrain.eval.demo encoder.path=$(DEMO_EXPORT) out_dir=$(DEMO_RUN)
+
+# Compress the `make demo` model every way (conf/compress/method/): TinyBERT distillation into a
+# 1-layer, 64-wide student, int8 (post-training and quantization-aware), head pruning, magnitude
+# and movement pruning to 50%; then benchmarks/compression.py prints the table (and the PNG).
+# A few minutes on 2 CPU cores.
+DEMO_COMPRESSED := exports/demo-compressed
+COMPRESS = $(PY) -m pretrain.compress.cli teacher=$(DEMO_EXPORT) data.shards_dir=data/builtin \
+	out_dir=$(DEMO_COMPRESSED)/$(1)
+demo-compress: $(STAMP) data/builtin/manifest.json
+	test -f $(DEMO_EXPORT)/config.json || $(MAKE) demo
+	rm -rf $(DEMO_COMPRESSED)
+	$(call COMPRESS,tinybert) method=tinybert student=tinybert_demo
+	$(call COMPRESS,int8) method=int8
+	$(call COMPRESS,int8_qat) method=int8_qat method.qat_steps=50
+	$(call COMPRESS,pruned_heads) method=prune_heads
+	$(call COMPRESS,pruned_magnitude) method=prune_magnitude
+	$(call COMPRESS,pruned_movement) method=prune_movement method.steps=50
+	$(PY) benchmarks/compression.py --teacher $(DEMO_EXPORT) --models $(DEMO_COMPRESSED)/* \
+		--png $(DEMO_COMPRESSED)/compression.png
 
 # One torch thread per process: the tests run tiny models, often several processes at once
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.

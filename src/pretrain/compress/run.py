@@ -1,0 +1,220 @@
+"""The three `pretrain-compress` methods: each takes the validated CompressConfig, writes a
+Hugging Face directory at `out_dir` with `compression.json` (what was done, the losses, the
+sparsity or error reached, the MLM accuracy of the teacher and of the result) and returns
+that report."""
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain.compress.config import CompressConfig
+from pretrain.compress.data import PretrainingBatches, task_batches
+from pretrain.compress.encoders import (
+    EncoderWithMLM,
+    LoadedModel,
+    load_model,
+    require_same_tokenizer,
+    write_hf_directory,
+)
+from pretrain.errors import ConfigError
+
+REPORT = "compression.json"
+SHARED_SIZES = ("max_position_embeddings", "type_vocab_size")  # a student takes the teacher's
+
+
+def stream_of(run: CompressConfig, teacher: LoadedModel) -> PretrainingBatches:
+    """The pretraining stream of `run.data`, refused unless made with the teacher's tokenizer."""
+    batches = PretrainingBatches(
+        run.data.shards_dir, run.data.max_seq_length, run.data.batch_size, run.data.seed
+    )
+    require_same_tokenizer(teacher, batches.tokenizer_dir, "teacher")
+    return batches
+
+
+def held_out(run: CompressConfig, teacher: LoadedModel) -> list[dict]:
+    """The first `data.eval_batches` batches of the stream under another seed: MLM accuracy's
+    (refused unless made with the teacher's tokenizer)."""
+    batches = PretrainingBatches(
+        run.data.shards_dir, run.data.max_seq_length, run.data.batch_size, run.data.seed + 1
+    )
+    require_same_tokenizer(teacher, batches.tokenizer_dir, "teacher")
+    return [batch for _, batch in zip(range(run.data.eval_batches), batches, strict=False)]
+
+
+def write_report(out_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """Write `<out_dir>/compression.json`; returns `report`."""
+    (out_dir / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def distil_tinybert(run: CompressConfig) -> dict[str, Any]:
+    """TinyBERT general distillation (intermediate, then prediction layer) on the stream,
+    then optional task-specific intermediate distillation; writes the student."""
+    from pretrain.compress.prune import mlm_accuracy
+    from pretrain.compress.tinybert import LayerwiseDistiller, distil, initialise_from_teacher
+
+    method = run.method
+    teacher = load_model(run.teacher)
+    if not teacher.has_mlm_head and method.prediction_steps:
+        raise ConfigError(
+            f"teacher={run.teacher}: no MLM head for the prediction-layer loss; give a *ForMaskedLM "
+            "export or set method.prediction_steps=0"
+        )
+    if not run.student:
+        raise ConfigError(
+            "student: no student model config; pass student=tinybert_4 (conf/compress/student/)"
+        )
+    batches = stream_of(run, teacher)
+    torch.manual_seed(run.data.seed)
+    # positions and token types as the teacher's: those are what the teacher can teach
+    shared = {key: teacher.model_cfg[key] for key in SHARED_SIZES if key in teacher.model_cfg}
+    student = EncoderWithMLM({**run.student, **shared}, teacher.vocab)
+    distiller = LayerwiseDistiller(student, teacher.model)
+    initialise_from_teacher(student, teacher.model, distiller.layers)
+    logs = [distil(distiller, batches, "intermediate", method.intermediate_steps, method.lr)]
+    if method.task and method.task_steps:
+        task_data = task_batches(
+            method.task,
+            run.teacher if Path(run.teacher).is_dir() else teacher.tokenizer_dir,
+            run.data.max_seq_length,
+            run.data.batch_size,
+        )
+        logs.append(distil(distiller, task_data, "intermediate", method.task_steps, method.lr))
+    if method.prediction_steps:
+        logs.append(
+            distil(
+                distiller,
+                batches,
+                "prediction",
+                method.prediction_steps,
+                method.lr,
+                method.temperature,
+            )
+        )
+    out = write_hf_directory(student, teacher.tokenizer_dir, teacher.vocab, run.out_dir)
+    evaluation = held_out(run, teacher)
+    return write_report(
+        out,
+        {
+            "method": "tinybert",
+            "teacher": run.teacher,
+            "student": run.student.get("name"),
+            "layer_map": distiller.layers,
+            "stages": [log.__dict__ for log in logs],
+            "teacher_mlm_accuracy": mlm_accuracy(teacher.model, evaluation),
+            "mlm_accuracy": mlm_accuracy(student, evaluation),
+        },
+    )
+
+
+def hf_directory(source: str, scratch: Path) -> Path:
+    """`source` if it is a Hugging Face directory, else its `pretrain-export` in `scratch`."""
+    if (Path(source) / "config.json").is_file():
+        return Path(source)
+    from pretrain.export import ExportError, export_checkpoint
+
+    try:
+        return export_checkpoint(source, scratch / "hf")
+    except ExportError as error:
+        raise ConfigError(f"teacher={source}: {error}") from None
+
+
+def quantize_int8(run: CompressConfig) -> dict[str, Any]:
+    """int8 of every encoder Linear (post-training, or after QAT fine-tuning); writes
+    quantized.pt, encoder.pt2 and the config and tokenizer beside them."""
+    from pretrain.compress import quantize as q
+
+    method = run.method
+    teacher = load_model(run.teacher)
+    evaluation = held_out(run, teacher)
+    with tempfile.TemporaryDirectory() as scratch:
+        source = hf_directory(run.teacher, Path(scratch))
+        reference = q.load_hf_masked_lm(source)
+        model = q.load_hf_masked_lm(source)
+        losses: list[float] = []
+        if method.qat_steps:
+            batches = stream_of(run, teacher)
+            q.prepare_qat(model)
+            losses = q.qat_finetune(model, batches, method.qat_steps, method.lr)
+            q.convert_qat(model)
+        else:
+            q.quantize_dynamic_int8(model)
+        inputs = q.example_inputs(teacher.vocab.size, 4, min(64, run.data.max_seq_length))
+        difference = q.max_abs_difference(
+            lambda *x: reference.base_model(*x).last_hidden_state,
+            lambda *x: model.base_model(*x).last_hidden_state,
+            (inputs[0], inputs[2], inputs[1]),
+        )
+        out = q.save_quantized(
+            model,
+            source,
+            Path(run.out_dir),
+            run.data.max_seq_length,
+            {"qat_steps": method.qat_steps},
+        )
+    return write_report(
+        out,
+        {
+            "method": method.name,
+            "teacher": run.teacher,
+            "qat_steps": method.qat_steps,
+            "qat_first_loss": losses[0] if losses else None,
+            "qat_last_loss": losses[-1] if losses else None,
+            "max_abs_hidden_difference": difference,
+            "teacher_mlm_accuracy": hf_mlm_accuracy(reference, evaluation),
+            "mlm_accuracy": hf_mlm_accuracy(model, evaluation),
+        },
+    )
+
+
+@torch.no_grad()
+def hf_mlm_accuracy(model: torch.nn.Module, batches: list[dict]) -> float:
+    """MLM accuracy of a Hugging Face *ForMaskedLM at the labelled positions of `batches`."""
+    right = total = 0
+    for batch in batches:
+        inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        where = batch["labels"] != -100
+        predicted = model(**inputs).logits[where].argmax(-1)
+        right += int((predicted == batch["labels"][where]).sum())
+        total += int(where.sum())
+    return right / max(total, 1)
+
+
+def prune_model(run: CompressConfig) -> dict[str, Any]:
+    """Head, magnitude or movement pruning of the teacher; writes the pruned model (heads:
+    zeros in place of the pruned heads, `pruned_heads` in config.json)."""
+    from pretrain.compress import prune as p
+
+    method = run.method
+    loaded = load_model(run.teacher)
+    model = loaded.model
+    evaluation = held_out(run, loaded)
+    report: dict[str, Any] = {
+        "method": method.name,
+        "kind": method.kind,
+        "teacher": run.teacher,
+        "teacher_mlm_accuracy": p.mlm_accuracy(model, evaluation),
+    }
+    extra: dict[str, Any] = {}
+    if method.kind == "heads":
+        importance = p.head_importance(model, stream_of(run, loaded), method.importance_steps)
+        pruned = p.heads_to_prune(importance, method.head_fraction)
+        p.prune_heads(model, pruned)
+        report["head_importance"] = importance.tolist()
+        report["pruned_heads"] = extra["pruned_heads"] = {str(k): v for k, v in pruned.items()}
+        report["parameters_after"] = sum(t.numel() for t in model.parameters())
+        report["mlm_accuracy"] = p.mlm_accuracy(model, evaluation)
+        model = p.dense_copy(model, loaded.vocab)
+    elif method.kind == "magnitude":
+        report["sparsity"] = p.magnitude_prune(model, method.sparsity)
+    else:
+        reached, losses = p.movement_prune(
+            model, stream_of(run, loaded), method.sparsity, method.steps, method.lr
+        )
+        report.update(sparsity=reached, first_loss=losses[0], last_loss=losses[-1])
+    report.setdefault("mlm_accuracy", p.mlm_accuracy(model, evaluation))
+    out = write_hf_directory(model, loaded.tokenizer_dir, loaded.vocab, run.out_dir, extra)
+    return write_report(out, report)
