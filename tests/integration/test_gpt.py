@@ -255,6 +255,7 @@ def test_checkpoint_exports_and_generates(trained_run, tmp_path, capsys):
         assert generate_text(module, tok, "the value of", max_new_tokens=8) == continuation
     from pretrain.cli.generate import main
 
+    capsys.readouterr()  # what the command prints, not what loading printed before it
     status = main([str(out), "--text", "the value of", "--num-beams", "3", "--max-new-tokens", "6"])
     assert status == 0 and capsys.readouterr().out.startswith("the value of => ")
 
