@@ -231,3 +231,16 @@ def test_the_console_script_says_what_is_wrong_in_one_line(prepared_corpus, teac
     )
     assert missing.returncode == 2
     assert "teacher=/nonexistent/model: no such file or directory" in missing.stderr
+
+
+def test_cfg_job_composes_without_importing_torch():
+    script = (
+        "import sys\n"
+        "sys.argv = ['pretrain-compress', '--cfg', 'job', 'method=prune_movement', 'out_dir=x']\n"
+        "from pretrain.compress.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'torchao') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "kind: movement" in done.stdout and done.stdout.splitlines()[-1] == "[]"
