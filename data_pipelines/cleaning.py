@@ -38,7 +38,7 @@ from data_pipelines.sources import RawDocument
 from data_pipelines.text import normalize
 
 PER_DOCUMENT = ("quality", "language")
-CHUNK_DOCUMENTS = 512  # documents per task
+CHUNK_DOCUMENTS = 512  # documents per task (at most; and about 1 M characters)
 _WORD_RE = re.compile(r"\w+")
 
 
@@ -268,13 +268,19 @@ def _verdicts(
             yield chunk, future.result()
 
 
-def _chunked(documents: Iterable[RawDocument], size: int) -> Iterator[list[RawDocument]]:
+def _chunked(
+    documents: Iterable[RawDocument], size: int, max_chars: int = 1 << 20
+) -> Iterator[list[RawDocument]]:
+    """Runs of at most `size` consecutive documents and about `max_chars` characters (so
+    the tasks in flight hold a bounded amount of text whatever the documents' length)."""
     chunk: list[RawDocument] = []
+    chars = 0
     for document in documents:
         chunk.append(document)
-        if len(chunk) >= size:
+        chars += len(document.text)
+        if len(chunk) >= size or chars >= max_chars:
             yield chunk
-            chunk = []
+            chunk, chars = [], 0
     if chunk:
         yield chunk
 
