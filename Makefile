@@ -114,7 +114,7 @@ test: $(STAMP)
 		> $(TEST_TMP)/multiprocess.log 2>&1 & lane=$$!; \
 	$(PYTEST_LANE) --basetemp=$(TEST_TMP)/slow $(SLOW_SINGLE) > $(TEST_TMP)/slow.log 2>&1 & slow=$$!; \
 	trap 'kill $$lane $$slow 2>/dev/null' INT TERM; \
-	$(PYTEST_LANE) --basetemp=$(TEST_TMP)/single tests/unit tests/integration \
+	$(PYTEST_LANE) --basetemp=$(TEST_TMP)/single tests/unit tests/integration tests/faults \
 		$(addprefix --ignore=,$(SLOW_SINGLE)) $(FOREGROUND_MULTIPROCESS); single=$$?; \
 	wait $$lane; multi=$$?; wait $$slow; long=$$?; \
 	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS) $(SLOW_SINGLE)"; cat $(TEST_TMP)/multiprocess.log; \
