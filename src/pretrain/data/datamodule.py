@@ -13,14 +13,13 @@ import torch
 
 from pretrain.data.loader import StepAlignedLoader
 from pretrain.data.reading import MIN_PARTITION_DOCUMENTS, StreamSpec
+from pretrain.data.shard_checks import repeat_message, repeated_shards
 from pretrain.data.shard_format import (
     Manifest,
     ShardError,
     check_shards,
     check_tokenizer,
     load_manifest,
-    repeat_message,
-    repeated_shards,
     verify_shard,
 )
 from pretrain.data.stream import EpochStream, rows_per_sample

@@ -1,0 +1,150 @@
+"""Process hygiene under real signals: a run killed with SIGKILL (the OOM killer, a node agent)
+mid-step or inside a checkpoint's write leaves no process behind (forkserver, data-loader
+workers, resource tracker), and the same command resumes it exactly; the resource tracker
+killed under a run is one warning line, not a traceback per semaphore."""
+
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from fault_helpers import SCRIPTS, marked_processes, new_marker, script_env
+from test_train import step_losses, tiny_overrides
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+
+MAX_STEPS = 12
+RUN = (
+    f"trainer.max_steps={MAX_STEPS}",
+    "trainer.checkpoint_every_n_steps=4",
+    "trainer.log_every_n_steps=1",
+    "data.num_workers=2",
+)
+
+
+class Launch:
+    """`pretrain` with `overrides` in its own session, its processes marked; its stdout lines
+    collected as they come (`lines`), stderr kept in a file."""
+
+    def __init__(self, overrides: list[str], tmp_path: Path):
+        self.marker = new_marker()
+        self.stderr = tmp_path / f"stderr-{self.marker}.txt"
+        with open(self.stderr, "w") as err:
+            self.process = subprocess.Popen(
+                [str(SCRIPTS / "pretrain"), *overrides],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=script_env(self.marker),
+                cwd=tmp_path,
+                start_new_session=True,
+            )
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, ready, timeout_s: float = 240) -> None:
+        """Poll `ready()` until true; fails when the run ended or the time ran out first."""
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            assert self.process.poll() is None, self.stderr.read_text()[-3000:]
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
+
+    def survivors_after(self, seconds: float) -> list[tuple[int, str]]:
+        """The run's processes still alive `seconds` after now (sooner when none is left);
+        any found are killed after being recorded."""
+        deadline = time.monotonic() + seconds
+        while (left := marked_processes(self.marker)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid, _ in left:
+            os.kill(pid, signal.SIGKILL)
+        return left
+
+
+def run_to_end(overrides: list[str], tmp_path: Path) -> Launch:
+    launch = Launch(overrides, tmp_path)
+    assert launch.process.wait(timeout=600) == 0, launch.stderr.read_text()[-3000:]
+    return launch
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_step_and_mid_save_leaves_no_process_and_resumes_exactly(
+    prepared_corpus, tmp_path
+):
+    reference = tmp_path / "reference"
+    run_to_end(tiny_overrides(prepared_corpus, reference, *RUN), tmp_path)
+
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(prepared_corpus, run_dir, *RUN)
+    checkpoints = run_dir / "checkpoints"
+
+    # 1. SIGKILL mid-step, after the step-4 checkpoint, its workers running
+    first = Launch(overrides, tmp_path)
+    first.wait_for(lambda: (checkpoints / "step-0000004.ckpt").is_file())
+    first.wait_for(lambda: len(marked_processes(first.marker)) >= 4)  # + forkserver, tracker
+    first.kill()
+    assert first.survivors_after(10) == []
+
+    # 2. SIGKILL inside the write of the step-8 checkpoint: it writes into a pipe the test
+    # reads from, so the kill comes while torch.save is writing it
+    second = Launch(overrides, tmp_path)
+    second.wait_for(lambda: any(line.startswith("Resuming from") for line in second.lines))
+    fifo = checkpoints / "step-0000008.ckpt.partial"
+    os.mkfifo(fifo)  # after the resume has cleaned up leftovers, long before step 8
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        second.wait_for(lambda: select.select([reader], [], [], 0)[0] != [])
+        assert len(os.read(reader, 1 << 16)) > 0  # the checkpoint's first bytes
+        second.kill()
+    finally:
+        os.close(reader)
+    assert second.survivors_after(10) == []
+    assert not (checkpoints / "step-0000008.ckpt").exists()
+
+    # 3. the same command again: resumes from step 4 and ends as if never stopped
+    third = run_to_end(overrides, tmp_path)
+    assert any(f"Resuming from {checkpoints}" in line for line in third.lines)
+    assert third.survivors_after(10) == []
+    assert not list(checkpoints.glob("*.partial"))
+    expected, resumed = step_losses(reference), step_losses(run_dir)
+    assert {step: resumed[step] for step in range(4, MAX_STEPS)} == {
+        step: expected[step] for step in range(4, MAX_STEPS)
+    }
+    for key, value in weights(reference).items():
+        torch.testing.assert_close(weights(run_dir)[key], value, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_resource_tracker_killed_under_a_run_is_one_warning_line(prepared_corpus, tmp_path):
+    overrides = tiny_overrides(prepared_corpus, tmp_path / "run", *RUN)
+    launch = Launch(overrides, tmp_path)
+
+    def tracker() -> list[int]:
+        found = marked_processes(launch.marker)
+        return [pid for pid, command in found if "resource_tracker" in command]
+
+    launch.wait_for(lambda: tracker() and len(marked_processes(launch.marker)) >= 4)
+    os.kill(tracker()[0], signal.SIGKILL)
+    assert launch.process.wait(timeout=600) == 0
+    stderr = launch.stderr.read_text()
+    assert "Traceback" not in stderr and "KeyError" not in stderr, stderr[-3000:]
+    warnings = [line for line in stderr.splitlines() if "resource tracker" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: multiprocessing's resource")
+    assert launch.survivors_after(10) == []
