@@ -137,7 +137,7 @@ test: $(STAMP)
 		$(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS)) > $$tmp/multiprocess.log 2>&1 & lane=$$!; \
 	$(PYTEST_LANE) --basetemp=$$tmp/slow $(SLOW_SINGLE) > $$tmp/slow.log 2>&1 & slow=$$!; \
 	trap 'kill $$lane $$slow 2>/dev/null' INT TERM; \
-	$(PYTEST_LANE) --basetemp=$$$$tmp/single tests/unit tests/integration tests/faults \
+	$(PYTEST_LANE) --basetemp=$$tmp/single tests/unit tests/integration tests/faults \
 		$(addprefix --ignore=,$(SLOW_SINGLE)) $(FOREGROUND_MULTIPROCESS); single=$$?; \
 	wait $$lane; multi=$$?; wait $$slow; long=$$?; \
 	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS)"; cat $$tmp/multiprocess.log; \

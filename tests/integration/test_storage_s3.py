@@ -148,3 +148,31 @@ def test_storage_options_reach_the_filesystem(corpora, tmp_path, monkeypatch):
     spec = build_stream(compose_config(overrides))[1]
     assert spec.storage.url == url and endpoint in spec.storage.options_json
     os.environ["AWS_ENDPOINT_URL"] = endpoint
+
+
+def test_the_slurm_array_prepare_writes_to_s3(corpora, tmp_path, monkeypatch):
+    """prepare-tokenizer, two array tasks and merge with out_dir on S3 (staged in the working
+    directory, as the array's tasks share it): the manifest and shards of a single run."""
+    from data_pipelines import slices
+    from data_pipelines.prepare_config import compose_prepare_config
+
+    url, local = corpora
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    halves = [work / "a.txt", work / "b.txt"]
+    documents = small_english_documents()
+    write_text_corpus(halves[0], documents[:150])
+    write_text_corpus(halves[1], documents[150:])
+    target = f"s3://{BUCKET}/sliced"
+    cfg = compose_prepare_config(
+        [f"inputs=[{halves[0]},{halves[1]}]", f"out_dir={target}", "num_proc=1", *PREPARE]
+    )
+    slices.prepare_tokenizer(cfg)
+    for index in range(2):
+        slices.prepare_slice(cfg, index, 2, progress=False)
+    assert slices.merge_slices(cfg) == target
+    remote = json.loads(filesystem(target).cat_file(f"{target}/manifest.json"))
+    assert [s["documents"] for s in remote["shards"]] == [50] * 6
+    assert remote["counts"]["documents"] == 300
+    assert not list(work.glob(".pretrain-staging/*"))  # the staging copy and slices removed

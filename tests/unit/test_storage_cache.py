@@ -154,3 +154,28 @@ def test_eviction_is_least_recently_used_and_spares_shards_in_use(tmp_path):
     assert sorted(p.name for p in root.glob("?")) == ["a", "d"]
     stored = sum(p.stat().st_size for p in root.glob("?"))
     assert stored <= 2500
+
+
+def test_a_process_holds_its_recent_shards_from_eviction(tmp_path):
+    """Through fsspec's in-memory filesystem: shards this process holds (its last
+    HELD_SHARDS) are not evicted however small the limit; older ones are."""
+    import fsspec
+
+    from pretrain.storage import StorageSpec, hold_shard
+    from pretrain.storage.corpus import HELD_SHARDS
+
+    memory = fsspec.filesystem("memory")
+    names = [f"shard-{n:06d}.tar" for n in range(HELD_SHARDS + 3)]
+    records = []
+    for number, name in enumerate(names):
+        data = bytes([number]) * 1000
+        memory.pipe_file(f"/held-corpus/{name}", data)
+        records.append((name, len(data), _sha(data)))
+    spec = StorageSpec(
+        url="memory://held-corpus", root=str(tmp_path / "c"), shards=tuple(records), limit_bytes=1
+    )
+    for name in names:
+        assert hold_shard(spec, name).read_bytes() == memory.cat_file(f"/held-corpus/{name}")
+    kept = sorted(p.name for p in (tmp_path / "c").glob("shard-*.tar"))
+    # evicted before each download: the held ones then (released since) and the newest stay
+    assert kept == names[-(HELD_SHARDS + 1) :]
