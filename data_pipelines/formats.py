@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from data_pipelines.sources import DATASETS_STATE, STREAM_ERRORS, SourceError, open_input
+from data_pipelines.inputs import DATASETS_STATE, STREAM_ERRORS, SourceError, open_input
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bz2"}
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")

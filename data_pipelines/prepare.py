@@ -20,7 +20,7 @@ from data_pipelines.annotate import annotate_corpus
 from data_pipelines.builtin_corpus import builtin_documents
 from data_pipelines.cleaning import CleaningStats, clean_documents
 from data_pipelines.document_encoding import default_num_proc, encode_corpus
-from data_pipelines.prepare_config import PrepareConfig
+from data_pipelines.prepare_config import PrepareConfig, PrepareError
 from data_pipelines.publish import check_remote_out_dir, local_out_dir, publish
 from data_pipelines.shard_writer import ShardWriter
 from data_pipelines.sources import (
@@ -43,10 +43,6 @@ from pretrain.data.shard_format import FORMAT_VERSION, MANIFEST_FILE, ids_dtype
 from pretrain.storage import is_url
 
 TOKENIZER_DIR = "tokenizer"
-
-
-class PrepareError(ValueError):
-    """Preparing cannot go on; the message names the path or key and says what to do."""
 
 
 def _check_out_dir(out_dir: Path, overwrite: bool, names: list[str]) -> None:

@@ -24,6 +24,10 @@ CONFIG_NAME = "prepare"
 RUN_ONLY_KEYS = ("out_dir", "overwrite", "num_proc")
 
 
+class PrepareError(ValueError):
+    """Preparing cannot go on; the message names the path or key and says what to do."""
+
+
 class PrepareConfigError(ValueError):
     """A prepare setting is wrong; the message names the key and says what would be right."""
 

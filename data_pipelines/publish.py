@@ -26,7 +26,7 @@ def local_out_dir(out_dir: str) -> Path:
 def check_remote_out_dir(out_dir: str, overwrite: bool) -> None:
     """For a URL out_dir: an error (PrepareError) when a corpus is there already and
     overwrite is false."""
-    from data_pipelines.prepare import PrepareError
+    from data_pipelines.prepare_config import PrepareError
     from pretrain.storage import remote_manifest_exists
 
     if is_url(out_dir) and not overwrite and remote_manifest_exists(out_dir):

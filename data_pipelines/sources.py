@@ -19,25 +19,18 @@ A text or JSONL file holding a NUL byte is binary (or UTF-16): always refused, n
 
 import glob
 import json
-import lzma
 import warnings
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from data_pipelines import formats
 from data_pipelines.builtin_corpus import BUILTIN, builtin_documents
+from data_pipelines.inputs import DATASETS_STATE, STREAM_ERRORS, SourceError
 
 _GLOB_CHARS = frozenset("*?[")
 UNDECODABLE_POLICIES = ("error", "skip", "replace")
-DATASETS_STATE = "state.json"  # marks a datasets save_to_disk directory
-# What a corrupt or truncated compressed stream raises while it is read.
-STREAM_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
-
-
-class SourceError(ValueError):
-    """An input cannot be read; the message names it and says what to do."""
 
 
 class UndecodableLinesWarning(UserWarning):
@@ -106,15 +99,6 @@ def expand_inputs(inputs: list[str]) -> list[str]:
 
 def _hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
-
-
-def open_input(name: str) -> IO[bytes]:
-    """A buffered binary stream (with `peek`) of the bytes of the source file `name`, as
-    stored (compressed or not). SourceError naming it when it cannot be opened."""
-    try:
-        return open(name, "rb")  # noqa: SIM115
-    except OSError as error:
-        raise SourceError(f"{name}: cannot be opened ({error}); fix or remove it") from error
 
 
 def _decoded_lines(
@@ -224,8 +208,6 @@ def read_source(
 
 def _documents(name: str, stats: SourceStats, text_field: str, policy: str) -> Iterator[str]:
     """Texts of the documents of the file (or datasets directory) `name`, by its format."""
-    from data_pipelines import formats
-
     fmt, compression = formats.detect_format(name)
     if fmt in ("parquet", "arrow", "datasets"):
         return formats.columnar_documents(name, fmt, text_field)
