@@ -241,5 +241,5 @@ def test_init_from_a_directory_of_another_size_names_the_key(prepared_corpus, tm
     make_family_checkpoint(tmp_path / "a.ckpt", family_config("bert"), tokenizer_dir)
     hf_dir = export_checkpoint(tmp_path / "a.ckpt", tmp_path / "hf")
     overrides = tiny_overrides(prepared_corpus, tmp_path / "run", "trainer.max_steps=1")
-    with pytest.raises(ConfigError, match=r"init_from=.*model\.hidden_size is 48"):
+    with pytest.raises(ConfigError, match=r"init_from=.*model\.hidden_size 48 -> 128"):
         train(compose_config([*overrides, f"init_from={hf_dir}"]))

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_a_tensor_is_counted_once_in_the_process_and_its_forked_child():
-    before = memory_metrics()
-    assert before["sys/workers"] == 0 and "sys/host_anon_memory_gb" in before
+    before = memory_metrics()  # other tests' servers may be children of this process
+    assert "sys/host_anon_memory_gb" in before
     held = torch.ones(2**26)  # 256 MiB, every page written
     grown = memory_metrics()
     for key in ("sys/host_memory_gb", "sys/host_anon_memory_gb"):
@@ -31,7 +31,7 @@ def test_a_tensor_is_counted_once_in_the_process_and_its_forked_child():
     try:
         os.close(read)
         shared = memory_metrics()
-        assert shared["sys/workers"] == 1
+        assert shared["sys/workers"] == before["sys/workers"] + 1
         # the 256 MiB are shared, not doubled: half of them counted in each process
         assert shared["sys/host_memory_gb"] == pytest.approx(grown["sys/host_memory_gb"], abs=0.03)
         assert shared["sys/host_memory_workers_gb"] > 0.1

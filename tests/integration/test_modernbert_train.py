@@ -45,7 +45,8 @@ def test_trains_exports_loads_in_transformers_and_initialises_a_run(prepared_cor
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     texts = ["a long sentence " * 12, "a [MASK] short one."]  # 50 tokens and padding
     batch = tokenizer(texts, return_tensors="pt", padding=True)
-    _, module, _ = prepare_run(config(prepared_corpus, tmp_path / "ours", *RECIPE))
+    _, task, _ = prepare_run(config(prepared_corpus, tmp_path / "ours", *RECIPE))
+    module = task.objective  # the objective holds the encoder and heads, under our names
     state_dict, _ = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     module.load_state_dict(state_dict)
     module.eval()
@@ -60,8 +61,8 @@ def test_trains_exports_loads_in_transformers_and_initialises_a_run(prepared_cor
     _, fresh, _ = prepare_run(
         config(prepared_corpus, tmp_path / "init", *RECIPE, f"init_from={out}")
     )
-    initialise_from(fresh, str(out))
-    loaded = fresh.state_dict()
+    initialise_from(fresh.objective, str(out))
+    loaded = fresh.objective.state_dict()
     assert all(torch.equal(loaded[key], state_dict[key]) for key in state_dict)
 
 

@@ -69,7 +69,7 @@ def test_resuming_another_model_size_names_the_key_and_shapes(prepared_corpus, t
     )
     line = exit_line(capsys, compose_config(bigger))
     assert "another model than this run's (model.hidden_size " in line and ".ckpt: " in line
-    assert "weight shape(s) differ: encoder." in line
+    assert "weight shape(s) differ: objective.encoder." in line
 
 
 def test_a_checkpoint_weights_only_refuses_exits_2(prepared_corpus, tmp_path, capsys):

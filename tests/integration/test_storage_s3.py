@@ -120,6 +120,11 @@ def test_losses_from_s3_equal_those_from_the_local_copy(corpora, tmp_path):
         *common,
         f"data.cache_dir={cache}",
         f"data.cache_limit={int(2.5 * shard_bytes)}",
+        # the data-loader workers fork from a forkserver that an earlier test of the session
+        # may have started before this module set the AWS_* environment: say it explicitly
+        f"+data.storage_options.endpoint_url={os.environ['AWS_ENDPOINT_URL']}",
+        f"+data.storage_options.key={S3_ENV['AWS_ACCESS_KEY_ID']}",
+        f"+data.storage_options.secret={S3_ENV['AWS_SECRET_ACCESS_KEY']}",
     )
     train(compose_config(remote))
     want, got = step_losses(tmp_path / "local"), step_losses(tmp_path / "s3")

@@ -30,7 +30,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 import pretrain.config  # noqa: E402, F401 - registers the schema train.yaml names
 from pretrain.cli.help import print_app_help, wants_help  # noqa: E402
-from pretrain.errors import write_line  # noqa: E402
+from pretrain.errors import ConfigError, write_line  # noqa: E402
 from pretrain.paths import CONF_DIR  # noqa: E402
 
 
@@ -52,6 +52,11 @@ def missing_corpus(shards_dir: str) -> str | None:
 
 def run_training(cfg: DictConfig) -> None:
     """The task Hydra runs (and a submitit job unpickles, by reference to this module)."""
+    try:
+        pretrain.config.check_known_keys(cfg)  # torch-free: a misspelled key comes first
+    except ConfigError as error:
+        write_line(f"error: {error}")
+        sys.exit(2)
     if (problem := missing_corpus(str(cfg.data.shards_dir))) is not None:
         write_line(f"error: {problem}")
         sys.exit(2)
