@@ -9,12 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cpu_run_overrides
-from test_sync_free_loop import SyncGuard
 
 from pretrain.config import compose_config
 from pretrain.export import export_checkpoint, read_checkpoint
 from pretrain.runtime.run import initialise_from, prepare_run, train
-from pretrain.runtime.trainer import build_trainer
 
 transformers = pytest.importorskip("transformers")
 
@@ -88,24 +86,3 @@ def test_a_resumed_run_trains_what_an_uninterrupted_one_trains(prepared_corpus, 
     assert sorted(want) == sorted(got) == list(range(6))
     assert [got[s] for s in range(6)] == pytest.approx([want[s] for s in range(6)], abs=1e-5)
     assert want[5] < want[0]  # it learns
-
-
-def test_steps_between_log_steps_never_wait_for_the_device(prepared_corpus, tmp_path):
-    steps, every = 12, 5
-    cfg = config(
-        prepared_corpus,
-        tmp_path,
-        f"trainer.max_steps={steps}",
-        f"trainer.log_every_n_steps={every}",
-        "trainer.checkpoint_every_n_steps=100",
-        "+optim.optimizer.fused=true",
-    )
-    run, module, datamodule = prepare_run(cfg)
-    guard = SyncGuard()
-    trainer = build_trainer(run, tmp_path, [guard])
-    try:
-        trainer.fit(module, datamodule=datamodule)  # HostSyncOps raises at a syncing operator
-    finally:
-        guard.on_train_batch_end(trainer, module, None, None, 0)
-    assert trainer.global_step == steps
-    assert guard.guarded == [s for s in range(1, steps) if (s + 1) % every != 0]

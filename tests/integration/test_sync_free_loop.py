@@ -51,6 +51,13 @@ class SyncGuard(L.Callback):
         ("objective=xlnet", "model=xlnet_tiny", "data=xlnet_memory"),
         ("objective=bart", "model=bart_tiny", "data=full_sentences"),
         ("objective=causal_lm", "model=gpt_tiny", "data=full_sentences"),
+        # ModernBERT's local and global layers (fused AdamW: StableAdamW reads the host per step)
+        (
+            "model=modernbert_tiny",
+            "objective=mlm",
+            "model.local_attention=16",
+            "data=full_sentences",
+        ),
     ],
     ids=lambda overrides: overrides[0].split("=")[1],
 )

@@ -38,7 +38,9 @@ def missing_corpus(shards_dir: str) -> str | None:
     """Why the local corpus `data.shards_dir` cannot be trained on (no directory, or no
     manifest.json in it), found before torch and Lightning load; None when it has a manifest
     or is a URL (the storage layer opens those)."""
-    if "://" in shards_dir or shards_dir.startswith("pipe:"):
+    from pretrain.storage import is_url  # torch- and fsspec-free
+
+    if is_url(shards_dir):
         return None
     path = Path(shards_dir)
     if (path / "manifest.json").is_file():

@@ -81,11 +81,15 @@ def _load_hf_dir(directory: Path, init: str, seed: int) -> tuple[nn.Module, Any]
 def unfinished_run_warning(checkpoint: Path) -> str | None:
     """One warning line when `checkpoint` (a file or ZeRO directory) holds fewer optimizer
     steps than its run's trainer.max_steps (a preempted or failed run), else None."""
-    from pretrain.checkpoint.resume import checkpoint_step, saved_config
+    from pretrain.checkpoint.resume import deepspeed_client_state_file
+    from pretrain.checkpoint.safety import load_weights_only
 
     try:
-        step = checkpoint_step(checkpoint)
-        max_steps = int(saved_config(checkpoint)["trainer"]["max_steps"])
+        state_file = checkpoint
+        if checkpoint.is_dir():
+            state_file = deepspeed_client_state_file(checkpoint)
+        state = load_weights_only(state_file, mmap=True)  # one read: the weights stay mapped
+        step, max_steps = int(state["global_step"]), int(state["config"]["trainer"]["max_steps"])
     except (OSError, RuntimeError, KeyError, TypeError, ValueError):
         return None  # not readable here: the export that follows names the fault
     if step >= max_steps:
