@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain.errors import ConfigError, require, require_unit_interval
+from pretrain.objectives.configs import ObjectiveConfig, register_objective_schemas
 from pretrain.runtime.batching import BatchPlan, batch_plan
 
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -86,102 +87,11 @@ class ModelConfig:
         return getattr(self, "max_position_embeddings", None)
 
 
-@dataclass
-class ObjectiveConfig:
-    """What every objective's config has; each objective module subclasses it with its own
-    settings (`<module>.config_class`), checked when the run config is validated."""
-
-    name: str = "mlm_nsp"
-    _target_: str = "pretrain.objectives.mlm.MaskedLanguageModel"
-    # dynamic: masks drawn again every epoch. static: BERT's dupe_factor copies, the mask of
-    # epoch e is the mask of copy e % dupe_factor.
-    masking: str = "dynamic"
-    dupe_factor: int = 10
-    # Corruption settings by training progress (pretrain/data/stages.py): a list of
-    # {until_tokens: N, <corruption setting>: value, ...}; a sample whose progress (tokens of
-    # the global sample order before it) is below a stage's until_tokens, and not below the
-    # previous stage's, is corrupted with that stage's settings; the last stage has no
-    # until_tokens. Empty: the objective's own settings throughout.
-    stages: list[dict[str, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        require(
-            self.masking in ("dynamic", "static"),
-            "objective.masking",
-            self.masking,
-            "must be 'dynamic' or 'static'",
-        )
-        require(
-            self.dupe_factor >= 1, "objective.dupe_factor", self.dupe_factor, "must be at least 1"
-        )
-        stage_configs(self)  # checks every stage
-
-    def check_data(self, data: "DataConfig") -> None:
-        """Cross-check with the data config (e.g. a sentence task needs a pair format)."""
-
-    @property
-    def sentence_task(self) -> str:
-        """The sentence-relation task a pair format labels pairs for (nsp, sop, three_way),
-        or "none"; objectives with a task (`MaskedLMConfig.pair_task`) say which."""
-        return "none"
-
-
-# Objective settings a stage may not change: what the stream, the model or the loss use.
-UNSTAGED_SETTINGS = ("name", "_target_", "masking", "dupe_factor", "stages", "seed", "pair_task")
-
-
-def stage_configs(objective: ObjectiveConfig) -> list[tuple[int | None, ObjectiveConfig]]:
-    """(until_tokens, the objective's config with the stage's settings) of each of
-    `objective.stages` (until_tokens None for the last); [] without stages. Checks that every
-    stage but the last has increasing until_tokens, sets only settings of the objective's
-    corruption, and that those pass the objective's own checks; errors name
-    objective.stages[i].<key>."""
-    if not objective.stages:
-        return []
-    from hydra.utils import get_class
-
-    corruption = get_class(objective._target_).corruption_class
-    settable = {f.name for f in fields(objective)} & {f.name for f in fields(corruption)}
-    settable -= set(UNSTAGED_SETTINGS)
-    staged, previous = [], 0
-    for number, stage in enumerate(objective.stages):
-        where = f"objective.stages[{number}]"
-        require(isinstance(stage, Mapping), where, stage, "must be a mapping of settings")
-        settings = dict(stage)
-        until = settings.pop("until_tokens", None)
-        if number == len(objective.stages) - 1:
-            require(
-                until is None,
-                f"{where}.until_tokens",
-                until,
-                "the last stage runs to the end of training: leave its until_tokens out",
-            )
-        else:
-            whole = isinstance(until, int) and not isinstance(until, bool)
-            require(
-                whole and until > previous,
-                f"{where}.until_tokens",
-                until,
-                f"must be a whole number of tokens above the previous stage's ({previous})",
-            )
-        unknown = sorted(set(settings) - settable)
-        require(
-            not unknown,
-            f"{where}.{unknown[0] if unknown else ''}",
-            settings.get(unknown[0]) if unknown else None,
-            f"not a corruption setting of {objective._target_} (a stage sets until_tokens "
-            f"and any of: {', '.join(sorted(settable)) or 'none'})",
-        )
-        try:
-            values = OmegaConf.merge(OmegaConf.structured(objective), settings, {"stages": []})
-            typed = OmegaConf.to_object(values)
-        except OmegaConfBaseException as error:
-            raise ConfigError(f"{where}.{error.full_key}: {error.msg}") from error
-        except ConfigError as error:
-            raise ConfigError(str(error).replace("objective.", f"{where}.", 1)) from error
-        staged.append((until, typed))
-        previous = until
-    return staged
+# The classes a model or objective section without `_target_` (a partial plain config) names.
+DEFAULT_TARGETS = {
+    "model": "pretrain.models.bert.BertEncoder",
+    "objective": ObjectiveConfig._target_,
+}
 
 
 def component_config(group: str, values: Any) -> Any:
@@ -190,6 +100,10 @@ def component_config(group: str, values: Any) -> Any:
     and checked by OmegaConf, values by the dataclass; errors name the key."""
     from hydra.utils import get_class
 
+    if is_dataclass(values) and not isinstance(values, type):  # typed while composed
+        if type(values) is get_class(values._target_).config_class:
+            return values
+        values = OmegaConf.to_container(OmegaConf.structured(values))  # another schema's
     values = OmegaConf.create(values) if not isinstance(values, DictConfig) else values
     target = values.get("_target_")
     try:
@@ -648,10 +562,10 @@ class LoggerConfig:
 class TrainConfig:
     """The whole run. `run_dir` is derived from names, never a timestamp, so requeued jobs find it."""
 
-    model: Any = field(default_factory=lambda: {"_target_": "pretrain.models.bert.BertEncoder"})
-    objective: Any = field(
-        default_factory=lambda: {"_target_": "pretrain.objectives.mlm.MaskedLanguageModel"}
-    )
+    model: Any = field(default_factory=lambda: {"_target_": DEFAULT_TARGETS["model"]})
+    # Typed while Hydra composes: each objective yaml starts from its schema
+    # (`pretrain.objectives.configs.OBJECTIVE_SCHEMAS`).
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -672,7 +586,7 @@ class TrainConfig:
 
         self.model = component_config("model", self.model)
         self.objective = component_config("objective", self.objective)
-        self.objective.check_data(self.data)
+        self.objective.check_data(self.data.format)
         require(
             not (self.objective.stages and INPUT_FORMATS[self.data.format].memory),
             "objective.stages",
@@ -791,6 +705,7 @@ def register_schemas() -> None:
     `${sweep_suffix:}` resolver."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    register_objective_schemas()
     OmegaConf.register_new_resolver("sweep_suffix", sweep_suffix, replace=True)
 
 
@@ -800,6 +715,17 @@ def validate(cfg: DictConfig) -> TrainConfig:
     no place for (added with `+key=...` on the command line) is a ConfigError naming it."""
     check_known_keys(cfg)
     return OmegaConf.to_object(cfg)
+
+
+def check_objective_section(cfg: DictConfig) -> ObjectiveConfig:
+    """The composed config's `objective` section built into its schema (typed while Hydra
+    composed it), running its value checks without importing torch (but with
+    objective.stages, which asks the objective's corruption what a stage may set); a bad
+    value is a ConfigError naming the key."""
+    try:
+        return OmegaConf.to_object(cfg.objective)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"objective.{error.full_key}: {error.msg}") from error
 
 
 def check_known_keys(node: Any, prefix: str = "") -> None:
@@ -842,9 +768,8 @@ def run_config(config: "TrainConfig | Mapping[str, Any] | DictConfig") -> TrainC
     values = {k: v for k, v in config.items() if k not in RUNTIME_SECTIONS}
     for group in ("model", "objective"):  # their defaults (names: run_name) from the schema
         if group in values:
-            default = {f.name: f for f in fields(TrainConfig)}[group].default_factory()
-            typed = component_config(group, {**default, **values[group]})
-            values[group] = OmegaConf.to_container(OmegaConf.structured(typed))
+            given = {"_target_": DEFAULT_TARGETS[group], **values[group]}
+            values[group] = OmegaConf.structured(component_config(group, given))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), values)
     except OmegaConfBaseException as error:

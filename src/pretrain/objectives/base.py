@@ -11,16 +11,10 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from pretrain.config import (
-    ObjectiveConfig,
-    TrainConfig,
-    plain_config,
-    run_config,
-    settings_from,
-    stage_configs,
-)
+from pretrain.config import TrainConfig, plain_config, run_config, settings_from
 from pretrain.data.stages import StagedCorruption
 from pretrain.data.vocab import Vocabulary
+from pretrain.objectives.configs import ObjectiveConfig, stage_configs
 
 if TYPE_CHECKING:
     import lightning as L
