@@ -211,3 +211,13 @@ def precision_kind(precision: str) -> str:
     if precision.startswith("16"):
         return "fp16"
     return "fp32"
+
+
+def model_flops_metrics(flops_per_s: float, peak_tflops: float | None) -> dict:
+    """This rank's model FLOP/s (`pretrain.runtime.flops`: the family's FLOP model, else the 6N rule)
+    in TFLOP/s as `train/model_tflops`, and over the device's peak (TFLOP/s:
+    `trainer.peak_tflops`, else the table or a measured CPU GEMM) as `train/mfu`."""
+    metrics = {"train/model_tflops": flops_per_s / 1e12}
+    if peak_tflops:
+        metrics["train/mfu"] = metrics["train/model_tflops"] / peak_tflops
+    return metrics

@@ -19,6 +19,7 @@ A constant schedule is extended as is (the rate does not depend on max_steps).
 """
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,17 @@ def stored_schedule(state: dict) -> list[dict] | None:
         return [first_segment(optim["warmup_steps"], trainer["max_steps"], optim["schedule"])]
     except (KeyError, TypeError):
         return None
+
+
+def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
+    """Learning-rate multiplier at an optimizer step: linear warm-up over `warmup_steps`, then
+    constant or linear decay to 0 at `total_steps`."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
