@@ -94,7 +94,9 @@ DEFAULT_TARGETS = {
 }
 
 
-def component_config(group: str, values: Any) -> Any:
+def component_config(
+    group: str, values: "ModelConfig | ObjectiveConfig | Mapping[str, Any]"
+) -> "ModelConfig | ObjectiveConfig":
     """Build and check the config dataclass of the class named by `values["_target_"]` (its
     `config_class`) for the config group `group` ("model", "objective"): types are converted
     and checked by OmegaConf, values by the dataclass; errors name the key."""
@@ -728,7 +730,7 @@ def check_objective_section(cfg: DictConfig) -> ObjectiveConfig:
         raise ConfigError(f"objective.{error.full_key}: {error.msg}") from error
 
 
-def check_known_keys(node: Any, prefix: str = "") -> None:
+def check_known_keys(node: object, prefix: str = "") -> None:
     """ConfigError naming the first key of `node` (a composed config, or a section of it) that
     its schema dataclass has no field for; open places (fields typed `dict` or `Any`: the
     optimizer's arguments, `strategy.deepspeed`; `model` and `objective`, which
@@ -802,7 +804,7 @@ def plain_config(run: TrainConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(run), resolve=True)
 
 
-def settings_from(cls: type[T], *sections: Any, **given: Any) -> T:
+def settings_from(cls: type[T], *sections: object, **given: object) -> T:
     """An instance of the dataclass `cls` (a corruption, a stream spec) built from typed
     config: each field is `given[name]` when given, else the attribute of that name of the
     first of `sections` (typed config sections) that has one, else the field's default."""

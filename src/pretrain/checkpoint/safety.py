@@ -76,13 +76,13 @@ class UnsafeCheckpointError(ConfigError):
     message is one line naming the file (and the key)."""
 
 
-def check_stored_targets(config: Any, source: str | Path) -> None:
+def check_stored_targets(config: Mapping[str, Any], source: str | Path) -> None:
     """Refuse (`UnsafeCheckpointError`) a config read back from `source` (a checkpoint, an
     export) whose `_target_` values are not this project's classes at their places
     (`ALLOWED_TARGETS`); a `_target_` anywhere else (a nested one) is refused too. Only
     compares strings: nothing is imported."""
 
-    def walk(node: Any, prefix: str) -> None:
+    def walk(node: object, prefix: str) -> None:
         if isinstance(node, Mapping):
             for key, value in node.items():
                 dotted = f"{prefix}{key}"

@@ -5,7 +5,7 @@ Nothing here knows about objectives; an objective composes an encoder and heads.
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -13,13 +13,16 @@ from torch import nn
 
 from pretrain.models.unpadding import set_unpadding
 
+if TYPE_CHECKING:
+    from pretrain.config import ModelConfig
+
 RUNTIME_KEYS = ("vocab_size", "pad_token_id")
 # of ModelConfig, not constructor arguments (layer_norm_impl: pretrain.runtime.kernels swaps LayerNorms;
 # unpad: an attribute of the encoder, set by build_encoder)
 DESCRIPTIVE_KEYS = ("name", "reference_vocab_size", "layer_norm_impl", "unpad")
 
 
-def _plain(model_cfg: Any) -> dict:
+def _plain(model_cfg: "ModelConfig | Mapping[str, Any]") -> dict:
     if isinstance(model_cfg, DictConfig):
         return OmegaConf.to_container(model_cfg, resolve=True)
     if dataclasses.is_dataclass(model_cfg) and not isinstance(model_cfg, type):
