@@ -16,7 +16,7 @@ checkpoint or an export is loaded.
 import contextlib
 import pickle
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -154,14 +154,16 @@ _torch_load = torch.load
 
 
 @contextlib.contextmanager
-def weights_only_loading() -> Iterator[None]:
+def weights_only_loading(transform: Callable[[Any], Any] | None = None) -> Iterator[None]:
     """Within: every `torch.load` (DeepSpeed's engine and `zero_to_fp32` ask for
-    weights_only=False) is `load_weights_only`, so a ZeRO directory is read as data."""
+    weights_only=False) is `load_weights_only`, so a ZeRO directory is read as data; each
+    loaded object passed through `transform` when given (older weight names renamed)."""
 
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         if args:  # torch.load(f, map_location, pickle_module, ...)
             kwargs.setdefault("map_location", args[0])
-        return load_weights_only(f, **kwargs)
+        loaded = load_weights_only(f, **kwargs)
+        return loaded if transform is None else transform(loaded)
 
     torch.load = load
     try:
