@@ -16,80 +16,19 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain.errors import ConfigError, require, require_unit_interval
+from pretrain.models.configs import KERNEL_IMPLS, ModelConfig, register_model_schemas
 from pretrain.objectives.configs import ObjectiveConfig, register_objective_schemas
 from pretrain.runtime.batching import BatchPlan, batch_plan
 
 LR_SCALINGS = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "deepspeed")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
-KERNEL_IMPLS = (
-    "auto",
-    "torch",
-    "apex",
-)  # optim.impl, model.layer_norm_impl (pretrain.runtime.kernels)
 T = TypeVar("T")
-
-
-@dataclass
-class ModelConfig:
-    """What every model config has. Each model class subclasses it with its sizes (its
-    `config_class`, e.g. `BertEncoderConfig`), checked when the run config is validated."""
-
-    name: str = "bert_tiny"
-    _target_: str = "pretrain.models.bert.BertEncoder"
-    # Vocabulary size (tokens) of the paper's tokenizer: used by `pretrain-params` and the
-    # parameter-count checks; training takes the size of the run's own tokenizer.
-    reference_vocab_size: int | None = None
-    # LayerNorm kernels: auto (apex's FusedLayerNorm on CUDA when apex is installed, else
-    # torch's) | torch | apex (an error where apex cannot run); see pretrain/runtime/kernels.py.
-    layer_norm_impl: str = "auto"
-    # The unpadded encoder path (BERT family; pretrain/models/unpadding.py): dense layers on
-    # the real tokens only. auto (unpadded on CUDA when a batch has padding to drop, padded
-    # on the CPU) | true | false; the same outputs either way (dropout draws other masks).
-    unpad: str = "auto"
-
-    def __post_init__(self) -> None:
-        require(
-            self.reference_vocab_size is None or self.reference_vocab_size > 0,
-            "model.reference_vocab_size",
-            self.reference_vocab_size,
-            "must be positive or null",
-        )
-        require(
-            self.layer_norm_impl in KERNEL_IMPLS,
-            "model.layer_norm_impl",
-            self.layer_norm_impl,
-            f"must be one of {', '.join(KERNEL_IMPLS)}",
-        )
-        self.unpad = str(self.unpad).lower()  # a YAML true/false arrives as a bool
-        require(
-            self.unpad in ("auto", "true", "false"),
-            "model.unpad",
-            self.unpad,
-            "must be auto, true or false",
-        )
-
-    @property
-    def head_activation(self) -> str:
-        """The activation of the MLM head's transform: exact GELU; a family with its own
-        (ALBERT's `hidden_act`) says so."""
-        return "gelu"
-
-    @property
-    def head_bias(self) -> bool:
-        """Whether the MLM head's transform (dense, LayerNorm) has biases: yes but in
-        families without biases (ModernBERT)."""
-        return True
-
-    @property
-    def max_sequence_tokens(self) -> int | None:
-        """The longest input the model accepts (tokens), or None when unbounded."""
-        return getattr(self, "max_position_embeddings", None)
 
 
 # The classes a model or objective section without `_target_` (a partial plain config) names.
 DEFAULT_TARGETS = {
-    "model": "pretrain.models.bert.BertEncoder",
+    "model": ModelConfig._target_,
     "objective": ObjectiveConfig._target_,
 }
 
@@ -564,9 +503,10 @@ class LoggerConfig:
 class TrainConfig:
     """The whole run. `run_dir` is derived from names, never a timestamp, so requeued jobs find it."""
 
-    model: Any = field(default_factory=lambda: {"_target_": DEFAULT_TARGETS["model"]})
-    # Typed while Hydra composes: each objective yaml starts from its schema
+    # Typed while Hydra composes: each model yaml starts from its family's schema
+    # (`pretrain.models.configs.MODEL_SCHEMAS`), each objective yaml from its objective's
     # (`pretrain.objectives.configs.OBJECTIVE_SCHEMAS`).
+    model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -707,6 +647,7 @@ def register_schemas() -> None:
     `${sweep_suffix:}` resolver."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    register_model_schemas()
     register_objective_schemas()
     OmegaConf.register_new_resolver("sweep_suffix", sweep_suffix, replace=True)
 

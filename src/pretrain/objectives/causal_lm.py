@@ -25,7 +25,7 @@ from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.generation import GenerationSetup
 from pretrain.models.gpt import CachedDecoderStep
 from pretrain.objectives.base import Losses, Objective

@@ -31,7 +31,7 @@ from pretrain.data.prediction_budget import (
     sequence_widths,
 )
 from pretrain.data.vocab import Vocabulary
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models.seq2seq import TiedLMHead
 from pretrain.objectives.base import Losses, Objective

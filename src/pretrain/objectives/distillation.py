@@ -26,7 +26,7 @@ from torch import nn
 from pretrain.config import TrainConfig
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import unpadded_inputs
 from pretrain.objectives.base import Losses

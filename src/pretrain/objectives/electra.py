@@ -24,7 +24,7 @@ from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
-from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
+from pretrain.models.build import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import set_unpadding, unpadded_inputs

@@ -25,7 +25,7 @@ from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_unifor
 from pretrain.data.masking import candidate_tokens, corrupt_selected, select_exact_fraction
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.data.vocab import Vocabulary
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.models.unpadding import unpadded_inputs
 from pretrain.objectives.base import Losses, Objective

@@ -44,7 +44,7 @@ from pretrain.data.prediction_budget import prediction_widths, width_for
 from pretrain.data.stream import memory_rows
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
 from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.configs import PermutationLMConfig

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from pretrain.config import ModelConfig
+from pretrain.models.configs import ModelConfig
 
 # A model config, typed or as a checkpoint stores it; a count of tokens (or pairs, rows): a
 # number, or a 0-d tensor on the device (read back only on log steps).
