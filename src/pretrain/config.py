@@ -660,15 +660,18 @@ def validate(cfg: DictConfig) -> TrainConfig:
     return OmegaConf.to_object(cfg)
 
 
-def check_objective_section(cfg: DictConfig) -> ObjectiveConfig:
-    """The composed config's `objective` section built into its schema (typed while Hydra
-    composed it), running its value checks without importing torch (but with
-    objective.stages, which asks the objective's corruption what a stage may set); a bad
+def check_component_sections(cfg: DictConfig) -> tuple[ModelConfig, ObjectiveConfig]:
+    """The composed config's `model` and `objective` sections built into their schemas (typed
+    while Hydra composed them), running their value checks without importing torch (but
+    with objective.stages, which asks the objective's corruption what a stage may set); a bad
     value is a ConfigError naming the key."""
-    try:
-        return OmegaConf.to_object(cfg.objective)
-    except OmegaConfBaseException as error:
-        raise ConfigError(f"objective.{error.full_key}: {error.msg}") from error
+    sections = []
+    for group in ("model", "objective"):
+        try:
+            sections.append(OmegaConf.to_object(cfg[group]))
+        except OmegaConfBaseException as error:
+            raise ConfigError(f"{group}.{error.full_key}: {error.msg}") from error
+    return sections[0], sections[1]
 
 
 def check_known_keys(node: object, prefix: str = "") -> None:

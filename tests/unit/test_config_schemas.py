@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
 
-from pretrain.config import check_objective_section, compose_config
+from pretrain.config import check_component_sections, compose_config
 from pretrain.errors import ConfigError
 from pretrain.models import configs as model_configs
 from pretrain.models.configs import MODEL_SCHEMAS
@@ -31,30 +30,35 @@ def schema_default(schema: type, key: str) -> object:
     return item.default_factory()
 
 
-def base_values(group: str, path: Path) -> tuple[dict, type]:
-    """What the yaml's keys would be without it: the composed values of the yaml its defaults
-    list names first, else its schema's defaults; and the composed section's schema."""
-    defaults = yaml.safe_load(path.read_text()).get("defaults", [])
-    composed = compose_config([f"{group}={path.stem}"])[group]
-    schema = OmegaConf.get_type(composed)
-    parents = [d for d in defaults if d != "_self_" and not d.startswith("/schema/")]
-    if parents:
-        return dict(compose_config([f"{group}={parents[0]}"])[group]), schema
-    named = [d for d in defaults if d.startswith(f"/schema/{group}/")]
-    assert named, f"{path.name}: its defaults list names neither its schema nor another yaml"
-    return {f.name: schema_default(schema, f.name) for f in dataclasses.fields(schema)}, schema
+SCHEMAS = {"model": MODEL_SCHEMAS, "objective": OBJECTIVE_SCHEMAS}
+
+
+def starting_point(group: str, path: Path) -> tuple[dict, type]:
+    """What a yaml's keys would be without it, read as Hydra composes its defaults list (the
+    schema's defaults, then each yaml of the chain above it): the values, and the schema."""
+    own = yaml.safe_load(path.read_text())
+    defaults = [d for d in own.get("defaults", []) if d != "_self_"]
+    assert len(defaults) == 1, f"{path.name}: name its schema or one yaml of its group first"
+    if defaults[0].startswith(f"/schema/{group}/"):
+        schema = SCHEMAS[group][defaults[0].split("/")[3].split("@")[0]]
+        return {f.name: schema_default(schema, f.name) for f in dataclasses.fields(schema)}, schema
+    parent = path.with_name(f"{defaults[0]}.yaml")
+    values, schema = starting_point(group, parent)
+    given = {k: v for k, v in yaml.safe_load(parent.read_text()).items() if k != "defaults"}
+    return values | given, schema
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda path: f"{path.parent.name}/{path.stem}")
 def test_a_yaml_gives_only_values_that_differ_from_its_schema_or_parent(path):
     group = path.parent.name
     given = {k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "defaults"}
-    base, schema = base_values(group, path)
+    base, schema = starting_point(group, path)
     root = model_configs.ModelConfig if group == "model" else configs.ObjectiveConfig
     assert issubclass(schema, root)
-    repeated = {k: v for k, v in given.items() if k in base and v == base[k]}
+    assert set(given) <= set(base), f"{path.name}: not settings of {schema.__name__}"
+    repeated = {k: v for k, v in given.items() if v == base[k]}
     assert not repeated, f"{path.name} repeats the values it starts from: {repeated}"
-    assert compose_config([f"{group}={path.stem}"])[group].name == path.stem
+    assert (base | given)["name"] == path.stem  # the option's name is the section's
 
 
 def test_every_schema_is_the_config_class_of_its_class():
@@ -62,7 +66,6 @@ def test_every_schema_is_the_config_class_of_its_class():
 
     for name, schema in OBJECTIVE_SCHEMAS.items():
         assert get_class(schema._target_).config_class is schema, name
-        assert compose_config([f"objective={name}"]).objective._target_ == schema._target_
     for name, schema in MODEL_SCHEMAS.items():
         assert get_class(schema._target_).config_class is schema, name
 
@@ -76,12 +79,22 @@ def test_the_activation_names_are_those_the_modules_implement():
     assert set(model_configs.SEQ2SEQ_ACTIVATIONS) == set(seq2seq.ACTIVATIONS)
 
 
-def test_a_bad_objective_value_names_its_key():
+def test_a_bad_value_names_its_key():
     cfg = compose_config(["objective=span", "objective.span_geometric_p=1.5"])
     with pytest.raises(ConfigError, match=r"^objective\.span_geometric_p = 1\.5: must lie in"):
-        check_objective_section(cfg)
-    good = check_objective_section(compose_config(["objective=span", "objective.span_max_words=4"]))
-    assert (type(good).__name__, good.span_max_words, good.span_geometric_p) == (
+        check_component_sections(cfg)
+    cfg = compose_config(["model=bert_mini", "model.num_attention_heads=3"])
+    with pytest.raises(ConfigError, match=r"^model\.hidden_size"):
+        check_component_sections(cfg)
+    model, objective = check_component_sections(
+        compose_config(["model=roberta_tiny", "objective=span", "objective.span_max_words=4"])
+    )
+    assert (type(model).__name__, model.hidden_size, model.max_position_embeddings) == (
+        "RobertaEncoderConfig",
+        128,
+        514,
+    )
+    assert (type(objective).__name__, objective.span_max_words, objective.span_geometric_p) == (
         "SpanMaskingConfig",
         4,
         0.2,
