@@ -56,7 +56,8 @@ class Objective(nn.Module):
     `corruption_class`, and implement `forward` and `forward_flops`."""
 
     summary_metric: ClassVar[str] = "mlm_loss"  # the metric the run summary reports
-    config_class: ClassVar[type] = ObjectiveConfig  # the objective's dataclass schema
+    # the objective's dataclass schema, in pretrain.objectives.configs (torch-free)
+    config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
     # The picklable transform data-loader workers apply to each batch: (batch, epoch) ->
     # batch; a dataclass built by `build_corruption`.
     corruption_class: ClassVar[type | None] = None
