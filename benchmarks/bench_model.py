@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.export.bert import bert_to_hf_state_dict, hf_config
-from pretrain.models import build_encoder, count_parameters
+from pretrain.models.build import build_encoder, count_parameters
 from pretrain.models.heads import MaskedLMHead
 from pretrain.objectives.predictions import (
     gather_positions,

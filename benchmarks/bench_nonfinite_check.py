@@ -13,7 +13,7 @@ import torch
 from torch.nn.utils import get_total_norm
 
 from pretrain.config import compose_config
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 
 
 def per_parameter(grads: list[torch.Tensor]) -> bool:

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from pretrain.config import compose_config
 from pretrain.export.hf import family_module
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.heads import MaskedLMHead
 from pretrain.objectives.predictions import gather_positions
 from pretrain.runtime.flops import device_peak_tflops, embedding_size, encoder_flops, mlm_head_flops

@@ -228,7 +228,7 @@ def tiny_encoder_checkpoint(
     import torch
 
     from pretrain.data.vocab import load_vocabulary
-    from pretrain.models import build_encoder
+    from pretrain.models.build import build_encoder
 
     tokenizer_dir = prepared_corpus / "tokenizer"
     vocab = load_vocabulary(tokenizer_dir)

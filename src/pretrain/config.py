@@ -16,180 +16,35 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain.errors import ConfigError, require, require_unit_interval
+from pretrain.models.configs import KERNEL_IMPLS, ModelConfig, register_model_schemas
+from pretrain.objectives.configs import ObjectiveConfig, register_objective_schemas
 from pretrain.runtime.batching import BatchPlan, batch_plan
 
 LR_SCALINGS = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "deepspeed")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
-KERNEL_IMPLS = (
-    "auto",
-    "torch",
-    "apex",
-)  # optim.impl, model.layer_norm_impl (pretrain.runtime.kernels)
 T = TypeVar("T")
 
 
-@dataclass
-class ModelConfig:
-    """What every model config has. Each model class subclasses it with its sizes (its
-    `config_class`, e.g. `BertEncoderConfig`), checked when the run config is validated."""
-
-    name: str = "bert_tiny"
-    _target_: str = "pretrain.models.bert.BertEncoder"
-    # Vocabulary size (tokens) of the paper's tokenizer: used by `pretrain-params` and the
-    # parameter-count checks; training takes the size of the run's own tokenizer.
-    reference_vocab_size: int | None = None
-    # LayerNorm kernels: auto (apex's FusedLayerNorm on CUDA when apex is installed, else
-    # torch's) | torch | apex (an error where apex cannot run); see pretrain/runtime/kernels.py.
-    layer_norm_impl: str = "auto"
-    # The unpadded encoder path (BERT family; pretrain/models/unpadding.py): dense layers on
-    # the real tokens only. auto (unpadded on CUDA when a batch has padding to drop, padded
-    # on the CPU) | true | false; the same outputs either way (dropout draws other masks).
-    unpad: str = "auto"
-
-    def __post_init__(self) -> None:
-        require(
-            self.reference_vocab_size is None or self.reference_vocab_size > 0,
-            "model.reference_vocab_size",
-            self.reference_vocab_size,
-            "must be positive or null",
-        )
-        require(
-            self.layer_norm_impl in KERNEL_IMPLS,
-            "model.layer_norm_impl",
-            self.layer_norm_impl,
-            f"must be one of {', '.join(KERNEL_IMPLS)}",
-        )
-        self.unpad = str(self.unpad).lower()  # a YAML true/false arrives as a bool
-        require(
-            self.unpad in ("auto", "true", "false"),
-            "model.unpad",
-            self.unpad,
-            "must be auto, true or false",
-        )
-
-    @property
-    def head_activation(self) -> str:
-        """The activation of the MLM head's transform: exact GELU; a family with its own
-        (ALBERT's `hidden_act`) says so."""
-        return "gelu"
-
-    @property
-    def head_bias(self) -> bool:
-        """Whether the MLM head's transform (dense, LayerNorm) has biases: yes but in
-        families without biases (ModernBERT)."""
-        return True
-
-    @property
-    def max_sequence_tokens(self) -> int | None:
-        """The longest input the model accepts (tokens), or None when unbounded."""
-        return getattr(self, "max_position_embeddings", None)
+# The classes a model or objective section without `_target_` (a partial plain config) names.
+DEFAULT_TARGETS = {
+    "model": ModelConfig._target_,
+    "objective": ObjectiveConfig._target_,
+}
 
 
-@dataclass
-class ObjectiveConfig:
-    """What every objective's config has; each objective module subclasses it with its own
-    settings (`<module>.config_class`), checked when the run config is validated."""
-
-    name: str = "mlm_nsp"
-    _target_: str = "pretrain.objectives.mlm.MaskedLanguageModel"
-    # dynamic: masks drawn again every epoch. static: BERT's dupe_factor copies, the mask of
-    # epoch e is the mask of copy e % dupe_factor.
-    masking: str = "dynamic"
-    dupe_factor: int = 10
-    # Corruption settings by training progress (pretrain/data/stages.py): a list of
-    # {until_tokens: N, <corruption setting>: value, ...}; a sample whose progress (tokens of
-    # the global sample order before it) is below a stage's until_tokens, and not below the
-    # previous stage's, is corrupted with that stage's settings; the last stage has no
-    # until_tokens. Empty: the objective's own settings throughout.
-    stages: list[dict[str, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        require(
-            self.masking in ("dynamic", "static"),
-            "objective.masking",
-            self.masking,
-            "must be 'dynamic' or 'static'",
-        )
-        require(
-            self.dupe_factor >= 1, "objective.dupe_factor", self.dupe_factor, "must be at least 1"
-        )
-        stage_configs(self)  # checks every stage
-
-    def check_data(self, data: "DataConfig") -> None:
-        """Cross-check with the data config (e.g. a sentence task needs a pair format)."""
-
-    @property
-    def sentence_task(self) -> str:
-        """The sentence-relation task a pair format labels pairs for (nsp, sop, three_way),
-        or "none"; objectives with a task (`MaskedLMConfig.pair_task`) say which."""
-        return "none"
-
-
-# Objective settings a stage may not change: what the stream, the model or the loss use.
-UNSTAGED_SETTINGS = ("name", "_target_", "masking", "dupe_factor", "stages", "seed", "pair_task")
-
-
-def stage_configs(objective: ObjectiveConfig) -> list[tuple[int | None, ObjectiveConfig]]:
-    """(until_tokens, the objective's config with the stage's settings) of each of
-    `objective.stages` (until_tokens None for the last); [] without stages. Checks that every
-    stage but the last has increasing until_tokens, sets only settings of the objective's
-    corruption, and that those pass the objective's own checks; errors name
-    objective.stages[i].<key>."""
-    if not objective.stages:
-        return []
-    from hydra.utils import get_class
-
-    corruption = get_class(objective._target_).corruption_class
-    settable = {f.name for f in fields(objective)} & {f.name for f in fields(corruption)}
-    settable -= set(UNSTAGED_SETTINGS)
-    staged, previous = [], 0
-    for number, stage in enumerate(objective.stages):
-        where = f"objective.stages[{number}]"
-        require(isinstance(stage, Mapping), where, stage, "must be a mapping of settings")
-        settings = dict(stage)
-        until = settings.pop("until_tokens", None)
-        if number == len(objective.stages) - 1:
-            require(
-                until is None,
-                f"{where}.until_tokens",
-                until,
-                "the last stage runs to the end of training: leave its until_tokens out",
-            )
-        else:
-            whole = isinstance(until, int) and not isinstance(until, bool)
-            require(
-                whole and until > previous,
-                f"{where}.until_tokens",
-                until,
-                f"must be a whole number of tokens above the previous stage's ({previous})",
-            )
-        unknown = sorted(set(settings) - settable)
-        require(
-            not unknown,
-            f"{where}.{unknown[0] if unknown else ''}",
-            settings.get(unknown[0]) if unknown else None,
-            f"not a corruption setting of {objective._target_} (a stage sets until_tokens "
-            f"and any of: {', '.join(sorted(settable)) or 'none'})",
-        )
-        try:
-            values = OmegaConf.merge(OmegaConf.structured(objective), settings, {"stages": []})
-            typed = OmegaConf.to_object(values)
-        except OmegaConfBaseException as error:
-            raise ConfigError(f"{where}.{error.full_key}: {error.msg}") from error
-        except ConfigError as error:
-            raise ConfigError(str(error).replace("objective.", f"{where}.", 1)) from error
-        staged.append((until, typed))
-        previous = until
-    return staged
-
-
-def component_config(group: str, values: Any) -> Any:
+def component_config(
+    group: str, values: "ModelConfig | ObjectiveConfig | Mapping[str, Any]"
+) -> "ModelConfig | ObjectiveConfig":
     """Build and check the config dataclass of the class named by `values["_target_"]` (its
     `config_class`) for the config group `group` ("model", "objective"): types are converted
     and checked by OmegaConf, values by the dataclass; errors name the key."""
     from hydra.utils import get_class
 
+    if is_dataclass(values) and not isinstance(values, type):  # typed while composed
+        if type(values) is get_class(values._target_).config_class:
+            return values
+        values = OmegaConf.to_container(OmegaConf.structured(values))  # another schema's
     values = OmegaConf.create(values) if not isinstance(values, DictConfig) else values
     target = values.get("_target_")
     try:
@@ -648,10 +503,11 @@ class LoggerConfig:
 class TrainConfig:
     """The whole run. `run_dir` is derived from names, never a timestamp, so requeued jobs find it."""
 
-    model: Any = field(default_factory=lambda: {"_target_": "pretrain.models.bert.BertEncoder"})
-    objective: Any = field(
-        default_factory=lambda: {"_target_": "pretrain.objectives.mlm.MaskedLanguageModel"}
-    )
+    # Typed while Hydra composes: each model yaml starts from its family's schema
+    # (`pretrain.models.configs.MODEL_SCHEMAS`), each objective yaml from its objective's
+    # (`pretrain.objectives.configs.OBJECTIVE_SCHEMAS`).
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -672,7 +528,7 @@ class TrainConfig:
 
         self.model = component_config("model", self.model)
         self.objective = component_config("objective", self.objective)
-        self.objective.check_data(self.data)
+        self.objective.check_data(self.data.format)
         require(
             not (self.objective.stages and INPUT_FORMATS[self.data.format].memory),
             "objective.stages",
@@ -791,6 +647,8 @@ def register_schemas() -> None:
     `${sweep_suffix:}` resolver."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    register_model_schemas()
+    register_objective_schemas()
     OmegaConf.register_new_resolver("sweep_suffix", sweep_suffix, replace=True)
 
 
@@ -802,7 +660,21 @@ def validate(cfg: DictConfig) -> TrainConfig:
     return OmegaConf.to_object(cfg)
 
 
-def check_known_keys(node: Any, prefix: str = "") -> None:
+def check_component_sections(cfg: DictConfig) -> tuple[ModelConfig, ObjectiveConfig]:
+    """The composed config's `model` and `objective` sections built into their schemas (typed
+    while Hydra composed them), running their value checks without importing torch (but
+    with objective.stages, which asks the objective's corruption what a stage may set); a bad
+    value is a ConfigError naming the key."""
+    sections = []
+    for group in ("model", "objective"):
+        try:
+            sections.append(OmegaConf.to_object(cfg[group]))
+        except OmegaConfBaseException as error:
+            raise ConfigError(f"{group}.{error.full_key}: {error.msg}") from error
+    return sections[0], sections[1]
+
+
+def check_known_keys(node: object, prefix: str = "") -> None:
     """ConfigError naming the first key of `node` (a composed config, or a section of it) that
     its schema dataclass has no field for; open places (fields typed `dict` or `Any`: the
     optimizer's arguments, `strategy.deepspeed`; `model` and `objective`, which
@@ -842,9 +714,8 @@ def run_config(config: "TrainConfig | Mapping[str, Any] | DictConfig") -> TrainC
     values = {k: v for k, v in config.items() if k not in RUNTIME_SECTIONS}
     for group in ("model", "objective"):  # their defaults (names: run_name) from the schema
         if group in values:
-            default = {f.name: f for f in fields(TrainConfig)}[group].default_factory()
-            typed = component_config(group, {**default, **values[group]})
-            values[group] = OmegaConf.to_container(OmegaConf.structured(typed))
+            given = {"_target_": DEFAULT_TARGETS[group], **values[group]}
+            values[group] = OmegaConf.structured(component_config(group, given))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), values)
     except OmegaConfBaseException as error:
@@ -877,7 +748,7 @@ def plain_config(run: TrainConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(run), resolve=True)
 
 
-def settings_from(cls: type[T], *sections: Any, **given: Any) -> T:
+def settings_from(cls: type[T], *sections: object, **given: object) -> T:
     """An instance of the dataclass `cls` (a corruption, a stream spec) built from typed
     config: each field is `given[name]` when given, else the attribute of that name of the
     first of `sections` (typed config sections) that has one, else the field's default."""

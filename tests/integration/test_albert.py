@@ -17,7 +17,7 @@ from data_pipelines.tokenizer import save_tokenizer, train_tokenizer
 from pretrain.cli.params import parameter_counts
 from pretrain.config import ConfigError, compose_config, validate
 from pretrain.export import ExportError, export_checkpoint, import_hf_model
-from pretrain.models import build_encoder, count_parameters
+from pretrain.models.build import build_encoder, count_parameters
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.runtime.run import train
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from pretrain.export import ExportError, export_checkpoint
 from pretrain.export.bert import bert_to_hf_state_dict
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 
 transformers = pytest.importorskip("transformers")

@@ -12,7 +12,7 @@ from test_train import step_losses, tiny_overrides
 from pretrain.config import ConfigError, compose_config
 from pretrain.data.vocab import load_vocabulary
 from pretrain.export import ExportError, export_checkpoint, import_hf_model
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.heads import MaskedLMHead
 from pretrain.runtime.run import train
 

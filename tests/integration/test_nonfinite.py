@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pretrain.config import compose_config
+from pretrain.runtime.nonfinite import NonFiniteError
 from pretrain.runtime.run import prepare_run
-from pretrain.runtime.task import NonFiniteError
 from pretrain.runtime.trainer import build_trainer
 
 NAN_STEP = 2

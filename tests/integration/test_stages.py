@@ -12,14 +12,13 @@ from conftest import prepare_small_corpus
 from torch.utils.data import DataLoader
 
 from data_pipelines.prepare_config import EntitySettings, PhraseSettings
-from pretrain.config import compose_config, stage_configs, validate
+from pretrain.config import compose_config, validate
 from pretrain.data.masking import ENTITY_START, IGNORE_INDEX, INSIDE_SPAN, PHRASE_START, mask_budget
 from pretrain.data.reading import MARKS_KEY
 from pretrain.data.stages import first_sample_of_stage, sample_progress_tokens
 from pretrain.data.stream import EpochStream
 from pretrain.errors import ConfigError
-from pretrain.objectives.ernie import ErnieConfig
-from pretrain.objectives.mlm import MaskedLMConfig
+from pretrain.objectives.configs import ErnieConfig, MaskedLMConfig, stage_configs
 from pretrain.runtime.run import build_stream
 
 ERNIE = "pretrain.objectives.ernie.ErnieMaskedLM"

@@ -9,7 +9,7 @@ import torch
 
 from pretrain.export.gpt2 import to_hf
 from pretrain.export.hf import write_hf_model
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.generation import beam_search, greedy_search, sequence_log_prob
 from pretrain.models.gpt import CachedDecoderStep, KeyValueCache
 

@@ -4,10 +4,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pretrain.models import build_encoder, count_parameters
-from pretrain.models.bert import BertEncoder, BertEncoderConfig
+from pretrain.config import compose_config
+from pretrain.models.bert import BertEncoder
+from pretrain.models.build import build_encoder, count_parameters
+from pretrain.models.configs import BertEncoderConfig
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
-from pretrain.paths import CONF_DIR
 
 VOCAB = 97
 PAD = 3
@@ -217,7 +218,7 @@ def test_too_long_input_names_max_position_embeddings():
 
 @pytest.mark.parametrize("name", sorted(GOOGLE_SIZES))
 def test_model_configs_match_google_sizes_and_schema(name):
-    cfg = OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
+    cfg = compose_config([f"model={name}"]).model
     layers, hidden = GOOGLE_SIZES[name]
     assert cfg.name == name
     assert (cfg.num_hidden_layers, cfg.hidden_size) == (layers, hidden)
@@ -237,7 +238,7 @@ def test_model_configs_match_google_sizes_and_schema(name):
 def test_parameter_count_equals_hf_bert_for_pretraining(name):
     transformers = pytest.importorskip("transformers")
     layers, hidden = GOOGLE_SIZES[name]
-    cfg = OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
+    cfg = compose_config([f"model={name}"]).model
     with torch.device("meta"):  # no memory, no init work: only shapes are counted
         encoder = build_encoder(cfg, vocab_size=30522, pad_token_id=0)
         ours = torch.nn.ModuleList(

@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 from pretrain.config import compose_config
 from pretrain.data.vocab import Vocabulary
 from pretrain.objectives.mlm import MaskedLanguageModel
-from pretrain.runtime.task import PretrainingTask, warmup_then_decay
+from pretrain.runtime.schedule import warmup_then_decay
+from pretrain.runtime.task import PretrainingTask
 
 VOCAB = Vocabulary(size=300, pad=0, unk=1, cls=2, sep=3, mask=4)
 

@@ -7,8 +7,13 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.config import compose_config, validate
 from pretrain.errors import ConfigError
-from pretrain.runtime.schedule import LearningRateSchedule, extended, first_segment, stored_schedule
-from pretrain.runtime.task import warmup_then_decay
+from pretrain.runtime.schedule import (
+    LearningRateSchedule,
+    extended,
+    first_segment,
+    stored_schedule,
+    warmup_then_decay,
+)
 
 
 def run(*overrides: str):

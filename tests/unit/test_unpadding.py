@@ -7,7 +7,7 @@ import torch
 
 from pretrain.config import compose_config, validate
 from pretrain.errors import ConfigError
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.unpadding import (
     UNPADDED_BUCKETS,
     unpadded_index,

@@ -12,7 +12,7 @@ import transformers
 from pretrain.cli.params import parameter_counts
 from pretrain.export.hf import import_hf_model, write_hf_model
 from pretrain.export.xlnet import to_hf
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.xlnet import XLNetLMHead
 from pretrain.objectives.xlnet import PermutationCorruption
 

@@ -8,7 +8,7 @@ config as saved (the relaunch policy that judges it: `checkpoint/relaunch.py`).
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pretrain.checkpoint.atomic import (
     checkpoint_dir,
@@ -17,6 +17,9 @@ from pretrain.checkpoint.atomic import (
     recover_replacements,
 )
 from pretrain.checkpoint.safety import load_weights_only
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def checkpoint_step(path: str | Path) -> int:
@@ -93,7 +96,7 @@ def set_aside_checkpoints(run_dir: str | Path) -> Path | None:
     return previous
 
 
-def save_hydra_config(cfg: Any) -> Path | None:
+def save_hydra_config(cfg: "DictConfig") -> Path | None:
     """Write what Hydra writes to `<output dir>/.hydra` (config.yaml, hydra.yaml,
     overrides.yaml), after the relaunch check passed: `conf/train.yaml` sets
     `hydra.output_subdir: null`, so Hydra itself no longer overwrites an old run's

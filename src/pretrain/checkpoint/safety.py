@@ -16,18 +16,19 @@ checkpoint or an export is loaded.
 import contextlib
 import pickle
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pretrain.errors import ConfigError
+from pretrain.objectives.configs import OBJECTIVE_SCHEMAS
 from pretrain.paths import CONF_DIR
 
 # The classes a stored config may name, by where they stand. Every `_target_` of
 # conf/model/*.yaml and conf/optim/*.yaml is here (a test checks it): a new model or optimizer
-# is added to this list too; the objectives' are read from conf/objective/*.yaml.
+# is added to this list too; the objectives' are read from their schemas and yamls.
 MODEL_CLASSES = frozenset(
     {
         "pretrain.models.albert.AlbertEncoder",
@@ -44,9 +45,10 @@ MODEL_CLASSES = frozenset(
 
 
 def shipped_objective_classes(conf_dir: Path = CONF_DIR) -> frozenset[str]:
-    """The `_target_` of every `conf/objective/*.yaml`, read as text (nothing imported): an
-    objective added with its yaml is allowed without a list to keep."""
-    targets = set()
+    """The `_target_` of every objective schema (`OBJECTIVE_SCHEMAS`, a default) and of every
+    `conf/objective/*.yaml` that sets its own, read as text (nothing imported): an objective
+    added with its schema or yaml is allowed without a list to keep."""
+    targets = {schema._target_ for schema in OBJECTIVE_SCHEMAS.values()}
     for path in sorted((conf_dir / "objective").glob("*.yaml")):
         targets.update(_TARGET_LINE.findall(path.read_text(encoding="utf-8")))
     return frozenset(targets)
@@ -74,13 +76,13 @@ class UnsafeCheckpointError(ConfigError):
     message is one line naming the file (and the key)."""
 
 
-def check_stored_targets(config: Any, source: str | Path) -> None:
+def check_stored_targets(config: Mapping[str, Any], source: str | Path) -> None:
     """Refuse (`UnsafeCheckpointError`) a config read back from `source` (a checkpoint, an
     export) whose `_target_` values are not this project's classes at their places
     (`ALLOWED_TARGETS`); a `_target_` anywhere else (a nested one) is refused too. Only
     compares strings: nothing is imported."""
 
-    def walk(node: Any, prefix: str) -> None:
+    def walk(node: object, prefix: str) -> None:
         if isinstance(node, Mapping):
             for key, value in node.items():
                 dotted = f"{prefix}{key}"
@@ -152,14 +154,16 @@ _torch_load = torch.load
 
 
 @contextlib.contextmanager
-def weights_only_loading() -> Iterator[None]:
+def weights_only_loading(transform: Callable[[Any], Any] | None = None) -> Iterator[None]:
     """Within: every `torch.load` (DeepSpeed's engine and `zero_to_fp32` ask for
-    weights_only=False) is `load_weights_only`, so a ZeRO directory is read as data."""
+    weights_only=False) is `load_weights_only`, so a ZeRO directory is read as data; each
+    loaded object passed through `transform` when given (older weight names renamed)."""
 
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         if args:  # torch.load(f, map_location, pickle_module, ...)
             kwargs.setdefault("map_location", args[0])
-        return load_weights_only(f, **kwargs)
+        loaded = load_weights_only(f, **kwargs)
+        return loaded if transform is None else transform(loaded)
 
     torch.load = load
     try:

@@ -57,7 +57,7 @@ def parameter_counts(
     paper's way; "paper_counts" names the parts paper_total includes."""
     import torch  # here, not at the top: `--help` and a bad override answer without it
 
-    from pretrain.models import build_encoder, count_parameters
+    from pretrain.models.build import build_encoder, count_parameters
 
     with torch.device("meta"), skipped_initialisation():
         encoder = build_encoder(model_cfg, vocab_size, pad_token_id)

@@ -56,6 +56,7 @@ def run_training(cfg: DictConfig) -> None:
     """The task Hydra runs (and a submitit job unpickles, by reference to this module)."""
     try:
         pretrain.config.check_known_keys(cfg)  # torch-free: a misspelled key comes first
+        pretrain.config.check_component_sections(cfg)  # torch-free: then a bad value
     except ConfigError as error:
         write_line(f"error: {error}")
         sys.exit(2)

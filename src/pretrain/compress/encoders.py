@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 from pretrain.data.vocab import Vocabulary, load_vocabulary
 from pretrain.errors import ConfigError
-from pretrain.models import build_encoder
 from pretrain.models.bert import BertEncoder, BertLayer
+from pretrain.models.build import build_encoder
 from pretrain.models.heads import MaskedLMHead
 
 

@@ -6,7 +6,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
@@ -39,6 +39,9 @@ from pretrain.storage import (
     redact,
 )
 
+if TYPE_CHECKING:
+    from pretrain.config import DataConfig
+
 
 @dataclass(frozen=True)
 class Corpus:
@@ -53,7 +56,9 @@ class Corpus:
 
 
 def open_corpus(
-    shards_dir: str | Path, tokenizer_dir: str | Path | None = None, data: Any = None
+    shards_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    data: "DataConfig | None" = None,
 ) -> Corpus:
     """Load and check the manifest, every shard's presence and size, and that the tokenizer is
     the one the shards were made with. `shards_dir` may be a URL (s3://, gs://, http(s)://,
@@ -89,7 +94,9 @@ def open_corpus(
     return Corpus(manifest, tokenizer, vocab, storage)
 
 
-def remote_storage(url: str, data: Any = None) -> tuple[StorageSpec, dict[str, int] | None]:
+def remote_storage(
+    url: str, data: "DataConfig | None" = None
+) -> tuple[StorageSpec, dict[str, int] | None]:
     """Mirror the manifest and tokenizer of the corpus at `url` into the cache that `data`
     (a DataConfig, or None for the defaults) names; (its StorageSpec, without shard records
     yet, as the caller checks the manifest; {object: bytes} at the URL, None where the

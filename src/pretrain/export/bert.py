@@ -24,8 +24,8 @@ from pretrain.export.naming import (
     to_hf_names,
     without_compile_prefix,
 )
-from pretrain.models import DESCRIPTIVE_KEYS
-from pretrain.models.bert import BertEncoderConfig
+from pretrain.models.build import DESCRIPTIVE_KEYS
+from pretrain.models.configs import BertEncoderConfig
 
 PREFIXES = ("encoder.", "mlm_head.", "sentence_head.")
 

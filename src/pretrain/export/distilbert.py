@@ -26,7 +26,7 @@ from pretrain.export.naming import (
     to_hf_names,
     without_compile_prefix,
 )
-from pretrain.models.distilbert import DISTILBERT_LAYER_NORM_EPS
+from pretrain.models.configs import DISTILBERT_LAYER_NORM_EPS
 
 PREFIXES = ("encoder.", "mlm_head.", "sentence_head.")
 LAYER = "distilbert.transformer.layer"

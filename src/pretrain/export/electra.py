@@ -30,8 +30,9 @@ from pretrain.export.naming import (
     to_hf_names,
     without_compile_prefix,
 )
-from pretrain.models import DESCRIPTIVE_KEYS
-from pretrain.models.electra import ElectraEncoderConfig, generator_config
+from pretrain.models.build import DESCRIPTIVE_KEYS
+from pretrain.models.configs import ElectraEncoderConfig
+from pretrain.models.electra import generator_config
 
 PREFIXES = ("encoder.", "discriminator_head.", "mlm_head.")
 

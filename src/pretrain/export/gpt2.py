@@ -26,8 +26,8 @@ from pretrain.export.naming import (
     to_hf_names,
     without_compile_prefix,
 )
-from pretrain.models import DESCRIPTIVE_KEYS
-from pretrain.models.gpt import GPTConfig
+from pretrain.models.build import DESCRIPTIVE_KEYS
+from pretrain.models.configs import GPTConfig
 
 # Our names (`encoder.` is the checkpoint's module prefix) -> HF GPT2LMHeadModel names.
 RENAMES = [

@@ -22,8 +22,8 @@ from pretrain.export.naming import (
     require_model_keys,
     without_compile_prefix,
 )
-from pretrain.models import DESCRIPTIVE_KEYS
-from pretrain.models.xlnet import XLNetEncoderConfig
+from pretrain.models.build import DESCRIPTIVE_KEYS
+from pretrain.models.configs import XLNetEncoderConfig
 
 TARGET = "pretrain.models.xlnet.XLNetEncoder"
 WORD_EMBEDDINGS = "encoder.embeddings.word_embedding.weight"

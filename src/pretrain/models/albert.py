@@ -8,50 +8,18 @@ attention and one feed-forward block applied `num_hidden_layers` times), `attent
 and the activation to `gelu_new` (the tanh approximation of GELU), as ALBERT's.
 """
 
-from dataclasses import dataclass
-
 from torch import Tensor, nn
 
-from pretrain.errors import require_choice, require_positive
 from pretrain.models.bert import (
     BertEmbeddings,
-    BertEncoderConfig,
     BertSelfAttention,
     attention_layout,
     check_pad_token_id,
     init_bert_weights,
 )
-from pretrain.models.heads import ACTIVATIONS, activation_fn
+from pretrain.models.configs import SHARE_MODES, AlbertEncoderConfig
+from pretrain.models.heads import activation_fn
 from pretrain.models.unpadding import gather_real, scatter_real
-
-SHARE_MODES = ("all", "attention", "ffn", "none")
-
-
-@dataclass
-class AlbertEncoderConfig(BertEncoderConfig):
-    """An ALBERT encoder's settings (AlbertConfig's names): BERT's, with ALBERT's defaults,
-    plus `embedding_size`, `share_layers` and `hidden_act`; sizes in features (embedding_size
-    E, hidden_size H, intermediate_size), layers and heads."""
-
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_dropout_prob: float = 0.0
-    attention_probs_dropout_prob: float = 0.0
-    embedding_size: int = 128
-    share_layers: str = "all"
-    hidden_act: str = "gelu_new"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(self, ("embedding_size",))
-        require_choice(self, "share_layers", SHARE_MODES)
-        require_choice(self, "hidden_act", ACTIVATIONS)
-
-    @property
-    def head_activation(self) -> str:
-        return self.hidden_act
 
 
 class AlbertAttentionBlock(nn.Module):

@@ -8,47 +8,12 @@ export splits it into BERT's three matrices. With `unpad` (model.unpad) the dens
 on the real tokens only (pretrain/models/unpadding.py).
 """
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import ModelConfig
-from pretrain.errors import require_divisible, require_positive, require_probabilities
+from pretrain.models.configs import BertEncoderConfig
 from pretrain.models.unpadding import Unpadded, gather_real, scatter_real, unpadding, unpads
-
-
-@dataclass
-class BertEncoderConfig(ModelConfig):
-    """A BERT encoder's settings (BertConfig's names); sizes in features, layers and heads."""
-
-    hidden_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 2
-    intermediate_size: int = 512
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(
-            self,
-            (
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "intermediate_size",
-                "max_position_embeddings",
-                "type_vocab_size",
-            ),
-        )
-        require_divisible(self, "hidden_size", "num_attention_heads")
-        require_probabilities(self, ("hidden_dropout_prob", "attention_probs_dropout_prob"))
 
 
 def check_pad_token_id(pad_token_id: int, vocab_size: int) -> None:

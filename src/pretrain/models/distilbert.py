@@ -6,50 +6,8 @@ Word + learned absolute position embeddings, LayerNorm, then BERT's post-LayerNo
 eps at 1e-12, so `model.layer_norm_eps` must be 1e-12 (kept as a key for the MLM head).
 """
 
-from dataclasses import dataclass
-
-from pretrain.config import ModelConfig
-from pretrain.errors import require, require_divisible, require_positive, require_probabilities
 from pretrain.models.bert import BertEncoder
-
-DISTILBERT_LAYER_NORM_EPS = 1e-12
-
-
-@dataclass
-class DistilBertEncoderConfig(ModelConfig):
-    """DistilBERT's settings under BERT's names (dim = hidden_size, n_layers =
-    num_hidden_layers, hidden_dim = intermediate_size ...); sizes in features, layers, heads."""
-
-    hidden_size: int = 768
-    num_hidden_layers: int = 6
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    max_position_embeddings: int = 512
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    layer_norm_eps: float = DISTILBERT_LAYER_NORM_EPS
-    initializer_range: float = 0.02
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(
-            self,
-            (
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "intermediate_size",
-                "max_position_embeddings",
-            ),
-        )
-        require_divisible(self, "hidden_size", "num_attention_heads")
-        require_probabilities(self, ("hidden_dropout_prob", "attention_probs_dropout_prob"))
-        require(
-            self.layer_norm_eps == DISTILBERT_LAYER_NORM_EPS,
-            "model.layer_norm_eps",
-            self.layer_norm_eps,
-            "must be 1e-12: DistilBERT (and its Hugging Face export) fixes it",
-        )
+from pretrain.models.configs import DISTILBERT_LAYER_NORM_EPS, DistilBertEncoderConfig
 
 
 class DistilBertEncoder(BertEncoder):

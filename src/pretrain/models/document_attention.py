@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from pretrain.errors import ConfigError
-
-ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
+from pretrain.models.configs import ATTENTION_BACKENDS
 
 
 def flex_available() -> bool:

@@ -8,35 +8,21 @@ module as `embeddings` to the constructor.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.errors import ConfigError, require_positive
+from pretrain.errors import ConfigError
 from pretrain.models.bert import (
     BertEmbeddings,
-    BertEncoderConfig,
     BertLayer,
     attention_layout,
     check_pad_token_id,
     init_bert_weights,
 )
+from pretrain.models.configs import ElectraEncoderConfig
 from pretrain.models.unpadding import gather_real, scatter_real
-
-
-@dataclass
-class ElectraEncoderConfig(BertEncoderConfig):
-    """An ELECTRA encoder's settings (ElectraConfig's names): BERT's, plus the embedding width
-    `embedding_size` (features; equal to hidden_size for ELECTRA-base/large)."""
-
-    _target_: str = "pretrain.models.electra.ElectraEncoder"
-    embedding_size: int = 128
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(self, ("embedding_size",))
 
 
 def generator_config(

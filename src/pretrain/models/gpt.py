@@ -10,51 +10,13 @@ The language-model head is the word embedding matrix itself (tied), applied by t
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import ModelConfig
-from pretrain.errors import require, require_divisible, require_positive, require_probabilities
 from pretrain.models.bert import BertSelfAttention, check_pad_token_id, init_bert_weights
-
-
-@dataclass
-class GPTConfig(ModelConfig):
-    """A GPT-2 model's settings (GPT2Config's names); sizes in features, layers and heads.
-    `n_inner` null means 4 x n_embd; dropouts are probabilities."""
-
-    name: str = "gpt_tiny"
-    _target_: str = "pretrain.models.gpt.GPTModel"
-    n_embd: int = 64
-    n_layer: int = 2
-    n_head: int = 2
-    n_inner: int | None = None
-    n_positions: int = 128
-    resid_pdrop: float = 0.1
-    embd_pdrop: float = 0.1
-    attn_pdrop: float = 0.1
-    layer_norm_epsilon: float = 1e-5
-    initializer_range: float = 0.02
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(self, ("n_embd", "n_layer", "n_head", "n_positions"))
-        require(
-            self.n_inner is None or self.n_inner > 0,
-            "model.n_inner",
-            self.n_inner,
-            "must be positive or null (4 x model.n_embd)",
-        )
-        require_divisible(self, "n_embd", "n_head")
-        require_probabilities(self, ("resid_pdrop", "embd_pdrop", "attn_pdrop"))
-        require_positive(self, ("layer_norm_epsilon",))
-
-    @property
-    def max_sequence_tokens(self) -> int | None:
-        return self.n_positions
+from pretrain.models.configs import GPTConfig
 
 
 class GPTEmbeddings(nn.Module):

@@ -21,11 +21,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import ModelConfig
-from pretrain.errors import ConfigError, require_divisible, require_positive, require_probabilities
+from pretrain.errors import ConfigError
 from pretrain.models.bert import check_pad_token_id
+from pretrain.models.configs import ModernBertEncoderConfig
 from pretrain.models.document_attention import (
-    ATTENTION_BACKENDS,
     block_mask,
     dense_mask,
     document_keys,
@@ -36,69 +35,6 @@ from pretrain.models.document_attention import (
 from pretrain.models.unpadding import Unpadded, unpadding, unpads
 
 ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu}  # GeGLU (ModernBERT), SwiGLU (NeoBERT)
-NORMS = ("layer_norm", "rms_norm")
-
-
-@dataclass
-class ModernBertEncoderConfig(ModelConfig):
-    """A ModernBERT encoder's settings (ModernBertConfig's names where it has them); sizes
-    in features, layers and heads, windows and positions in tokens."""
-
-    hidden_size: int = 128
-    num_hidden_layers: int = 3
-    num_attention_heads: int = 2
-    intermediate_size: int = 192  # each of the gated feed-forward's two halves
-    max_position_embeddings: int = 8192  # the longest input (tokens); RoPE has no table
-    hidden_activation: str = "gelu"  # gelu: GeGLU | silu: SwiGLU
-    norm: str = "layer_norm"  # layer_norm (no bias) | rms_norm
-    norm_eps: float = 1e-5
-    embedding_norm: bool = True  # a norm after the embeddings (the first block has none then)
-    local_attention: int = 128  # sliding window of the local layers (tokens, both sides)
-    global_attn_every_n_layers: int = 3  # 1: every layer global
-    global_rope_theta: float = 160000.0
-    local_rope_theta: float = 10000.0
-    embedding_dropout: float = 0.0
-    attention_dropout: float = 0.0
-    mlp_dropout: float = 0.0
-    initializer_range: float = 0.02
-    initializer_cutoff_factor: float = 2.0  # weights ~ normal truncated at this many stds
-    attention_backend: str = "auto"  # auto (flex on CUDA) | flex | sdpa
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(
-            self,
-            (
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "intermediate_size",
-                "max_position_embeddings",
-                "local_attention",
-                "global_attn_every_n_layers",
-            ),
-        )
-        require_divisible(self, "hidden_size", "num_attention_heads")
-        require_probabilities(self, ("embedding_dropout", "attention_dropout", "mlp_dropout"))
-        for key, allowed in (
-            ("hidden_activation", tuple(ACTIVATIONS)),
-            ("norm", NORMS),
-            ("attention_backend", ATTENTION_BACKENDS),
-        ):
-            if getattr(self, key) not in allowed:
-                raise ConfigError(
-                    f"model.{key} = {getattr(self, key)!r}: must be one of {', '.join(allowed)}"
-                )
-
-    @property
-    def layer_norm_eps(self) -> float:
-        """The MLM head's LayerNorm eps: the model's norm_eps."""
-        return self.norm_eps
-
-    @property
-    def head_bias(self) -> bool:
-        """ModernBERT's MLM head transform has no biases (its decoder has one)."""
-        return False
 
 
 def make_norm(kind: str, size: int, eps: float) -> nn.Module:

@@ -7,40 +7,13 @@ padded positions share one embedding row and shift nothing. With max_position_em
 eps 1e-5. Everything else is BERT's (`pretrain.models.bert`), reused.
 """
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
-from pretrain.errors import require
-from pretrain.models.bert import BertEmbeddings, BertEncoder, BertEncoderConfig
+from pretrain.models.bert import BertEmbeddings, BertEncoder
+from pretrain.models.configs import RobertaEncoderConfig
 
 # Position rows before the first real token: RoBERTa's padding index (1) and the one below it.
-POSITION_OFFSET = 2
-
-
-@dataclass
-class RobertaEncoderConfig(BertEncoderConfig):
-    """RoBERTa's settings (RobertaConfig's names, the same as BERT's); sizes in features."""
-
-    max_position_embeddings: int = 514
-    type_vocab_size: int = 1
-    layer_norm_eps: float = 1e-5
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(
-            self.max_position_embeddings > POSITION_OFFSET,
-            "model.max_position_embeddings",
-            self.max_position_embeddings,
-            f"must exceed {POSITION_OFFSET}: RoBERTa's positions start past the padding index",
-        )
-
-    @property
-    def max_sequence_tokens(self) -> int:
-        """Tokens per sequence: max_position_embeddings - 2 (512 for 514), the rows below the
-        first position being the padding index and the one before it, as with RoBERTa's pad id 1."""
-        return self.max_position_embeddings - POSITION_OFFSET
 
 
 def roberta_position_ids(input_ids: Tensor, pad_token_id: int) -> Tensor:

@@ -15,70 +15,16 @@ cross-attention over the encoder output. Attention goes through
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import ModelConfig
-from pretrain.errors import (
-    require_choice,
-    require_divisible,
-    require_positive,
-    require_probabilities,
-)
 from pretrain.models.bert import check_pad_token_id, init_bert_weights, key_padding_mask
+from pretrain.models.configs import EncoderDecoderConfig
 
-POSITION_EMBEDDINGS = ("sinusoidal", "learned")
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 LEARNED_POSITION_OFFSET = 2  # BART's learned table has 2 extra rows; position p uses row p + 2
-
-
-@dataclass
-class EncoderDecoderConfig(ModelConfig):
-    """An encoder-decoder's settings (BartConfig's names); sizes in features, layers, heads."""
-
-    name: str = "bart_tiny"
-    _target_: str = "pretrain.models.seq2seq.EncoderDecoder"
-    d_model: int = 64
-    encoder_layers: int = 2
-    decoder_layers: int = 2
-    encoder_attention_heads: int = 2
-    decoder_attention_heads: int = 2
-    encoder_ffn_dim: int = 256
-    decoder_ffn_dim: int = 256
-    max_position_embeddings: int = 512
-    position_embedding: str = "learned"
-    activation: str = "gelu"
-    scale_embedding: bool = False
-    layernorm_embedding: bool = True
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    layer_norm_eps: float = 1e-5
-    init_std: float = 0.02
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(
-            self,
-            (
-                "d_model",
-                "encoder_layers",
-                "decoder_layers",
-                "encoder_attention_heads",
-                "decoder_attention_heads",
-                "encoder_ffn_dim",
-                "decoder_ffn_dim",
-                "max_position_embeddings",
-            ),
-        )
-        require_divisible(self, "d_model", "encoder_attention_heads")
-        require_divisible(self, "d_model", "decoder_attention_heads")
-        require_choice(self, "position_embedding", POSITION_EMBEDDINGS)
-        require_choice(self, "activation", ACTIVATIONS)
-        require_probabilities(self, ("dropout", "attention_dropout", "activation_dropout"))
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> Tensor:

@@ -16,15 +16,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pretrain.config import ModelConfig
-from pretrain.errors import (
-    require,
-    require_choice,
-    require_divisible,
-    require_positive,
-    require_probabilities,
-)
 from pretrain.models.bert import init_bert_weights
+from pretrain.models.configs import XLNetEncoderConfig
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -32,53 +25,6 @@ ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
 }
 MASKED_SCORE = 1e30  # subtracted from blocked attention scores, as in XLNet/HF (65500 in fp16)
-
-
-@dataclass
-class XLNetEncoderConfig(ModelConfig):
-    """XLNet's settings (XLNetConfig's names); sizes in features, layers and heads; lengths in
-    tokens. `mem_len`: tokens of memory kept per layer (null or 0: no memory); `reuse_len`:
-    tokens at the start of each segment that go into the memory (null: all); `bi_data`: XLNet's
-    bidirectional data, the second half of every batch is text read backward and gets
-    backward relative positions (HF's XLNetConfig.bi_data; pretraining with
-    data.format=xlnet_memory only, batches of an even size)."""
-
-    name: str = "xlnet_tiny"
-    _target_: str = "pretrain.models.xlnet.XLNetEncoder"
-    d_model: int = 64
-    n_layer: int = 2
-    n_head: int = 2
-    d_inner: int = 256
-    ff_activation: str = "gelu"
-    attn_type: str = "bi"
-    mem_len: int | None = None
-    reuse_len: int | None = None
-    bi_data: bool = False
-    clamp_len: int = -1
-    dropout: float = 0.1
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(self, ("d_model", "n_layer", "n_head", "d_inner"))
-        require_divisible(self, "d_model", "n_head")
-        require_choice(self, "ff_activation", ACTIVATIONS)
-        require(
-            self.attn_type == "bi",
-            "model.attn_type",
-            self.attn_type,
-            "only 'bi' (bidirectional, XLNet pretraining) is implemented",
-        )
-        for key in ("mem_len", "reuse_len"):
-            value = getattr(self, key)
-            require(value is None or value >= 0, f"model.{key}", value, "must be >= 0 or null")
-        require_probabilities(self, ("dropout",))
-
-    @property
-    def max_sequence_tokens(self) -> int | None:
-        """Relative positions: no limit on the input length."""
-        return None
 
 
 @dataclass

@@ -11,16 +11,10 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from pretrain.config import (
-    ObjectiveConfig,
-    TrainConfig,
-    plain_config,
-    run_config,
-    settings_from,
-    stage_configs,
-)
+from pretrain.config import TrainConfig, plain_config, run_config, settings_from
 from pretrain.data.stages import StagedCorruption
 from pretrain.data.vocab import Vocabulary
+from pretrain.objectives.configs import ObjectiveConfig, stage_configs
 
 if TYPE_CHECKING:
     import lightning as L
@@ -62,7 +56,8 @@ class Objective(nn.Module):
     `corruption_class`, and implement `forward` and `forward_flops`."""
 
     summary_metric: ClassVar[str] = "mlm_loss"  # the metric the run summary reports
-    config_class: ClassVar[type] = ObjectiveConfig  # the objective's dataclass schema
+    # the objective's dataclass schema, in pretrain.objectives.configs (torch-free)
+    config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
     # The picklable transform data-loader workers apply to each batch: (batch, epoch) ->
     # batch; a dataclass built by `build_corruption`.
     corruption_class: ClassVar[type | None] = None

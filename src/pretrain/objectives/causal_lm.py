@@ -21,33 +21,17 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from pretrain.config import DataConfig, ObjectiveConfig, TrainConfig
+from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.generation import GenerationSetup
 from pretrain.models.gpt import CachedDecoderStep
 from pretrain.objectives.base import Losses, Objective
+from pretrain.objectives.configs import CausalLMConfig
 from pretrain.objectives.predictions import masked_classification_metrics
 from pretrain.runtime.flops import gpt_flops, sequence_sizes
-
-CAUSAL_FORMATS = ("full_sentences", "doc_sentences")
-
-
-@dataclass
-class CausalLMConfig(ObjectiveConfig):
-    """Causal LM settings: none of its own beyond the objective's name."""
-
-    name: str = "causal_lm"
-    _target_: str = "pretrain.objectives.causal_lm.CausalLanguageModel"
-
-    def check_data(self, data: DataConfig) -> None:
-        if data.format not in CAUSAL_FORMATS:
-            raise ConfigError(
-                f"data.format = {data.format!r}: the causal LM reads single-segment sequences; "
-                "use data=full_sentences (GPT-2 style packing) or data=doc_sentences"
-            )
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from pretrain.config import ObjectiveConfig, TrainConfig, settings_from
+from pretrain.config import TrainConfig, settings_from
 from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.noise import NoiseSettings, RowDraws, apply_noise
@@ -31,11 +31,11 @@ from pretrain.data.prediction_budget import (
     sequence_widths,
 )
 from pretrain.data.vocab import Vocabulary
-from pretrain.errors import require, require_probabilities, require_unit_interval
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models.seq2seq import TiedLMHead
 from pretrain.objectives.base import Losses, Objective
+from pretrain.objectives.configs import DenoisingConfig
 from pretrain.objectives.predictions import (
     gather_positions,
     gather_targets,
@@ -43,48 +43,6 @@ from pretrain.objectives.predictions import (
     masked_mean,
 )
 from pretrain.runtime.flops import seq2seq_flops
-
-
-@dataclass
-class Seq2SeqObjectiveConfig(ObjectiveConfig):
-    """What every encoder-decoder objective has: label smoothing of the target distribution."""
-
-    label_smoothing: float = 0.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_probabilities(self, ("label_smoothing",), group="objective")
-
-
-@dataclass
-class DenoisingConfig(Seq2SeqObjectiveConfig):
-    """BART's noise: fractions of the body's tokens (masking, deletion, infilling), fraction
-    of sentences shuffled (permutation), probability of rotating (rotation)."""
-
-    name: str = "bart"
-    _target_: str = "pretrain.objectives.denoising.DenoisingAutoencoder"
-    token_masking: float = NoiseSettings.token_masking
-    token_deletion: float = NoiseSettings.token_deletion
-    text_infilling: float = NoiseSettings.text_infilling
-    poisson_lambda: float = NoiseSettings.poisson_lambda
-    sentence_permutation: float = NoiseSettings.sentence_permutation
-    document_rotation: float = NoiseSettings.document_rotation
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_probabilities(
-            self, ("token_masking", "token_deletion", "text_infilling"), group="objective"
-        )
-        for key in ("sentence_permutation", "document_rotation"):
-            require_unit_interval(
-                f"objective.{key}", getattr(self, key), open_low=False, open_high=False
-            )
-        require(
-            self.poisson_lambda > 0,
-            "objective.poisson_lambda",
-            self.poisson_lambda,
-            "must be positive (mean span length in tokens)",
-        )
 
 
 def fit_width(array: np.ndarray, width: int, fill) -> np.ndarray:

@@ -17,7 +17,6 @@ the student's checkpoints, nor exported. Loss, as in Hugging Face's distiller wi
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,12 +25,13 @@ from torch import nn
 
 from pretrain.config import TrainConfig
 from pretrain.data.vocab import Vocabulary
-from pretrain.errors import ConfigError, require
-from pretrain.models import build_encoder
+from pretrain.errors import ConfigError
+from pretrain.models.build import build_encoder
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import unpadded_inputs
 from pretrain.objectives.base import Losses
-from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig
+from pretrain.objectives.configs import DistillationConfig
+from pretrain.objectives.mlm import MaskedLanguageModel
 from pretrain.objectives.predictions import (
     gather_positions,
     gather_targets,
@@ -46,36 +46,6 @@ from pretrain.runtime.flops import (
     mlm_head_flops,
     sequence_sizes,
 )
-
-
-@dataclass
-class DistillationConfig(MaskedLMConfig):
-    """MLM settings plus the teacher (path) and the loss weights; temperature T > 0."""
-
-    pair_task: str = "none"
-    teacher: str | None = None
-    temperature: float = 2.0
-    alpha_ce: float = 5.0
-    alpha_mlm: float = 2.0
-    alpha_cos: float = 1.0
-    # false: the student keeps its random initialisation (the paper's ablation, Table 4)
-    init_from_teacher: bool = True  # false: a random student (the paper's ablation)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(
-            self.pair_task == "none",
-            "objective.pair_task",
-            self.pair_task,
-            "must be 'none': DistilBERT has no sentence task",
-        )
-        require(self.temperature > 0, "objective.temperature", self.temperature, "must be positive")
-        for key in ("alpha_ce", "alpha_mlm", "alpha_cos"):
-            require(getattr(self, key) >= 0, f"objective.{key}", getattr(self, key), "must be >= 0")
-        total = self.alpha_ce + self.alpha_mlm + self.alpha_cos
-        require(
-            total > 0, "objective.alpha_ce", self.alpha_ce, "the three alphas sum to 0: no loss"
-        )
 
 
 class Teacher(nn.Module):

@@ -15,7 +15,6 @@ discriminator's loss is averaged over the real tokens by weights, not by boolean
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,13 +23,14 @@ import torch.nn.functional as F
 from pretrain.config import TrainConfig
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
-from pretrain.errors import ConfigError, require, require_positive, require_unit_interval
-from pretrain.models import DESCRIPTIVE_KEYS, build_encoder
+from pretrain.errors import ConfigError
+from pretrain.models.build import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import set_unpadding, unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
-from pretrain.objectives.mlm import MaskedLMConfig, MaskedLMCorruption, mlm_corruption_inputs
+from pretrain.objectives.configs import ElectraObjectiveConfig
+from pretrain.objectives.mlm import MaskedLMCorruption, mlm_corruption_inputs
 from pretrain.objectives.predictions import (
     gather_positions,
     gather_targets,
@@ -39,34 +39,6 @@ from pretrain.objectives.predictions import (
     predicted_positions,
 )
 from pretrain.runtime.flops import embedding_size, encoder_flops, mlm_head_flops, sequence_sizes
-
-
-@dataclass
-class ElectraObjectiveConfig(MaskedLMConfig):
-    """ELECTRA's settings. Fractions are of the discriminator's sizes; `temperature` divides
-    the generator's logits before sampling; `discriminator_weight` is the paper's lambda."""
-
-    name: str = "electra"
-    _target_: str = "pretrain.objectives.electra.ElectraModule"
-    pair_task: str = "none"
-    mask_token_probability: float = 1.0
-    random_token_probability: float = 0.0
-    generator_size_fraction: float = 0.25
-    generator_layer_fraction: float = 1.0
-    discriminator_weight: float = 50.0
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(
-            self.pair_task == "none",
-            "objective.pair_task",
-            self.pair_task,
-            "ELECTRA has no sentence task: must be 'none'",
-        )
-        for key in ("generator_size_fraction", "generator_layer_fraction"):
-            require_unit_interval(f"objective.{key}", getattr(self, key), open_high=False)
-        require_positive(self, ("discriminator_weight", "temperature"), group="objective")
 
 
 @torch.no_grad()

@@ -19,28 +19,9 @@ from typing import ClassVar
 import numpy as np
 
 from pretrain.data.masking import INSIDE_SPAN, PHRASE_START, phrase_unit_flags, unit_start_index
-from pretrain.errors import require
-from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig
+from pretrain.objectives.configs import ErnieConfig
+from pretrain.objectives.mlm import MaskedLanguageModel
 from pretrain.objectives.whole_word import WholeWordCorruption
-
-MASKING_LEVELS = ("basic", "phrase", "entity")
-
-
-@dataclass
-class ErnieConfig(MaskedLMConfig):
-    """MLM settings + which annotations are masking units (`MASKING_LEVELS`)."""
-
-    masking_level: str = "entity"  # units: basic (words) | phrase (+ phrases) | entity (+ entities)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(
-            self.masking_level in MASKING_LEVELS,
-            "objective.masking_level",
-            self.masking_level,
-            f"must be one of {', '.join(MASKING_LEVELS)} (ERNIE's stages: words; + phrases; "
-            "+ entities)",
-        )
 
 
 def level_annotations(phrases: np.ndarray, masking_level: str) -> np.ndarray:

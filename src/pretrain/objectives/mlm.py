@@ -20,17 +20,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import DataConfig, ObjectiveConfig, TrainConfig
-from pretrain.data.input_formats import PAIR_FORMATS
+from pretrain.config import TrainConfig
 from pretrain.data.keyed_rng import STREAM_MASK_SELECT, key_hashes, keyed_uniform
 from pretrain.data.masking import candidate_tokens, corrupt_selected, select_exact_fraction
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.data.vocab import Vocabulary
-from pretrain.errors import ConfigError, require_unit_interval
-from pretrain.models import build_encoder
+from pretrain.models.build import build_encoder
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.models.unpadding import unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
+from pretrain.objectives.configs import MaskedLMConfig
 from pretrain.objectives.predictions import (
     gather_positions,
     gather_targets,
@@ -47,55 +46,6 @@ from pretrain.runtime.flops import (
 )
 
 SENTENCE_TASK_LABELS = {"nsp": 2, "sop": 2, "three_way": 3}
-
-
-def require_replacement_split(config) -> None:
-    """Check `config`'s 80/10/10 split: objective.mask_token_probability and
-    objective.random_token_probability (shares of the predicted tokens replaced by [MASK] and
-    by a random token) each in [0, 1], together at most 1 (the rest stay unchanged)."""
-    for key in ("mask_token_probability", "random_token_probability"):
-        require_unit_interval(
-            f"objective.{key}", getattr(config, key), open_low=False, open_high=False
-        )
-    total = config.mask_token_probability + config.random_token_probability
-    if total > 1 + 1e-9:
-        raise ConfigError(
-            f"objective.mask_token_probability + objective.random_token_probability = {total!r}: must be at "
-            "most 1 (the rest of the selected tokens stay unchanged)"
-        )
-
-
-@dataclass
-class MaskedLMConfig(ObjectiveConfig):
-    """MLM settings; probabilities of selection per token, of replacement per selected unit."""
-
-    pair_task: str = "nsp"  # sentence-relation task on [CLS]: nsp | sop | none
-    mlm_probability: float = 0.15
-    mask_token_probability: float = 0.8
-    random_token_probability: float = 0.1
-
-    pair_tasks = ("nsp", "sop", "none")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_unit_interval("objective.mlm_probability", self.mlm_probability)
-        require_replacement_split(self)
-        if self.pair_task not in self.pair_tasks:
-            raise ConfigError(
-                f"objective.pair_task = {self.pair_task!r}: must be one of {', '.join(self.pair_tasks)}"
-            )
-
-    @property
-    def sentence_task(self) -> str:
-        return self.pair_task
-
-    def check_data(self, data: DataConfig) -> None:
-        if self.pair_task != "none" and data.format not in PAIR_FORMATS:
-            raise ConfigError(
-                f"objective.pair_task = {self.pair_task!r}: a sentence task needs a pair format "
-                f"(data=segment_pair or data=sentence_pair; data.format is {data.format!r}); "
-                "use objective=mlm for single-segment formats"
-            )
 
 
 @dataclass(frozen=True)

@@ -14,24 +14,8 @@ import numpy as np
 
 from pretrain.data.masking import word_start_flags
 from pretrain.data.span_masking import select_ngrams
-from pretrain.errors import require
-from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMConfig, MaskedLMCorruption
-
-
-@dataclass
-class NgramMaskingConfig(MaskedLMConfig):
-    """MLM settings + the longest n-gram, in words."""
-
-    max_ngram: int = 3  # longest n-gram, in words
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(
-            self.max_ngram >= 1,
-            "objective.max_ngram",
-            self.max_ngram,
-            "must be at least 1 word (ALBERT uses 3; 1 is whole-word masking)",
-        )
+from pretrain.objectives.configs import NgramMaskingConfig
+from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMCorruption
 
 
 @dataclass(frozen=True)

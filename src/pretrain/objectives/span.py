@@ -18,17 +18,15 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from pretrain.config import DataConfig, TrainConfig
-from pretrain.data.input_formats import PAIR_FORMATS
+from pretrain.config import TrainConfig
 from pretrain.data.masking import word_start_flags
 from pretrain.data.span_masking import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary
-from pretrain.errors import ConfigError, require
 from pretrain.models.heads import SpanBoundaryHead
 from pretrain.objectives.base import Losses
+from pretrain.objectives.configs import SpanMaskingConfig
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
-    MaskedLMConfig,
     MaskedLMCorruption,
 )
 from pretrain.objectives.predictions import (
@@ -37,46 +35,6 @@ from pretrain.objectives.predictions import (
     masked_classification_metrics,
     predicted_positions,
 )
-
-
-@dataclass
-class SpanMaskingConfig(MaskedLMConfig):
-    """MLM settings + span lengths (in words) + the SBO's position table size (in tokens)."""
-
-    pair_task: str = "none"
-    span_geometric_p: float = 0.2  # success probability of the geometric span length (words)
-    span_max_words: int = 10  # longer draws are clipped to this many words
-    sbo_max_span_tokens: int = 200
-
-    pair_tasks = ("none",)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(
-            0 < self.span_geometric_p <= 1,
-            "objective.span_geometric_p",
-            self.span_geometric_p,
-            "must lie in (0, 1] (the success probability of the geometric span length; SpanBERT uses 0.2)",
-        )
-        require(
-            self.span_max_words >= 1,
-            "objective.span_max_words",
-            self.span_max_words,
-            "must be at least 1 word (SpanBERT truncates span lengths to 1..10)",
-        )
-        require(
-            self.sbo_max_span_tokens >= 1,
-            "objective.sbo_max_span_tokens",
-            self.sbo_max_span_tokens,
-            "must be at least 1 (positions inside longer spans share the last embedding)",
-        )
-
-    def check_data(self, data: DataConfig) -> None:
-        if data.format in PAIR_FORMATS:
-            raise ConfigError(
-                f"data.format = {data.format!r}: objective=span (SpanBERT) trains on single "
-                "segments without a sentence task; use data=full_sentences or data=doc_sentences"
-            )
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,10 @@ from pretrain.data.keyed_rng import (
 )
 from pretrain.data.masking import IGNORE_INDEX, candidate_tokens, select_exact_fraction
 from pretrain.data.prediction_budget import listed_positions, prediction_widths
-from pretrain.errors import require_unit_interval
 from pretrain.objectives.base import Losses
+from pretrain.objectives.configs import StructBertConfig
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
-    MaskedLMConfig,
     MaskedLMCorruption,
 )
 from pretrain.objectives.predictions import (
@@ -43,18 +42,6 @@ STREAM_TRIGRAM_ORDER = 31
 RANKS_KEY = "_select_uniforms"  # MLM's selection uniforms, from `select` to the trigrams
 # The five orders of three positions other than the identity.
 PERMUTATIONS = np.array([(0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)])
-
-
-@dataclass
-class StructBertConfig(MaskedLMConfig):
-    pair_task: str = "three_way"
-    shuffle_probability: float = 0.05
-
-    pair_tasks = ("three_way", "nsp", "sop", "none")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_unit_interval("objective.shuffle_probability", self.shuffle_probability)
 
 
 def shuffle_batch_trigrams(

@@ -35,6 +35,13 @@ from typing import Any
 
 import torch
 
+from pretrain.models.configs import ModelConfig
+
+# A model config, typed or as a checkpoint stores it; a count of tokens (or pairs, rows): a
+# number, or a 0-d tensor on the device (read back only on log steps).
+ModelSettings = ModelConfig | Mapping[str, Any]
+Count = torch.Tensor | int
+
 # Dense peak of one device, TFLOP/s, by GPU name fragment (torch.cuda.get_device_name) and
 # precision: NVIDIA's data sheets (SXM parts; dense, no sparsity). fp32 is the plain FP32 rate,
 # tf32 the tensor-core rate that `torch.backends.cuda.matmul.allow_tf32` gives 32-true runs.
@@ -51,7 +58,7 @@ DEVICE_PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
-def block_flops(hidden: int, intermediate: int, tokens: Any, attention_pairs: Any) -> Any:
+def block_flops(hidden: int, intermediate: int, tokens: Count, attention_pairs: Count) -> Any:
     """Forward FLOPs of one transformer block: `tokens` real tokens, `attention_pairs` the
     (query, key) pairs attended (sum of L^2 over the sequences); scalars or tensors."""
     return 2 * tokens * (4 * hidden * hidden + 2 * hidden * intermediate) + (
@@ -59,7 +66,7 @@ def block_flops(hidden: int, intermediate: int, tokens: Any, attention_pairs: An
     )
 
 
-def encoder_flops(model: Any, tokens: Any, attention_pairs: Any) -> Any:
+def encoder_flops(model: ModelSettings, tokens: Count, attention_pairs: Count) -> Any:
     """Forward FLOPs of a BERT-family encoder (BERT, RoBERTa, ALBERT, DistilBERT, ELECTRA) on
     `tokens` real tokens: the E -> h embedding projection when E != h, and every layer (an
     ALBERT layer shared n times counts n times). `model`: its config (mapping or dataclass)."""
@@ -71,12 +78,12 @@ def encoder_flops(model: Any, tokens: Any, attention_pairs: Any) -> Any:
     )
 
 
-def mlm_head_flops(hidden: int, embedding: int, vocab_size: int, rows: Any) -> Any:
+def mlm_head_flops(hidden: int, embedding: int, vocab_size: int, rows: Count) -> Any:
     """Forward FLOPs of BERT's MLM head on `rows` positions: h -> E transform, E -> vocab."""
     return 2 * rows * (hidden * embedding + embedding * vocab_size)
 
 
-def bert_family(model: Any) -> bool:
+def bert_family(model: ModelSettings) -> bool:
     """True for a config `encoder_flops` knows (BERT-style layer sizes)."""
     keys = ("hidden_size", "num_hidden_layers", "intermediate_size")
     if isinstance(model, Mapping):
@@ -84,7 +91,9 @@ def bert_family(model: Any) -> bool:
     return all(hasattr(model, key) for key in keys)
 
 
-def gpt_flops(model: Any, tokens: Any, attention_pairs: Any, lm_rows: int, vocab_size: int) -> Any:
+def gpt_flops(
+    model: ModelSettings, tokens: Count, attention_pairs: Count, lm_rows: int, vocab_size: int
+) -> Any:
     """Forward FLOPs of a GPT model (n_embd, n_layer, n_inner = 4 n_embd by default) on
     `tokens` real tokens and its tied LM head (n_embd -> vocab) on `lm_rows` positions; the
     causal mask's skipped half of the scores is counted, as PaLM's MFU does."""
@@ -95,7 +104,7 @@ def gpt_flops(model: Any, tokens: Any, attention_pairs: Any, lm_rows: int, vocab
 
 
 def seq2seq_flops(
-    model: Any, source: torch.Tensor, target: torch.Tensor, lm_rows: int, vocab_size: int
+    model: ModelSettings, source: torch.Tensor, target: torch.Tensor, lm_rows: int, vocab_size: int
 ) -> torch.Tensor:
     """Forward FLOPs of an encoder-decoder (BART, MASS, the Transformer: d_model, encoder_/
     decoder_layers, encoder_/decoder_ffn_dim) on sources and targets of (batch,) real lengths
@@ -114,7 +123,7 @@ def seq2seq_flops(
 
 
 def xlnet_flops(
-    model: Any, batch: int, qlen: int, mlen: int, predict: int, vocab_size: int
+    model: ModelSettings, batch: int, qlen: int, mlen: int, predict: int, vocab_size: int
 ) -> float:
     """Forward FLOPs of XLNet (d_model, n_layer, n_head, d_inner) on `batch` rows of `qlen`
     positions (the padded shape: relative attention runs on it), `mlen` memory slots and
@@ -138,7 +147,7 @@ def xlnet_flops(
     return layers + 2 * batch * predict * d * vocab_size - 2 * unread / 3
 
 
-def sentence_head_flops(hidden: int, labels: int, sequences: Any) -> Any:
+def sentence_head_flops(hidden: int, labels: int, sequences: Count) -> Any:
     """Forward FLOPs of the NSP/SOP head on `sequences` [CLS] rows: pooler, classifier."""
     return 2 * sequences * (hidden * hidden + hidden * labels)
 
@@ -149,12 +158,12 @@ def sequence_sizes(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return lengths.sum(), (lengths * lengths).sum()
 
 
-def setting(model: Any, key: str) -> Any:
+def setting(model: ModelSettings, key: str) -> Any:
     """A model config value from a mapping or a dataclass."""
     return model[key] if isinstance(model, Mapping) else getattr(model, key)
 
 
-def embedding_size(model: Any) -> int:
+def embedding_size(model: ModelSettings) -> int:
     """E: the width of the token embeddings (hidden_size unless the family factorises it)."""
     value = model.get("embedding_size") if isinstance(model, Mapping) else None
     if not isinstance(model, Mapping):
@@ -162,7 +171,7 @@ def embedding_size(model: Any) -> int:
     return value or setting(model, "hidden_size")
 
 
-def training_flops(module: Any, batch: dict) -> Any:
+def training_flops(module: torch.nn.Module, batch: dict) -> Any:
     """FLOPs of one micro-batch's forward and backward pass: 3 x the module's
     `forward_flops(batch)`, or by the 6N rule on the batch's real tokens when it has none."""
     forward = module.forward_flops(batch)
@@ -171,7 +180,7 @@ def training_flops(module: Any, batch: dict) -> Any:
     return 3 * forward
 
 
-def parameter_rule_flops(module: torch.nn.Module, tokens: Any) -> Any:
+def parameter_rule_flops(module: torch.nn.Module, tokens: Count) -> Any:
     """Forward FLOPs by the 2N rule (6N a trained token): 2 per trainable parameter and token
     (ZeRO-3's partitioned parameters counted whole), for families without a formula."""
     if not hasattr(module, "_trainable_parameters"):
@@ -211,3 +220,13 @@ def precision_kind(precision: str) -> str:
     if precision.startswith("16"):
         return "fp16"
     return "fp32"
+
+
+def model_flops_metrics(flops_per_s: float, peak_tflops: float | None) -> dict:
+    """This rank's model FLOP/s (`pretrain.runtime.flops`: the family's FLOP model, else the 6N rule)
+    in TFLOP/s as `train/model_tflops`, and over the device's peak (TFLOP/s:
+    `trainer.peak_tflops`, else the table or a measured CPU GEMM) as `train/mfu`."""
+    metrics = {"train/model_tflops": flops_per_s / 1e12}
+    if peak_tflops:
+        metrics["train/mfu"] = metrics["train/model_tflops"] / peak_tflops
+    return metrics

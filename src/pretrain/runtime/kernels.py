@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from pretrain.config import KERNEL_IMPLS as IMPLS
 from pretrain.errors import ConfigError
+from pretrain.models.configs import KERNEL_IMPLS as IMPLS
 
 # the optimizer a config names -> (apex's, the settings that make it compute the same update)
 APEX_OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {

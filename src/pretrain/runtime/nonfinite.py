@@ -12,9 +12,18 @@ decision of every step (`PretrainingTask.optimizer_step`).
 """
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn.utils import get_total_norm
+
+if TYPE_CHECKING:
+    from pretrain.config import TrainConfig
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient was NaN or infinite and `trainer.nonfinite` is `stop`, or too many
+    optimizer steps were skipped for one (`check_skip_bounds`)."""
 
 
 def skips_on_device(optimizer: object, precision: str) -> bool:
@@ -72,3 +81,26 @@ class DeviceSkips:
         skipped, run, longest = self._counts.tolist()
         self._counts = torch.tensor([0, run, run], dtype=torch.int64, device=self._counts.device)
         return skipped, run, longest
+
+
+def check_skip_bounds(run: "TrainConfig", step: int, skipped: int, longest: int) -> None:
+    """NonFiniteError at optimizer step `step` once `skipped` steps in all reach
+    trainer.max_skipped_steps (the run is unstable) or `longest` steps in a row reach
+    trainer.max_consecutive_skipped_steps (the run diverged); the message says what to do."""
+    budget = run.trainer.max_skipped_steps
+    if budget is not None and skipped >= budget:
+        raise NonFiniteError(
+            f"step {step}: {skipped} optimizer steps skipped for a "
+            f"non-finite loss or gradient in all (trainer.max_skipped_steps={budget}): the "
+            "run is unstable. Lower optim.optimizer.lr or lengthen the warm-up and resume "
+            "from an earlier step-*.ckpt, or raise trainer.max_skipped_steps"
+        )
+    bound = run.trainer.max_consecutive_skipped_steps
+    if bound is not None and longest >= bound:
+        raise NonFiniteError(
+            f"step {step}: {longest} optimizer steps in a "
+            f"row skipped for a non-finite loss or gradient ({skipped} in all; "
+            f"trainer.max_consecutive_skipped_steps={bound}): the run diverged. Lower "
+            f"optim.optimizer.lr (now {run.optim.optimizer['lr']}) or lengthen the "
+            "warm-up, and start over (resume=never) or resume from an earlier step-*.ckpt"
+        )

@@ -47,9 +47,10 @@ from pretrain.models.unpadding import describe_unpadded_rows
 from pretrain.objectives.base import Objective
 from pretrain.runtime.batching import describe as describe_batching
 from pretrain.runtime.batching import warmup_steps
+from pretrain.runtime.nonfinite import NonFiniteError
 from pretrain.runtime.run_state import write_run_state
 from pretrain.runtime.schedule import check_extension
-from pretrain.runtime.task import NonFiniteError, PretrainingTask
+from pretrain.runtime.task import PretrainingTask
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
 from pretrain.storage import keep_copy, local_path

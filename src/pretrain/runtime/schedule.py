@@ -19,10 +19,14 @@ A constant schedule is extended as is (the rate does not depend on max_steps).
 """
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pretrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pretrain.config import OptimConfig, TrainConfig
 
 EXTEND_MODES = ("refuse", "rewarm")
 SCHEDULES = ("linear", "constant", "wsd")
@@ -56,7 +60,7 @@ def stable_then_decay(step: int, end: int, decay_steps: int, shape: str) -> floa
     return 1.0 - (math.sqrt(progress) if shape == "1-sqrt" else progress)
 
 
-def decay_settings(optim: Any, start: int, end: int, warmup_steps: int) -> dict:
+def decay_settings(optim: "OptimConfig | None", start: int, end: int, warmup_steps: int) -> dict:
     """The extra keys of a segment from `start` to `end` (optimizer steps) under the run's
     (typed OptimConfig) schedule: for wsd, "decay_steps" (optim.decay_fraction of the steps
     after the warm-up, at least 1) and "decay_shape"; none for the others."""
@@ -67,21 +71,23 @@ def decay_settings(optim: Any, start: int, end: int, warmup_steps: int) -> dict:
     return {"decay_steps": decay_steps, "decay_shape": optim.decay_shape}
 
 
-def first_segment(warmup_steps: int, end: int, kind: str, optim: Any = None) -> dict:
+def first_segment(
+    warmup_steps: int, end: int, kind: str, optim: "OptimConfig | None" = None
+) -> dict:
     """The one segment of a new run (optimizer steps); `optim` (the typed OptimConfig) gives
     a wsd segment its decay."""
     segment = {"start": 0, "warmup_steps": warmup_steps, "end": end, "kind": kind}
     return segment | decay_settings(optim, 0, end, warmup_steps)
 
 
-def run_schedule_end(run: Any) -> int:
+def run_schedule_end(run: "TrainConfig") -> int:
     """Where the run's (typed TrainConfig) schedule decays to 0: optim.schedule_steps, else
     trainer.max_steps (optimizer steps)."""
     steps = run.optim.schedule_steps
     return run.trainer.max_steps if steps is None else steps
 
 
-def extended(segments: list[dict], step: int, run: Any, warmup_steps: int) -> list[dict]:
+def extended(segments: list[dict], step: int, run: "TrainConfig", warmup_steps: int) -> list[dict]:
     """The segments a launch resumed at optimizer `step` trains with: `segments` as saved
     when the run's max_steps is within them or they end in a constant rate, else per
     `run.optim.extend` (ConfigError for `refuse`; a new segment for `rewarm`)."""
@@ -111,7 +117,7 @@ def describe_extension(segments: list[dict]) -> str:
     )
 
 
-def check_extension(checkpoint: str | Path, run: Any, warmup_steps: int) -> None:
+def check_extension(checkpoint: str | Path, run: "TrainConfig", warmup_steps: int) -> None:
     """Before any rank starts: ConfigError when continuing `checkpoint` (a file or a ZeRO
     directory) with the run's (typed TrainConfig) max_steps would extend its decaying
     schedule under optim.extend=refuse (`extended`). Checkpoints without a stored schedule
@@ -139,3 +145,17 @@ def stored_schedule(state: dict) -> list[dict] | None:
         return [first_segment(optim["warmup_steps"], trainer["max_steps"], optim["schedule"])]
     except (KeyError, TypeError):
         return None
+
+
+def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
+    """Learning-rate multiplier at an optimizer step: linear warm-up over `warmup_steps`, then
+    constant or linear decay to 0 at `total_steps`."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor

@@ -116,11 +116,46 @@ class PretrainDeepSpeedStrategy(DeepSpeedStrategy):
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
         """DeepSpeed's engine loads the directory with every file read weights_only
-        (`pretrain.checkpoint.safety.weights_only_loading`): a pickle cannot run code."""
+        (`pretrain.checkpoint.safety.weights_only_loading`): a pickle cannot run code. A
+        directory written before the task held the objective as `objective.*` is read under
+        today's names (`pretrain.checkpoint.compat.zero_state_with_task_names`), when its
+        parameters, renamed, are the engine's in the same order (the optimizer partitions are
+        flat, by that order); else ConfigError saying how to convert it."""
+        from pretrain.checkpoint.compat import zero_state_with_task_names
         from pretrain.checkpoint.safety import weights_only_loading
 
-        with weights_only_loading():
+        def with_task_names(state: object) -> object:
+            state, renamed = zero_state_with_task_names(state)
+            if renamed and isinstance(state, dict) and "param_shapes" in state:
+                check_parameter_order(checkpoint_path, state["param_shapes"], self._param_order())
+            return state
+
+        with weights_only_loading(with_task_names):
             return super().load_checkpoint(checkpoint_path, weights_only)
+
+    def _param_order(self) -> list[tuple[str, tuple[int, ...]]] | None:
+        """(name, shape) of the engine's partitioned parameters, in its optimizer groups'
+        order; None when DeepSpeed does not say."""
+        shapes = getattr(self.deepspeed_engine, "_get_zero_param_shapes", None)
+        if shapes is None:
+            return None
+        return [(n, tuple(s)) for group in shapes() for n, s in group.items()]
+
+
+def check_parameter_order(
+    checkpoint: Any, saved: list, ours: list[tuple[str, tuple[int, ...]]] | None
+) -> None:
+    """ConfigError (one line) unless an older ZeRO checkpoint's parameters, renamed (`saved`:
+    its `param_shapes`, one mapping per optimizer group), are this engine's (`ours`), name,
+    shape and order: its flat optimizer partitions could not be mapped otherwise."""
+    theirs = [(n, tuple(s)) for group in saved for n, s in group.items()]
+    if ours is not None and theirs != ours:
+        raise ConfigError(
+            f"{checkpoint}: a ZeRO checkpoint of an older version whose parameters are not "
+            "this model's in the same order, so its optimizer state cannot be resumed; "
+            f"convert it: pretrain-export {checkpoint} <dir>, then start a new run "
+            "with init_from=<dir>"
+        )
 
 
 class CPUDeepSpeedStrategy(PretrainDeepSpeedStrategy):

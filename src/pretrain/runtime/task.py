@@ -2,16 +2,17 @@
 (`pretrain.objectives.base.Objective`, under `objective.*` in the state dict) and owns the
 training machinery: the optimizer recipe and schedule, the composed config and random-number
 state in checkpoints, the epoch end every rank agrees on, throughput and MFU logging, and the
-handling of non-finite losses and gradients (`trainer.nonfinite`)."""
+handling of non-finite losses and gradients (`trainer.nonfinite`). The parts with a concept
+of their own live beside it: `optimizer_setup` (parameter groups, optimizer, first schedule
+segment), `epoch_end` (the ranks' agreement), `random_state`, `nonfinite` (device skips and
+the skip bounds), `flops` (MFU)."""
 
-import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import lightning as L
-import numpy as np
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class
 from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.checkpoint.compat import task_state_dict
@@ -21,81 +22,28 @@ from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.models.unpadding import with_unpadded_index
 from pretrain.objectives.base import Losses, Objective
-from pretrain.runtime.batching import BatchPlan, learning_rate, warmup_steps
-from pretrain.runtime.flops import device_peak_tflops, training_flops
-from pretrain.runtime.kernels import optimizer_settings, use_layer_norm_impl
+from pretrain.runtime.batching import BatchPlan, warmup_steps
+from pretrain.runtime.epoch_end import agree_on_step
+from pretrain.runtime.flops import device_peak_tflops, model_flops_metrics, training_flops
+from pretrain.runtime.kernels import use_layer_norm_impl
 from pretrain.runtime.memory import memory_metrics
 from pretrain.runtime.nonfinite import (
     DeviceSkips,
+    NonFiniteError,
+    check_skip_bounds,
     nonfinite_flag,
     skips_on_device,
 )
+from pretrain.runtime.optimizer_setup import build_optimizer, check_world_size, first_schedule
+from pretrain.runtime.random_state import rng_state, set_rng_state
 from pretrain.runtime.schedule import (
     LearningRateSchedule,
     describe_extension,
     extended,
-    first_segment,
-    run_schedule_end,
     stored_schedule,
 )
 
-
-def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Callable[[int], float]:
-    """Learning-rate multiplier at an optimizer step: linear warm-up over `warmup_steps`, then
-    constant or linear decay to 0 at `total_steps`."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-    return factor
-
-
 SKIP_WARNING_INTERVAL_S = 30.0  # at most one "step skipped" warning line per interval
-
-
-def model_flops_metrics(flops_per_s: float, peak_tflops: float | None) -> dict:
-    """This rank's model FLOP/s (`pretrain.runtime.flops`: the family's FLOP model, else the 6N rule)
-    in TFLOP/s as `train/model_tflops`, and over the device's peak (TFLOP/s:
-    `trainer.peak_tflops`, else the table or a measured CPU GEMM) as `train/mfu`."""
-    metrics = {"train/model_tflops": flops_per_s / 1e12}
-    if peak_tflops:
-        metrics["train/mfu"] = metrics["train/model_tflops"] / peak_tflops
-    return metrics
-
-
-class NonFiniteError(RuntimeError):
-    """A loss or gradient was NaN or infinite and `trainer.nonfinite` is `stop`."""
-
-
-def rng_state() -> dict:
-    """Torch, numpy and Python random states as checkpoint-safe containers."""
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state["numpy"] = {
-        "keys": torch.from_numpy(keys.astype(np.int64)),
-        "pos": pos,
-        "has_gauss": has_gauss,
-        "gauss": gauss,
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Inverse of `rng_state`."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
-    )
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def objective_class(config: TrainConfig | Mapping) -> type[Objective]:
@@ -152,27 +100,14 @@ class PretrainingTask(L.LightningModule):
     def configure_optimizers(self) -> dict:
         """AdamW-style parameter groups (no weight decay on biases and LayerNorms), the
         optimizer at the batch plan's learning rate, and warm-up then decay per step."""
-        optim = self.run.optim
-        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [
-            p for p in self.parameters() if p.requires_grad and p.ndim < 2
-        ]  # biases, LayerNorm
         trainer, plan = self._trainer, self.batch_plan
-        if trainer is not None and trainer.world_size != plan.world_size:
-            raise ConfigError(
-                f"trainer.devices = {self.run.trainer.devices!r}: the run has "
-                f"{trainer.world_size} ranks, not the {plan.world_size} the batch plan assumed; "
-                "give trainer.devices as a number"
-            )
-        settings, choice = optimizer_settings(optim.optimizer, optim.impl, self.run_device())
+        if trainer is not None:
+            check_world_size(trainer.world_size, self.run, plan)
+        optimizer, choice = build_optimizer(
+            list(self.parameters()), self.run, plan, self.run_device()
+        )
         self.report_kernel("optimizer", choice)
-        optimizer = instantiate(settings, lr=learning_rate(optim, plan), _convert_="all")(
-            [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-        )
-        segment = first_segment(
-            warmup_steps(optim, plan), run_schedule_end(self.run), optim.schedule, optim
-        )
-        self._lr_schedule = LearningRateSchedule([segment])
+        self._lr_schedule = first_schedule(self.run, plan)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {
@@ -348,23 +283,8 @@ class PretrainingTask(L.LightningModule):
         longest = self.consecutive_skipped_steps
         if in_a_row is not None:
             self.consecutive_skipped_steps, longest = in_a_row
-        budget = self.run.trainer.max_skipped_steps
-        if budget is not None and self.skipped_steps >= budget:
-            raise NonFiniteError(
-                f"step {self.global_step}: {self.skipped_steps} optimizer steps skipped for a "
-                f"non-finite loss or gradient in all (trainer.max_skipped_steps={budget}): the "
-                "run is unstable. Lower optim.optimizer.lr or lengthen the warm-up and resume "
-                "from an earlier step-*.ckpt, or raise trainer.max_skipped_steps"
-            )
+        check_skip_bounds(self.run, self.global_step, self.skipped_steps, longest)
         bound = self.run.trainer.max_consecutive_skipped_steps
-        if bound is not None and longest >= bound:
-            raise NonFiniteError(
-                f"step {self.global_step}: {longest} optimizer steps in a "
-                f"row skipped for a non-finite loss or gradient ({self.skipped_steps} in all; "
-                f"trainer.max_consecutive_skipped_steps={bound}): the run diverged. Lower "
-                f"optim.optimizer.lr (now {self.run.optim.optimizer['lr']}) or lengthen the "
-                "warm-up, and start over (resume=never) or resume from an earlier step-*.ckpt"
-            )
         now = time.monotonic()
         if self.trainer.is_global_zero and now - self._last_skip_warning >= SKIP_WARNING_INTERVAL_S:
             self._last_skip_warning = now
@@ -440,48 +360,14 @@ class PretrainingTask(L.LightningModule):
         self.objective.start_epoch(self)
 
     def _epoch_continues(self, batch: dict, batch_idx: int) -> bool:
-        """Whether every rank has a whole optimizer step of batches (one all-reduce on the
-        host); when not, counts, logs and prints the sequences the ranks' tails held."""
-        import torch.distributed as dist
-
-        from pretrain.cluster.collectives import reduce_on_host
-        from pretrain.data.loader import (
-            DATA_ERROR_KEY,
-            STEP_LOSS_TOKENS_KEY,
-            StepAlignedLoader,
-            step_flag,
-        )
-        from pretrain.data.shard_format import ShardError
-
-        timeout = self.run.trainer.collective_timeout_s
-        agreed = reduce_on_host(step_flag(batch), dist.ReduceOp.MIN, timeout)
-        if agreed == 1:
-            if STEP_LOSS_TOKENS_KEY in batch:  # token-budget batches: the step's tokens
-                total = reduce_on_host(batch.pop(STEP_LOSS_TOKENS_KEY), dist.ReduceOp.SUM, timeout)
-                ranks_steps = self.trainer.world_size * self.trainer.accumulate_grad_batches
-                self._loss_scale = ranks_steps / max(total, 1)
-            return True
-        if agreed < 0:  # a rank met a bad shard: every rank stops here, with the same step
-            raise ShardError(
-                batch.get(DATA_ERROR_KEY)
-                or f"rank {self.global_rank}: another rank met a shard that failed its checks "
-                f"at step {self.global_step} (its error names the shard); data.bad_shards=skip "
-                "leaves such shards out"
-            )
-        loader = self.trainer.train_dataloader
-        tail = loader.drain(batch_idx) if isinstance(loader, StepAlignedLoader) else 0
-        dropped = reduce_on_host(tail, dist.ReduceOp.SUM, timeout)
-        self.loaders.append((self.current_epoch, self.global_step, dropped))
-        if self.trainer.is_global_zero:  # the same number on every rank: written once
-            for logger in self.loggers:
-                logger.log_metrics({"train/epoch_dropped_samples": dropped}, self.global_step)
-            print(
-                f"epoch {self.current_epoch} ends at step {self.global_step} on every rank; "
-                f"{dropped} sequences the ranks held past the end were not trained "
-                "(train/epoch_dropped_samples)",
-                flush=True,
-            )
-        return False
+        """Whether every rank has a whole optimizer step of batches (`epoch_end.agree_on_step`);
+        the step's loss scale of token-budget batches, and the epochs ended, kept."""
+        agreed = agree_on_step(self, batch, batch_idx, self.run.trainer.collective_timeout_s)
+        if agreed.loss_scale is not None:
+            self._loss_scale = agreed.loss_scale
+        if not agreed.continues:
+            self.loaders.append((self.current_epoch, self.global_step, agreed.dropped))
+        return agreed.continues
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         """The micro-batch's loss (the objective's `forward`), logged; with token-budget

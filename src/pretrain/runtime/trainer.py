@@ -5,7 +5,7 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, TQDMProgressBar
@@ -17,6 +17,9 @@ from pretrain.cluster.preemption import preemption_callbacks, slurm_plugins
 from pretrain.errors import RunEnvironmentError
 from pretrain.runtime.progress_log import ProgressLog
 from pretrain.runtime.strategies import build_strategy
+
+if TYPE_CHECKING:
+    from pretrain.config import TrainConfig
 
 
 class StepCheckpoint(ModelCheckpoint):
@@ -88,7 +91,7 @@ def own_wandb_service(mode: str) -> str:
     return mode
 
 
-def build_loggers(config: Any, run_dir: Path) -> list[Logger]:
+def build_loggers(config: "TrainConfig", run_dir: Path) -> list[Logger]:
     """CSV always (a new version folder per launch, nothing overwritten); wandb when
     logger.wandb, offline unless an API key is configured: one wandb run per run directory
     (`wandb_run_id`), grouped by logger.group (default: the experiment), job_type the
@@ -232,7 +235,9 @@ def step_line(step: int, total: int, loss: object, steps_per_s: float) -> str:
     )
 
 
-def build_trainer(config: Any, run_dir: str | Path, callbacks: list | tuple = ()) -> L.Trainer:
+def build_trainer(
+    config: "TrainConfig", run_dir: str | Path, callbacks: list | tuple = ()
+) -> L.Trainer:
     """A Trainer for `config` (the typed TrainConfig, with its batch plan) writing logs and
     checkpoints under `run_dir`, with `callbacks` besides its own (held-out evaluation)."""
     t, run_dir = config.trainer, Path(run_dir)

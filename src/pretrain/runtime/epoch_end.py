@@ -1,0 +1,59 @@
+"""The end of a training epoch, agreed by every rank: an epoch ends at the first optimizer step
+some rank lacks batches for (`pretrain.data.loader`), on every rank alike, so all ranks take
+the same number of steps; a rank that met a bad shard stops every rank at the same step."""
+
+from dataclasses import dataclass
+
+import lightning as L
+import torch.distributed as dist
+
+from pretrain.cluster.collectives import reduce_on_host
+from pretrain.data.loader import DATA_ERROR_KEY, STEP_LOSS_TOKENS_KEY, StepAlignedLoader, step_flag
+from pretrain.data.shard_format import ShardError
+
+
+@dataclass(frozen=True)
+class StepAgreement:
+    """What the ranks agreed at a step's first micro-batch: whether the epoch continues; with
+    token-budget batches, the step's loss scale (ranks x accumulation / the step's loss tokens
+    over all ranks); when it ends, the sequences the ranks held past the end (dropped)."""
+
+    continues: bool
+    loss_scale: float | None = None
+    dropped: int = 0
+
+
+def agree_on_step(
+    module: L.LightningModule, batch: dict, batch_idx: int, timeout_s: float
+) -> StepAgreement:
+    """Whether every rank has a whole optimizer step of batches (one all-reduce on the host,
+    `timeout_s` seconds at most); when not, counts, logs and prints the sequences the ranks'
+    tails held. ShardError when a rank met a shard that failed its checks."""
+
+    agreed = reduce_on_host(step_flag(batch), dist.ReduceOp.MIN, timeout_s)
+    if agreed == 1:
+        if STEP_LOSS_TOKENS_KEY in batch:  # token-budget batches: the step's tokens
+            total = reduce_on_host(batch.pop(STEP_LOSS_TOKENS_KEY), dist.ReduceOp.SUM, timeout_s)
+            ranks_steps = module.trainer.world_size * module.trainer.accumulate_grad_batches
+            return StepAgreement(True, loss_scale=ranks_steps / max(total, 1))
+        return StepAgreement(True)
+    if agreed < 0:  # a rank met a bad shard: every rank stops here, with the same step
+        raise ShardError(
+            batch.get(DATA_ERROR_KEY)
+            or f"rank {module.global_rank}: another rank met a shard that failed its checks "
+            f"at step {module.global_step} (its error names the shard); data.bad_shards=skip "
+            "leaves such shards out"
+        )
+    loader = module.trainer.train_dataloader
+    tail = loader.drain(batch_idx) if isinstance(loader, StepAlignedLoader) else 0
+    dropped = reduce_on_host(tail, dist.ReduceOp.SUM, timeout_s)
+    if module.trainer.is_global_zero:  # the same number on every rank: written once
+        for logger in module.loggers:
+            logger.log_metrics({"train/epoch_dropped_samples": dropped}, module.global_step)
+        print(
+            f"epoch {module.current_epoch} ends at step {module.global_step} on every rank; "
+            f"{dropped} sequences the ranks held past the end were not trained "
+            "(train/epoch_dropped_samples)",
+            flush=True,
+        )
+    return StepAgreement(False, dropped=dropped)
