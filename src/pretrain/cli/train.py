@@ -30,6 +30,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 import pretrain.config  # noqa: E402, F401 - registers the schema train.yaml names
 from pretrain.cli.help import print_app_help, wants_help  # noqa: E402
+from pretrain.cluster.local_ranks import follow_launcher  # noqa: E402
 from pretrain.errors import ConfigError, write_line  # noqa: E402
 from pretrain.paths import CONF_DIR  # noqa: E402
 
@@ -74,7 +75,10 @@ hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="train", version_
 
 def main() -> None:
     """The console script: `--help` prints the groups and the composed config
-    (`pretrain.cli.help`), anything else goes to Hydra."""
+    (`pretrain.cli.help`), anything else goes to Hydra. A local rank started by another
+    `pretrain` process (Lightning's launcher) ends when that process dies
+    (`pretrain.cluster.local_ranks`)."""
+    follow_launcher()
     if wants_help(sys.argv[1:]):
         summary = "\n\n".join(__doc__.split("\n\n")[:2])  # usage and exit statuses
         sys.exit(print_app_help("pretrain", summary, "train", sys.argv[1:]))
