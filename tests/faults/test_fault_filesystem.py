@@ -10,7 +10,18 @@ import subprocess
 
 import pytest
 import torch
-from fault_helpers import SCRIPTS, fill, remount_read_only, script_env, tmpfs, unprivileged
+from fault_helpers import (
+    SCRIPTS,
+    fill,
+    immutable,
+    quota_limited,
+    quota_used,
+    remount_read_only,
+    script_env,
+    set_quota,
+    tmpfs,
+    unprivileged,
+)
 from test_train import tiny_overrides
 
 from data_pipelines.cli import main as data_main
@@ -85,6 +96,40 @@ def test_a_full_disk_while_saving_a_checkpoint(prepared_corpus, tmp_path, capsys
         assert str(run_dir / "checkpoints") in line
         assert step_of(last) == 2  # the previous checkpoint intact
         assert not list((run_dir / "checkpoints").glob("*.partial"))
+
+
+def test_a_quota_exceeded_while_saving_a_checkpoint(prepared_corpus, tmp_path, capsys):
+    with quota_limited(tmp_path / "quota", "256m") as volume:
+        run_dir = volume / "run"
+        base = ("trainer.checkpoint_every_n_steps=2", "optim.schedule_steps=8")
+        run_or_exit(
+            compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=2", *base))
+        )
+        last = run_dir / "checkpoints" / "last.ckpt"
+        before = last.read_bytes()
+        set_quota(volume, quota_used(volume) + (256 << 10))  # logs fit, a checkpoint does not
+        cfg = compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=4", *base))
+        line = exits_2(cfg, capsys)
+        assert "disk quota exceeded while saving the checkpoint" in line
+        assert str(run_dir / "checkpoints") in line
+        assert last.read_bytes() == before  # the previous checkpoint intact
+        assert not list((run_dir / "checkpoints").glob("*.partial"))
+
+
+def test_an_immutable_checkpoint_directory(prepared_corpus, tmp_path, capsys):
+    """EPERM: nothing can be created in a directory flagged immutable, by root either."""
+    run_dir = tmp_path / "run"
+    steps = ("trainer.checkpoint_every_n_steps=2", "optim.schedule_steps=8")
+    run_or_exit(
+        compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=2", *steps))
+    )
+    checkpoints = run_dir / "checkpoints"
+    before = (checkpoints / "last.ckpt").read_bytes()
+    cfg = compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=4", *steps))
+    with immutable(checkpoints):
+        line = exits_2(cfg, capsys)
+    assert "operation not permitted" in line and str(checkpoints) in line
+    assert (checkpoints / "last.ckpt").read_bytes() == before
 
 
 def test_a_run_directory_on_a_read_only_file_system(prepared_corpus, tmp_path, capsys):
@@ -170,6 +215,26 @@ def test_prepare_into_a_full_disk(tmp_path, capsys):
         line = one_error_line(capsys.readouterr().err)
         assert "no space left on device while running pretrain-data prepare" in line
         assert not any(disk.iterdir())  # nothing half-written left behind
+
+
+def test_prepare_over_its_quota(tmp_path, capsys):
+    with quota_limited(tmp_path / "quota", "300k") as volume:
+        capsys.readouterr()
+        assert data_main(prepare_args(volume / "corpus")) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert "disk quota exceeded while running pretrain-data prepare" in line
+        assert str(volume) in line
+        assert not any(volume.iterdir())  # nothing half-written left behind
+
+
+def test_prepare_into_an_immutable_directory(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    with immutable(tmp_path / "out"):
+        capsys.readouterr()
+        assert data_main(prepare_args(tmp_path / "out" / "corpus")) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"pretrain-data prepare: error: {tmp_path}/out/.corpus.partial: op")
+    assert "operation not permitted" in line and not any((tmp_path / "out").iterdir())
 
 
 def test_prepare_under_a_file(tmp_path, capsys):

@@ -6,14 +6,11 @@ killed under a run is one warning line, not a traceback per semaphore."""
 import os
 import select
 import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from fault_helpers import SCRIPTS, marked_processes, new_marker, script_env
+from fault_helpers import Launch, marked_processes, run_to_end
 from test_train import step_losses, tiny_overrides
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
@@ -25,59 +22,6 @@ RUN = (
     "trainer.log_every_n_steps=1",
     "data.num_workers=2",
 )
-
-
-class Launch:
-    """`pretrain` with `overrides` in its own session, its processes marked; its stdout lines
-    collected as they come (`lines`), stderr kept in a file."""
-
-    def __init__(self, overrides: list[str], tmp_path: Path):
-        self.marker = new_marker()
-        self.stderr = tmp_path / f"stderr-{self.marker}.txt"
-        with open(self.stderr, "w") as err:
-            self.process = subprocess.Popen(
-                [str(SCRIPTS / "pretrain"), *overrides],
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-                env=script_env(self.marker),
-                cwd=tmp_path,
-                start_new_session=True,
-            )
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line)
-
-    def wait_for(self, ready, timeout_s: float = 240) -> None:
-        """Poll `ready()` until true; fails when the run ended or the time ran out first."""
-        deadline = time.monotonic() + timeout_s
-        while not ready():
-            assert self.process.poll() is None, self.stderr.read_text()[-3000:]
-            assert time.monotonic() < deadline, "timed out"
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=60)
-
-    def survivors_after(self, seconds: float) -> list[tuple[int, str]]:
-        """The run's processes still alive `seconds` after now (sooner when none is left);
-        any found are killed after being recorded."""
-        deadline = time.monotonic() + seconds
-        while (left := marked_processes(self.marker)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pid, _ in left:
-            os.kill(pid, signal.SIGKILL)
-        return left
-
-
-def run_to_end(overrides: list[str], tmp_path: Path) -> Launch:
-    launch = Launch(overrides, tmp_path)
-    assert launch.process.wait(timeout=600) == 0, launch.stderr.read_text()[-3000:]
-    return launch
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

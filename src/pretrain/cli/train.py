@@ -30,6 +30,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 import pretrain.config  # noqa: E402, F401 - registers the schema train.yaml names
 from pretrain.cli.help import print_app_help, wants_help  # noqa: E402
+from pretrain.cluster.local_ranks import follow_launcher  # noqa: E402
 from pretrain.errors import ConfigError, write_line  # noqa: E402
 from pretrain.paths import CONF_DIR  # noqa: E402
 
@@ -75,7 +76,10 @@ hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="train", version_
 
 def main() -> None:
     """The console script: `--help` prints the groups and the composed config
-    (`pretrain.cli.help`), anything else goes to Hydra."""
+    (`pretrain.cli.help`), anything else goes to Hydra. A local rank started by another
+    `pretrain` process (Lightning's launcher) ends when that process dies
+    (`pretrain.cluster.local_ranks`)."""
+    follow_launcher()
     if wants_help(sys.argv[1:]):
         summary = "\n\n".join(__doc__.split("\n\n")[:2])  # usage and exit statuses
         sys.exit(print_app_help("pretrain", summary, "train", sys.argv[1:]))
@@ -93,19 +97,19 @@ def main() -> None:
 def report_launch_error(error: Exception) -> int:
     """Report an error that reached Hydra (the run itself reports its own, `run_or_exit`) and
     return the exit status: Hydra's and OmegaConf's own errors (an unknown config group or
-    option, an override that does not parse, a value of the wrong type) as Hydra prints them,
-    status 2; a filesystem fault creating the run directory in one line, status 2; anything
-    else is raised again (its traceback, status 1)."""
+    option, an override that does not parse, a value of the wrong type) in one line
+    (`one_line`), status 2; a filesystem fault creating the run directory in one line, status
+    2; anything else is raised again (its traceback, status 1)."""
     from hydra.errors import CompactHydraException, HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from pretrain.errors import filesystem_error, report_error
 
     if isinstance(error, CompactHydraException | HydraException | OmegaConfBaseException):
-        lines = [str(error)]
+        text = str(error)
         if isinstance(error.__cause__, OmegaConfBaseException):
-            lines.append(str(error.__cause__))
-        sys.stderr.write("\n".join(lines) + "\n")
+            text += "\n" + str(error.__cause__)
+        write_line(f"error: {one_line(text)}")
         return 2
     fault = filesystem_error(
         error, "creating the run directory", "run the same command again (or set run_dir=...)"
@@ -114,6 +118,32 @@ def report_launch_error(error: Exception) -> int:
         raise error
     report_error(fault)
     return 2
+
+
+# Lines of Hydra's and OmegaConf's messages that say nothing about the command line
+_NOISE = ("full_key:", "reference_type=", "object_type=", "Config search path:", "provider=")
+
+
+def one_line(message: str) -> str:
+    """Hydra's or OmegaConf's several-line `message` as one line: its lines joined by "; ",
+    a list of available options (one per indented line) as "a, b, c", and the lines that
+    describe Hydra's internals (the config search path, OmegaConf's key types) left out."""
+    parts: list[str] = []
+    options: list[str] = []
+    for line in message.splitlines():
+        text = line.strip()
+        if not text or text.startswith(_NOISE):
+            continue
+        if line.startswith("\t") and parts and parts[-1].endswith(":"):
+            options.append(text)  # an option listed under "Available options in 'model':"
+            continue
+        if options:
+            parts[-1] += " " + ", ".join(options)
+            options = []
+        parts.append(text)
+    if options:
+        parts[-1] += " " + ", ".join(options)
+    return "; ".join(part.removesuffix(".") for part in parts)
 
 
 if __name__ == "__main__":

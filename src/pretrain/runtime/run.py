@@ -18,6 +18,7 @@ from pretrain.checkpoint.resume import (
 )
 from pretrain.checkpoint.safety import check_checkpoint_slots, check_resume_strategy
 from pretrain.cluster.collectives import CollectiveTimeout, collective_failure
+from pretrain.cluster.local_ranks import wait_for_local_ranks
 from pretrain.cluster.preemption import (
     PREEMPTED_EXIT_STATUS,
     Preempted,
@@ -178,6 +179,8 @@ def train(cfg: DictConfig) -> Path:
         finish_loggers(trainer, finished)  # the next sweep point gets its own wandb run
         if trainer.is_global_zero:
             write_run_state(run_dir, state, trainer.global_step, run.trainer.max_steps)
+    if trainer.is_global_zero:  # the ranks it started would die with it: let them finish
+        wait_for_local_ranks(trainer, run.trainer.collective_timeout_s)
     raise_if_preempted(trainer)  # stopped by a signal before max_steps: not finished
     if trainer.is_global_zero:
         print(summary(module, run_dir), flush=True)
