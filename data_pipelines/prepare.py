@@ -187,7 +187,10 @@ def write_corpus(
     )
     dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     documents, cleaning = cleaned_documents(
-        cfg, read_raw_documents(names, stats, cfg.text_field, undecodable=cfg.undecodable)
+        cfg,
+        read_raw_documents(
+            names, stats, cfg.text_field, undecodable=cfg.undecodable, id_field=cfg.id_field
+        ),
     )
     chunks = encode_corpus(
         documents,
