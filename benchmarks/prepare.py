@@ -10,17 +10,22 @@ csv), then on each, with the same cores:
   the manifest;
 - `encode_batch`: that tokenizer's own batch encoding of every document's text, in batches
   of 1,000 documents (all cores: the tokenizer's own threads; the text already in memory);
+- `train_from_iterator`: the tokenizers library training the same WordPiece pipeline on the
+  text prepare trains on (the first `tokenizer.train_megabytes` MB), its own threads on
+  every core: with `encode_batch`, what the tokenizer alone takes to train and encode;
 - `prepare`: `pretrain-data prepare` with that tokenizer (`tokenizer.path`), `num_proc`
   processes (default: all cores);
 - `+filters` (with `--filters exact_dedup,quality,...`): the same with those filters;
 
 and prints MB of text per second (also for `encode_batch_fast`, which skips offsets and word
-ids: prepare uses it for WordPiece, whose word starts follow from the ids), each prepare's
-time over encode_batch's, and the shards' bytes against the physical size of their content
-(ids at the manifest dtype, int32 sentence ends, one bit per token for word starts, an int64
-offset per document and per sentence list). Targets (benchmarks/RESULTS.md): prepare, the
-training included, within 1.5x of encode_batch's time; shards within 1.15x of the physical
-size.
+ids: prepare uses it for WordPiece, whose word starts follow from the ids), prepare's time
+over encode_batch's, prepare-with-training's over train_from_iterator's + encode_batch's
+(and, bracketed, over encode_batch's alone), in wall-clock and in CPU seconds, and the
+shards' bytes against the physical size of their content (ids at the manifest dtype, int32
+sentence ends, one bit per token for word starts, an int64 offset per document and per
+sentence list). Targets (benchmarks/RESULTS.md): prepare, the training included, within
+1.5x of the tokenizer's own time on the same text and cores; shards within 1.15x of the
+physical size.
 
     .venv/bin/python benchmarks/prepare.py [--megabytes 100] [--repeats 1] [--num-proc N]
         [--input-format text] [--filters F,...] [--work-dir DIR] [--keep]
@@ -105,6 +110,37 @@ def time_encode_batch(
     start = clocks()
     for i in range(0, len(texts), batch):
         encode(texts[i : i + batch], add_special_tokens=False)
+    return since(start)
+
+
+def time_train_from_iterator(
+    texts: list[str], vocab_size: int, train_megabytes: float | None
+) -> tuple[float, float]:
+    """(wall, CPU) seconds of the tokenizers library training the same WordPiece pipeline
+    (BertNormalizer, BertPreTokenizer, vocabulary `vocab_size`, pairs seen twice) with its own
+    `train_from_iterator` on the text prepare trains on: the first documents up to
+    `train_megabytes` MB (all of them for a smaller corpus), with its threads on every core."""
+    from tokenizers import trainers
+
+    from data_pipelines.tokenizer import SPECIAL_TOKENS, build_tokenizer
+
+    budget = int(train_megabytes * 1e6) if train_megabytes else None
+    chosen, size = [], 0
+    for text in texts:
+        if budget is not None and size >= budget:
+            break
+        chosen.append(text)
+        size += len(text.encode("utf-8"))
+    tokenizer = build_tokenizer(lowercase=True)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    start = clocks()
+    tokenizer.train_from_iterator(chosen, trainer=trainer)
     return since(start)
 
 
@@ -211,8 +247,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     from data_pipelines.document_encoding import default_num_proc
+    from data_pipelines.prepare_config import TokenizerSettings
 
     num_proc = args.num_proc or default_num_proc()
+    default_train_megabytes = TokenizerSettings().train_megabytes
     filters = [f for f in args.filters.split(",") if f]
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-prepare-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -224,7 +262,7 @@ def main() -> None:
         corpus = write_input(text_corpus, args.input_format)
         texts = read_texts(corpus)
         shards, trained = work / f"shards-{kind}", work / f"trained-{kind}"
-        keys = ("encode", "fast", "prepare", "trained", "filtered")
+        keys = ("encode", "fast", "train", "prepare", "trained", "filtered")
         best = {key: (float("inf"), float("inf")) for key in keys}
         for _ in range(args.repeats):  # alternating, best of each: load spikes hit both alike
             timing = {
@@ -240,6 +278,9 @@ def main() -> None:
             tokenizer_json = trained / "tokenizer" / "tokenizer.json"
             timing["encode"] = time_encode_batch(tokenizer_json, texts)
             timing["fast"] = time_encode_batch(tokenizer_json, texts, "encode_batch_fast")
+            timing["train"] = time_train_from_iterator(
+                texts, args.vocab_size, args.train_megabytes or default_train_megabytes
+            )
             timing["prepare"] = time_prepare(corpus, trained / "tokenizer", shards, num_proc)
             if filters:
                 timing["filtered"] = time_prepare(
@@ -257,31 +298,35 @@ def main() -> None:
             shutil.rmtree(work / "filtered", ignore_errors=True)
             corpus.unlink()
     print(
-        f"prepare with {num_proc} processes, encode_batch with its threads; {os.cpu_count()} "
-        f"cores; input {args.input_format}; time ratios are prepare's time / encode_batch's"
+        f"prepare with {num_proc} processes, the tokenizers library with its threads; "
+        f"{os.cpu_count()} cores; input {args.input_format}. Ratios: prepare / encode_batch; "
+        "+training: prepare training its tokenizer / (train_from_iterator + encode_batch), "
+        "[/ encode_batch alone]"
     )
     print(
         f"{'documents':<10} {'count':>9} {'MB':>5} {'encode_batch':>13} {'_fast':>7} "
-        f"{'prepare':>8} {'ratio':>7} {'+training':>10}"
+        f"{'train s':>8} {'prepare':>8} | wall: {'ratio':>6} {'+training':>10}"
         + (f" {'+filters':>9}" if filters else "")
-        + f" {'CPU: ratio':>11} {'+training':>10}"
+        + f" | CPU: {'ratio':>6} {'+training':>10} {'[alone]':>8}"
         + (f" {'+filters':>9}" if filters else "")
-        + f" {'shard MB':>9} {'physical MB':>12} {'size ratio':>11}"
+        + f" | {'shard MB':>9} {'physical MB':>12} {'size ratio':>11}"
     )
     for kind, documents, mb, best, shard_mb, physical in rows:
         wall = {key: value[0] for key, value in best.items()}
         cpu = {key: value[1] for key, value in best.items()}
-        cpu_ratios = (
-            f" {cpu['prepare'] / cpu['encode']:>10.2f}x {cpu['trained'] / cpu['encode']:>9.2f}x"
-        )
+
+        def trained(t: dict) -> float:
+            return t["trained"] / (t["train"] + t["encode"])
+
         print(
             f"{kind:<10} {documents:>9,} {mb:>5.0f} {mb / wall['encode']:>8.2f} MB/s "
-            f"{mb / wall['fast']:>7.2f} {mb / wall['prepare']:>8.2f} "
-            f"{wall['prepare'] / wall['encode']:>6.2f}x {wall['trained'] / wall['encode']:>9.2f}x"
+            f"{mb / wall['fast']:>7.2f} {wall['train']:>8.1f} {mb / wall['prepare']:>8.2f} | "
+            f"      {wall['prepare'] / wall['encode']:>5.2f}x {trained(wall):>9.2f}x"
             + (f" {wall['filtered'] / wall['encode']:>8.2f}x" if filters else "")
-            + cpu_ratios
+            + f" |      {cpu['prepare'] / cpu['encode']:>5.2f}x {trained(cpu):>9.2f}x"
+            + f" {cpu['trained'] / cpu['encode']:>7.2f}x"
             + (f" {cpu['filtered'] / cpu['encode']:>8.2f}x" if filters else "")
-            + f" {shard_mb:>9.1f} {physical / 1e6:>12.1f} {shard_mb * 1e6 / physical:>10.3f}x"
+            + f" | {shard_mb:>9.1f} {physical / 1e6:>12.1f} {shard_mb * 1e6 / physical:>10.3f}x"
         )
     if not args.keep and args.work_dir is None:
         shutil.rmtree(work)

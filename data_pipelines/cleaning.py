@@ -19,8 +19,9 @@ that depend on earlier documents (the two deduplications) are made here, in inpu
 the kept documents are the same for any `num_proc`. A document is checked by the filters in
 the order `filters` lists them; the first that removes it is counted. Empty documents pass
 untouched (prepare counts them as empty). `CleaningStats.record()` is the manifest's
-`filters` section: documents in and kept, and what each filter removed (by rule and by
-language).
+`filters` section: documents in and kept, what each filter removed (by rule and by
+language), and under `examples` the keys of the first documents each removed (their ids from
+the input with `id_field`, so a removal can be looked up in the source).
 """
 
 import hashlib
@@ -39,6 +40,7 @@ from data_pipelines.text import normalize
 
 PER_DOCUMENT = ("quality", "language")
 CHUNK_DOCUMENTS = 512  # documents per task (at most; and about 1 M characters)
+EXAMPLES = 5  # removed documents named per filter in the manifest
 _WORD_RE = re.compile(r"\w+")
 
 
@@ -155,7 +157,8 @@ def detection_probability(similarity: float, bands: int, rows: int) -> float:
 
 @dataclass
 class CleaningStats:
-    """Counts of the cleaning stage (documents in, kept, removed by each filter)."""
+    """Counts of the cleaning stage (documents in, kept, removed by each filter) and the keys
+    (ids, with `id_field`) of the first EXAMPLES documents each filter removed."""
 
     filters: tuple[str, ...]
     settings: FilterSettings
@@ -165,6 +168,7 @@ class CleaningStats:
     by_rule: Counter = field(default_factory=Counter)
     by_language: Counter = field(default_factory=Counter)
     lsh_shape: tuple[int, int] | None = None
+    examples: dict = field(default_factory=dict)
 
     def record(self) -> dict:
         """The manifest's `filters` section (plain JSON values)."""
@@ -175,6 +179,7 @@ class CleaningStats:
         }
         for name in self.filters:
             section[name] = {"removed": self.removed[name]}
+        section["examples"] = {name: list(self.examples.get(name, [])) for name in self.filters}
         if "quality" in self.filters:
             section["quality"]["by_rule"] = dict(sorted(self.by_rule.items()))
         if "language" in self.filters:
@@ -209,6 +214,10 @@ def merge_records(records: list[dict]) -> dict:
                     total.update(r[name][detail])
                 section[detail] = dict(sorted(total.items()))
         merged[name] = section
+    merged["examples"] = {
+        name: [key for r in records for key in r.get("examples", {}).get(name, [])][:EXAMPLES]
+        for name in records[0]["order"]
+    }
     merged["dedup_scope"] = "slice"
     return merged
 
@@ -315,6 +324,9 @@ def clean_documents(
                 yield document
                 continue
             stats.removed[removed_by] += 1
+            named = stats.examples.setdefault(removed_by, [])
+            if len(named) < EXAMPLES:
+                named.append(document.key)
             if removed_by == "quality":
                 stats.by_rule[verdict.detail] += 1
             elif removed_by == "language":

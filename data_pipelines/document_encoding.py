@@ -15,7 +15,6 @@ task, results in input order, with at most 4 tasks per process in flight (memory
 in the corpus size) and a progress bar in MB of text per second with the time left, documents and documents per second.
 """
 
-import hashlib
 import json
 import os
 from collections import deque
@@ -31,16 +30,10 @@ from tqdm import tqdm
 
 from data_pipelines.chinese import JiebaSegmenter, make_segmenter, segmented_word_starts
 from data_pipelines.shard_writer import DocumentBatch, TokenizedDocument
-from data_pipelines.sources import RawDocument
-from data_pipelines.text import normalize, split_sentences
+from data_pipelines.sources import RawDocument, document_key  # noqa: F401 (re-exported)
+from data_pipelines.text import documents_sentences, normalize, split_sentences
 
 CHUNK_BYTES = 1 << 19  # text per task: 512 kB
-
-
-def document_key(source: str, index: int) -> str:
-    """Stable, unique sample key: 8 hex digits of sha1(source name) and the document's index
-    in its source. Has no dots, as WebDataset keys must not."""
-    return f"{hashlib.sha1(source.encode('utf-8')).hexdigest()[:8]}_{index:08d}"
 
 
 def _word_starts(word_ids: np.ndarray, sentence_starts: np.ndarray) -> np.ndarray:
@@ -106,9 +99,7 @@ def tokenize_document(
     ids, sents, words = encode_sentences(
         tokenizer, split_sentences(normalize(document.text)), dtype, segmenter
     )
-    return TokenizedDocument(
-        document_key(document.source, document.index), document.source, ids, sents, words
-    )
+    return TokenizedDocument(document.key, document.source, ids, sents, words)
 
 
 @dataclass(frozen=True)
@@ -158,15 +149,26 @@ def encode_documents(
 ) -> EncodedChunk:
     """`tokenize_document` for every document of `documents`, with one `encode_batch` call
     for all their sentences; empty documents are counted, not kept."""
-    per_document = [split_sentences(normalize(d.text)) for d in documents]
-    sentences = list(chain.from_iterable(per_document))
+    keys = [d.key for d in documents]
+    return encode_texts([d.text for d in documents], keys, tokenizer, dtype, segmenter)
+
+
+def encode_texts(
+    texts: list[str],
+    keys: list[str],
+    tokenizer: Tokenizer,
+    dtype: str,
+    segmenter: JiebaSegmenter | None = None,
+) -> EncodedChunk:
+    """`encode_documents` of the documents of raw `texts` and `keys`."""
+    sentences, sentence_counts = documents_sentences(texts)
     # Without a segmenter, WordPiece word starts follow from the ids alone, so the encoder may
     # skip word ids and offsets (about 15% faster); the result is the same.
     continuations = continuation_table(tokenizer) if segmenter is None else None
     encode = tokenizer.encode_batch if continuations is None else tokenizer.encode_batch_fast
     encodings = encode(sentences, add_special_tokens=False) if sentences else []
     lengths = np.fromiter((len(e) for e in encodings), np.int64, count=len(encodings))
-    owner = np.repeat(np.arange(len(documents)), [len(s) for s in per_document])
+    owner = np.repeat(np.arange(len(texts)), sentence_counts)
     kept = lengths > 0
     if not kept.all():
         keep = np.flatnonzero(kept).tolist()
@@ -187,11 +189,11 @@ def encode_documents(
         words = _word_starts(word_ids, starts)
     if segmenter is not None:
         _segment(words, sentences, encodings, starts.tolist(), ends.tolist(), segmenter)
-    tokens = np.bincount(owner, weights=lengths, minlength=len(documents)).astype(np.int64)
-    counts = np.bincount(owner, minlength=len(documents)).astype(np.int64)
+    tokens = np.bincount(owner, weights=lengths, minlength=len(texts)).astype(np.int64)
+    counts = np.bincount(owner, minlength=len(texts)).astype(np.int64)
     nonempty = np.flatnonzero(tokens > 0)
     batch = DocumentBatch(
-        [document_key(documents[i].source, documents[i].index) for i in nonempty.tolist()],
+        [keys[i] for i in nonempty.tolist()],
         ids,
         np.cumsum(tokens[nonempty]),
         ends,
@@ -212,9 +214,9 @@ def _init_worker(tokenizer_json: str, segmenter: str) -> None:
     _worker_segmenter = make_segmenter(segmenter)
 
 
-def _encode_in_worker(documents: list[RawDocument], dtype: str) -> EncodedChunk:
+def _encode_in_worker(texts: list[str], keys: list[str], dtype: str) -> EncodedChunk:
     assert _worker_tokenizer is not None, "worker not initialised"
-    return encode_documents(documents, _worker_tokenizer, dtype, _worker_segmenter)
+    return encode_texts(texts, keys, _worker_tokenizer, dtype, _worker_segmenter)
 
 
 def _chunks(
@@ -284,7 +286,8 @@ def encode_corpus(
         ) as pool:
             pending: deque = deque()
             for chunk, size in _chunks(documents, chunk_bytes):
-                pending.append((chunk, size, pool.submit(_encode_in_worker, chunk, dtype)))
+                texts, keys = [d.text for d in chunk], [d.key for d in chunk]
+                pending.append((chunk, size, pool.submit(_encode_in_worker, texts, keys, dtype)))
                 if len(pending) >= 4 * num_proc:
                     chunk, size, future = pending.popleft()
                     yield chunk, future.result()

@@ -31,7 +31,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from data_pipelines.inputs import DATASETS_STATE, STREAM_ERRORS, SourceError, open_input
+from data_pipelines.inputs import (
+    DATASETS_STATE,
+    READ_BYTES,
+    STREAM_ERRORS,
+    SourceError,
+    ZstdReader,
+    document_id,
+    missing_id_field,
+    open_input,
+)
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bz2"}
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -50,7 +59,6 @@ SUPPORTED = (
     "tar (WebDataset .txt/.json members), text; jsonl/csv/tsv/tar/text also as "
     ".gz/.zst/.xz/.bz2"
 )
-READ_BYTES = 1 << 20  # bytes per read of a compressed stream
 
 
 def is_datasets_dir(path: str | Path) -> bool:
@@ -123,47 +131,6 @@ def _check_magic(name: str, head: bytes, expected: str) -> None:
         raise _mismatch(name, expected, found)
 
 
-class _ZstdReader(io.RawIOBase):
-    """A readable stream of the zstd frames of `raw`, one after another; a file that ends
-    inside a frame raises EOFError (the zstandard stream reader would end silently)."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        import zstandard
-
-        self._raw, self._zstd = raw, zstandard
-        self._decompressor = zstandard.ZstdDecompressor().decompressobj()
-        self._buffer = b""
-        self._done = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, out) -> int:
-        while not self._buffer and not self._done:
-            data = self._raw.read(READ_BYTES)
-            if not data:
-                if not self._decompressor.eof:
-                    raise EOFError("zstd stream ended inside a frame (truncated file)")
-                self._done = True
-                break
-            try:
-                self._buffer = self._decompressor.decompress(data)
-                while self._decompressor.eof and self._decompressor.unused_data:
-                    rest = self._decompressor.unused_data
-                    self._decompressor = self._zstd.ZstdDecompressor().decompressobj()
-                    self._buffer += self._decompressor.decompress(rest)
-            except self._zstd.ZstdError as error:
-                raise EOFError(f"zstd: {error}") from error
-        n = min(len(out), len(self._buffer))
-        out[:n] = self._buffer[:n]
-        self._buffer = self._buffer[n:]
-        return n
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-
 def open_stream(name: str, fmt: str, compression: str | None) -> IO[bytes]:
     """The decompressed bytes of the file `name`, its compression's and its format's magic
     checked (SourceError naming the file on a mismatch)."""
@@ -175,7 +142,7 @@ def open_stream(name: str, fmt: str, compression: str | None) -> IO[bytes]:
                 raise _mismatch(name, f"{fmt} compressed with {compression}", magic_format(head))
             stream = {
                 "gzip": lambda: gzip.GzipFile(fileobj=raw, mode="rb"),
-                "zstd": lambda: io.BufferedReader(_ZstdReader(raw), READ_BYTES),
+                "zstd": lambda: io.BufferedReader(ZstdReader(raw), READ_BYTES),
                 "xz": lambda: lzma.LZMAFile(raw, "rb"),
                 "bz2": lambda: bz2.BZ2File(raw, "rb"),
             }[compression]()
@@ -214,10 +181,15 @@ def _missing_field(where: str, text_field: str, fields: list[str]) -> SourceErro
 
 
 def csv_documents(
-    stream: IO[bytes], name: str, text_field: str, delimiter: str, policy: str
-) -> Iterator[str]:
-    """The `text_field` of each row of a CSV (or TSV, `delimiter="\\t"`) with a header row;
-    quoted fields may hold delimiters, quotes ("") and line breaks."""
+    stream: IO[bytes],
+    name: str,
+    text_field: str,
+    delimiter: str,
+    policy: str,
+    id_field: str | None = None,
+) -> Iterator[tuple[str, str | None]]:
+    """(`text_field`, `id_field` or None) of each row of a CSV (or TSV, `delimiter="\\t"`)
+    with a header row; quoted fields may hold delimiters, quotes ("") and line breaks."""
     errors = "strict" if policy == "error" else "replace"
     text = io.TextIOWrapper(stream, encoding="utf-8", errors=errors, newline="")
     csv.field_size_limit(1 << 30)
@@ -227,8 +199,11 @@ def csv_documents(
             return
         if text_field not in reader.fieldnames:
             raise _missing_field(f"{name}: header", text_field, list(reader.fieldnames))
+        if id_field is not None and id_field not in reader.fieldnames:
+            raise missing_id_field(f"{name}: header", id_field, list(reader.fieldnames))
         for row in reader:
-            yield row[text_field] or ""
+            where = f"{name}:{reader.line_num}"
+            yield row[text_field] or "", id_field and document_id(row[id_field], id_field, where)
     except csv.Error as error:
         raise SourceError(
             f"{name}:{reader.line_num}: not valid CSV ({error}); fix the quoting"
@@ -240,7 +215,7 @@ def csv_documents(
         ) from error
 
 
-def tar_documents(stream: IO[bytes], name: str, text_field: str) -> Iterator[str]:
+def tar_documents(stream: IO[bytes], name: str, text_field: str) -> Iterator[tuple[str, None]]:
     """One document per WebDataset sample of a tar stream, in member order: the text of its
     `.txt` member, else the `text_field` of its `.json` member (samples with neither are
     skipped)."""
@@ -255,12 +230,12 @@ def tar_documents(stream: IO[bytes], name: str, text_field: str) -> Iterator[str
                 suffix = base[len(base.split(".")[0]) :].lower()
                 if member_key != key:
                     if members:
-                        yield _sample_text(members, name, key, text_field)
+                        yield _sample_text(members, name, key, text_field), None
                     key, members = member_key, {}
                 if suffix in (".txt", ".json"):
                     members[suffix] = tar.extractfile(member).read()
             if members:
-                yield _sample_text(members, name, key, text_field)
+                yield _sample_text(members, name, key, text_field), None
     except tarfile.TarError as error:
         raise SourceError(f"{name}: not a readable tar ({error}); fix or remove it") from error
 
@@ -280,18 +255,32 @@ def _sample_text(members: dict[str, bytes], name: str, key: str | None, text_fie
     return _field(record, text_field, where)
 
 
-def _column_texts(table, name: str, text_field: str) -> Iterator[str]:
-    """The strings of column `text_field` of a pyarrow Table or RecordBatch (None: "")."""
+def _column_texts(
+    table, name: str, text_field: str, id_field: str | None, first_row: int
+) -> Iterator[tuple[str, str | None]]:
+    """(column `text_field`'s string (None: ""), column `id_field`'s id or None) of each row
+    of a pyarrow Table or RecordBatch whose first row is row `first_row` of the file."""
     if text_field not in table.schema.names:
         raise _missing_field(name, text_field, list(table.schema.names))
+    if id_field is not None and id_field not in table.schema.names:
+        raise missing_id_field(name, id_field, list(table.schema.names))
+    import pyarrow as pa
+
     column = table.column(text_field)
-    for text in column.to_pylist():
-        if text is not None and not isinstance(text, str):
+    texts = column.to_pylist()
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        if any(text is not None and not isinstance(text, str) for text in texts):
             raise SourceError(
                 f"{name}: column {text_field!r} holds {column.type}, not strings; set "
                 "text_field to the column that holds the text"
             )
-        yield text or ""
+    if id_field is None:
+        for text in texts:
+            yield text or "", None
+        return
+    ids = table.column(id_field).to_pylist()
+    for row, (text, value) in enumerate(zip(texts, ids, strict=True), start=first_row):
+        yield text or "", document_id(value, id_field, f"{name}: row {row}")
 
 
 def _require_pyarrow(name: str) -> None:
@@ -303,8 +292,11 @@ def _require_pyarrow(name: str) -> None:
         ) from error
 
 
-def parquet_documents(name: str, text_field: str) -> Iterator[str]:
-    """The `text_field` column of a Parquet file, one row group in memory at a time."""
+def parquet_documents(
+    name: str, text_field: str, id_field: str | None = None
+) -> Iterator[tuple[str, str | None]]:
+    """The `text_field` column (and `id_field`'s) of a Parquet file, one row group in memory at
+    a time."""
     _require_pyarrow(name)
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -319,20 +311,28 @@ def parquet_documents(name: str, text_field: str) -> Iterator[str]:
             ) from error
         if text_field not in parquet.schema_arrow.names:
             raise _missing_field(name, text_field, list(parquet.schema_arrow.names))
+        if id_field is not None and id_field not in parquet.schema_arrow.names:
+            raise missing_id_field(name, id_field, list(parquet.schema_arrow.names))
+        columns = [text_field] if id_field is None else [text_field, id_field]
+        first_row = 0
         for group in range(parquet.num_row_groups):
             try:
-                table = parquet.read_row_group(group, columns=[text_field])
+                table = parquet.read_row_group(group, columns=columns)
             except (pa.ArrowException, OSError) as error:
                 raise SourceError(
                     f"{name}: row group {group} cannot be read ({error}); fix or remove it"
                 ) from error
-            yield from _column_texts(table, name, text_field)
+            yield from _column_texts(table, name, text_field, id_field, first_row)
+            first_row += table.num_rows
     finally:
         stream.close()
 
 
-def arrow_documents(name: str, text_field: str) -> Iterator[str]:
-    """The `text_field` column of an Arrow IPC file or stream, one record batch at a time."""
+def arrow_documents(
+    name: str, text_field: str, id_field: str | None = None
+) -> Iterator[tuple[str, str | None]]:
+    """The `text_field` column (and `id_field`'s) of an Arrow IPC file or stream, one record
+    batch at a time."""
     _require_pyarrow(name)
     import pyarrow as pa
     import pyarrow.ipc as ipc
@@ -345,8 +345,10 @@ def arrow_documents(name: str, text_field: str) -> Iterator[str]:
                 batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
             else:
                 batches = iter(ipc.open_stream(pa.PythonFile(stream, mode="r")))
+            first_row = 0
             for batch in batches:
-                yield from _column_texts(batch, name, text_field)
+                yield from _column_texts(batch, name, text_field, id_field, first_row)
+                first_row += batch.num_rows
         except (pa.ArrowException, OSError) as error:
             raise SourceError(
                 f"{name}: not a readable Arrow file ({error}); fix or remove it"
@@ -372,12 +374,15 @@ def datasets_files(directory: str) -> list[str]:
     return files
 
 
-def columnar_documents(name: str, fmt: str, text_field: str) -> Iterator[str]:
-    """Documents of a Parquet file, an Arrow file or a datasets directory."""
+def columnar_documents(
+    name: str, fmt: str, text_field: str, id_field: str | None = None
+) -> Iterator[tuple[str, str | None]]:
+    """(text, id or None) of the documents of a Parquet file, an Arrow file or a datasets
+    directory."""
     if fmt == "parquet":
-        yield from parquet_documents(name, text_field)
+        yield from parquet_documents(name, text_field, id_field)
     elif fmt == "arrow":
-        yield from arrow_documents(name, text_field)
+        yield from arrow_documents(name, text_field, id_field)
     else:
         for path in datasets_files(name):
-            yield from arrow_documents(path, text_field)
+            yield from arrow_documents(path, text_field, id_field)

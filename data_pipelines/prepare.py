@@ -31,7 +31,7 @@ from data_pipelines.sources import (
     read_raw_documents,
     read_source,
 )
-from data_pipelines.text import normalize
+from data_pipelines.text import normalize_many
 from data_pipelines.tokenizer import (
     copy_tokenizer,
     is_lowercase,
@@ -43,6 +43,7 @@ from pretrain.data.shard_format import FORMAT_VERSION, MANIFEST_FILE, ids_dtype
 from pretrain.storage import is_url
 
 TOKENIZER_DIR = "tokenizer"
+NORMALIZE_BATCH_CHARS = 1 << 20  # characters of training text normalized at once
 
 
 def _check_out_dir(out_dir: Path, overwrite: bool, names: list[str]) -> None:
@@ -120,10 +121,15 @@ def _training_texts(cfg: PrepareConfig, names: list[str]) -> Iterator[str]:
     """Normalized documents for tokenizer training: `training_documents`, of them those the
     filters keep (a silent pass over the sources)."""
     documents, _ = cleaned_documents(cfg, training_documents(cfg, names))
-    for document in documents:
-        text = normalize(document.text)
-        if text:
-            yield text
+    batch: list[str] = []
+    size = 0
+    for document in documents:  # normalized a batch of about 1 MB at a time
+        batch.append(document.text)
+        size += len(document.text)
+        if size >= NORMALIZE_BATCH_CHARS:
+            yield from filter(None, normalize_many(batch))
+            batch, size = [], 0
+    yield from filter(None, normalize_many(batch))
 
 
 def _training_texts_source(cfg: PrepareConfig, names: list[str]) -> Callable[[], Iterable[str]]:
@@ -187,7 +193,10 @@ def write_corpus(
     )
     dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     documents, cleaning = cleaned_documents(
-        cfg, read_raw_documents(names, stats, cfg.text_field, undecodable=cfg.undecodable)
+        cfg,
+        read_raw_documents(
+            names, stats, cfg.text_field, undecodable=cfg.undecodable, id_field=cfg.id_field
+        ),
     )
     chunks = encode_corpus(
         documents,

@@ -134,6 +134,10 @@ class PrepareConfig:
 
     inputs: list[str] = field(default_factory=lambda: ["builtin"])
     text_field: str = "text"
+    # The column or field that holds each document's id (Parquet, Arrow, datasets, JSONL,
+    # CSV/TSV): kept as the document's key in the shards and in the cleaning statistics.
+    # None: keys made from the source name and the document's index.
+    id_field: str | None = None
     # Cleaning steps, applied in this order (data_pipelines.cleaning): exact_dedup,
     # near_dedup, quality, language; their settings under `filter`.
     filters: list[str] = field(default_factory=list)
@@ -169,6 +173,12 @@ class PrepareConfig:
             "text_field",
             self.text_field,
             "must name the field (JSONL, CSV, Parquet, Arrow, tar .json) that holds the text",
+        )
+        _check(
+            self.id_field is None or (isinstance(self.id_field, str) and bool(self.id_field)),
+            "id_field",
+            self.id_field,
+            "must name the field (JSONL, CSV, Parquet, Arrow) that holds the document id, or be null",
         )
         _check(
             all(name in FILTERS for name in self.filters)
@@ -220,6 +230,8 @@ class PrepareConfig:
             settings.pop(key)
         if settings["undecodable"] == "error":  # nothing was dropped or replaced: as before
             settings.pop("undecodable")
+        if settings["id_field"] is None:  # keys made up: recorded as before there were ids
+            settings.pop("id_field")
         if not settings["filters"]:  # not cleaned: recorded as before there were filters
             settings.pop("filters")
             settings.pop("filter")

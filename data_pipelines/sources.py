@@ -17,7 +17,9 @@ happens to a line that does not decode (or, in JSONL, is not a JSON object) is t
 A text or JSONL file holding a NUL byte is binary (or UTF-16): always refused, naming it.
 """
 
+import functools
 import glob
+import hashlib
 import json
 import warnings
 from collections.abc import Iterator
@@ -48,14 +50,31 @@ class SourceStats:
     replaced_lines: int = 0
 
 
+@functools.lru_cache(maxsize=1024)
+def _source_prefix(source: str) -> str:
+    return hashlib.sha1(source.encode("utf-8")).hexdigest()[:8]
+
+
+def document_key(source: str, index: int) -> str:
+    """Stable, unique sample key: 8 hex digits of sha1(source name) and the document's index
+    in its source. Has no dots, as WebDataset keys must not."""
+    return f"{_source_prefix(source)}_{index:08d}"
+
+
 @dataclass(frozen=True)
 class RawDocument:
     """One document as read: the source it came from, its index in that source (0-based,
-    counting every document), and its text."""
+    counting every document), its text and, with `id_field`, its id as the source holds it."""
 
     source: str
     index: int
     text: str
+    id: str | None = None
+
+    @property
+    def key(self) -> str:
+        """How shards and statistics name the document: its id, else `document_key`."""
+        return self.id if self.id is not None else document_key(self.source, self.index)
 
 
 def expand_inputs(inputs: list[str]) -> list[str]:
@@ -153,8 +172,13 @@ def _text_documents(stream: IO[bytes], path: str, stats: SourceStats, policy: st
 
 
 def _jsonl_documents(
-    stream: IO[bytes], path: str, stats: SourceStats, text_field: str, policy: str
-) -> Iterator[str]:
+    stream: IO[bytes],
+    path: str,
+    stats: SourceStats,
+    text_field: str,
+    policy: str,
+    id_field: str | None = None,
+) -> Iterator[tuple[str, str | None]]:
     for number, line in enumerate(_decoded_lines(stream, path, stats, policy), start=1):
         if not line.strip():
             continue
@@ -176,7 +200,12 @@ def _jsonl_documents(
                 f"{path}:{number}: no string field {text_field!r} "
                 f"(fields: {sorted(record)}); set text_field to the field that holds the text"
             )
-        yield text
+        if id_field is None:
+            yield text, None
+        elif id_field not in record:
+            raise formats.missing_id_field(f"{path}:{number}", id_field, sorted(record))
+        else:
+            yield text, formats.document_id(record[id_field], id_field, f"{path}:{number}")
 
 
 def read_source(
@@ -189,14 +218,36 @@ def read_source(
     """Texts of the documents of one source, in order; `stats` is updated as they are read.
     `undecodable` is the policy for lines that are not UTF-8 (see the module docstring).
     With `warn`, one UndecodableLinesWarning names the file if lines were skipped."""
+    for text, _ in read_records(name, stats, text_field, None, warn, undecodable):
+        yield text
+
+
+def read_records(
+    name: str,
+    stats: SourceStats,
+    text_field: str = "text",
+    id_field: str | None = None,
+    warn: bool = True,
+    undecodable: str = "error",
+) -> Iterator[tuple[str, str | None]]:
+    """(text, id) of the documents of one source, as `read_source` reads them; the id is the
+    `id_field` column's (None without `id_field`). SourceError naming the source when it has
+    no such column, or its format no ids (plain text, tar, `builtin`)."""
+    if id_field is not None:
+        fmt = "builtin" if name == BUILTIN else formats.detect_format(name)[0]
+        if fmt in ("text", "tar", "builtin"):
+            raise SourceError(
+                f"{name}: id_field={id_field!r}, but a {fmt} source has no id column (ids are "
+                "read from Parquet, Arrow, datasets, JSONL and CSV/TSV); set id_field=null"
+            )
     if name == BUILTIN:
         for _, text in builtin_documents():
             stats.documents += 1
-            yield text
+            yield text, None
         return
-    for text in _documents(name, stats, text_field, undecodable):
+    for record in _documents(name, stats, text_field, undecodable, id_field):
         stats.documents += 1
-        yield text
+        yield record
     if warn and stats.undecodable_lines:
         warnings.warn(
             f"{name}: skipped {stats.undecodable_lines} undecodable line(s) "
@@ -206,25 +257,26 @@ def read_source(
         )
 
 
-def _documents(name: str, stats: SourceStats, text_field: str, policy: str) -> Iterator[str]:
-    """Texts of the documents of the file (or datasets directory) `name`, by its format."""
+def _documents(
+    name: str, stats: SourceStats, text_field: str, policy: str, id_field: str | None
+) -> Iterator[tuple[str, str | None]]:
+    """(text, id) of the documents of the file (or datasets directory) `name`, by its format."""
     fmt, compression = formats.detect_format(name)
     if fmt in ("parquet", "arrow", "datasets"):
-        return formats.columnar_documents(name, fmt, text_field)
+        return formats.columnar_documents(name, fmt, text_field, id_field)
     stream = formats.open_stream(name, fmt, compression)
     if fmt == "jsonl":
-        return _jsonl_documents(stream, name, stats, text_field, policy)
+        return _jsonl_documents(stream, name, stats, text_field, policy, id_field)
     if fmt in ("csv", "tsv"):
         delimiter = "," if fmt == "csv" else "\t"
-        return _closing(
-            stream, name, formats.csv_documents(stream, name, text_field, delimiter, policy)
-        )
+        rows = formats.csv_documents(stream, name, text_field, delimiter, policy, id_field)
+        return _closing(stream, name, rows)
     if fmt == "tar":
         return _closing(stream, name, formats.tar_documents(stream, name, text_field))
-    return _text_documents(stream, name, stats, policy)
+    return ((text, None) for text in _text_documents(stream, name, stats, policy))
 
 
-def _closing(stream: IO[bytes], name: str, documents: Iterator[str]) -> Iterator[str]:
+def _closing(stream: IO[bytes], name: str, documents: Iterator[tuple]) -> Iterator[tuple]:
     """`documents`, with `stream` closed when they end (or are abandoned), and errors of a
     corrupt or truncated compressed stream turned into SourceError naming it."""
     try:
@@ -241,9 +293,11 @@ def read_raw_documents(
     text_field: str = "text",
     warn: bool = True,
     undecodable: str = "error",
+    id_field: str | None = None,
 ) -> Iterator[RawDocument]:
-    """Every document of the sources `names` in order; `stats[i]` is filled for `names[i]`."""
+    """Every document of the sources `names` in order (with its `id_field` id); `stats[i]` is
+    filled for `names[i]`."""
     for name, source_stats in zip(names, stats, strict=True):
-        sources = read_source(name, source_stats, text_field, warn, undecodable)
-        for index, text in enumerate(sources):
-            yield RawDocument(name, index, text)
+        records = read_records(name, source_stats, text_field, id_field, warn, undecodable)
+        for index, (text, document_id) in enumerate(records):
+            yield RawDocument(name, index, text, document_id)

@@ -58,3 +58,75 @@ def split_sentences(text: str) -> list[str]:
             line = _CHINESE_END_RE.sub("\\1\n", line)
         sentences.extend(s.strip() for s in line.split("\n") if s.strip())
     return sentences
+
+
+# Marks where one document ends and the next begins when many are cleaned as one string: a
+# private-use character, a starter that composes with nothing (so NFC and every rule above
+# treat the documents on either side of it as they treat them apart), on a line of its own.
+_DOCUMENT_BREAK = "\ue000"
+_JOINER = f"\n{_DOCUMENT_BREAK}\n"
+_LINE_EDGES_RE = re.compile(r" \n[ \n]*|\n[ \n]+")  # spaces and blank lines at a line break
+# The English rule once every space is a single " ": a space after end punctuation and up to
+# three closing quotes/brackets, matched from the space (a fast literal scan) and replaced
+# without a group to copy back; text with more closers in a row takes the rule itself.
+_CLOSERS = "[\"'\u201d\u2019)\\]]"
+_ENGLISH_SPACE_RE = re.compile(
+    " (?:" + "|".join(f"(?<=[.!?]{_CLOSERS * n} )" for n in range(4)) + ")(?![a-z])"
+)
+_MANY_CLOSERS_RE = re.compile(f"[.!?]{_CLOSERS}{{4}}")
+
+
+def _normalized_joined(texts: list[str]) -> str | None:
+    """`normalize` of every text of `texts` at once: their normalized forms joined by lines
+    holding only the document-break marker (a document that normalizes to nothing still has
+    its marker lines); None when a text holds the marker itself."""
+    joined = _JOINER.join(texts)
+    if joined.count(_DOCUMENT_BREAK) != len(texts) - 1:
+        return None
+    text = unicodedata.normalize("NFC", joined)
+    # Printable apart from its line breaks: no other line break, control character, tab or
+    # other space than " " (all unprintable), so only runs of spaces are left to collapse.
+    printable = text.replace("\n", " ").replace(_DOCUMENT_BREAK, " ").isprintable()
+    if not printable:
+        text = _LINE_BREAK_RE.sub(lambda m: _LINE_BREAKS[m.group(0)], text)
+        text = _CONTROL_RE.sub("", text)
+        text = _SPACES_RE.sub(" ", text)
+    while "  " in text:
+        text = text.replace("  ", " ")
+    if " \n" in text or "\n " in text or "\n\n" in text:
+        text = _LINE_EDGES_RE.sub("\n", text)  # every line stripped, blank lines dropped
+    return text
+
+
+def normalize_many(texts: list[str]) -> list[str]:
+    """`[normalize(t) for t in texts]`, with the regular expressions run once over all the
+    texts joined (for short documents several times faster)."""
+    text = _normalized_joined(texts)
+    if text is None:  # a text holds the marker itself
+        return [normalize(t) for t in texts]
+    return [piece.strip(" \n") for piece in text.split(_DOCUMENT_BREAK)]
+
+
+def documents_sentences(texts: list[str]) -> tuple[list[str], list[int]]:
+    """`split_sentences(normalize(t))` for every text of `texts`, as one list of all their
+    sentences in order and the number of sentences of each text: the same sentences as
+    text by text, with the regular expressions run once over all the texts joined (for
+    short documents about 3x faster than a call per text)."""
+    text = _normalized_joined(texts)
+    if text is None:  # a text holds the marker itself
+        per_text = [split_sentences(normalize(t)) for t in texts]
+        return [s for sentences in per_text for s in sentences], [len(s) for s in per_text]
+    if _MANY_CLOSERS_RE.search(text):
+        text = _ENGLISH_END_RE.sub("\\1\n", text)
+    else:  # a line break after end punctuation already ends a sentence
+        text = _ENGLISH_SPACE_RE.sub("\n", text)
+    if any(end in text for end in _CHINESE_ENDS):
+        text = _CHINESE_END_RE.sub("\\1\n", text)
+    pieces = [s for s in (piece.strip() for piece in text.split("\n")) if s]
+    breaks = [i for i, piece in enumerate(pieces) if piece == _DOCUMENT_BREAK]
+    counts = [b - a - 1 for a, b in zip([-1, *breaks], [*breaks, len(pieces)], strict=True)]
+    if len(counts) != len(texts):  # cannot happen for texts without the marker
+        raise AssertionError("documents_sentences lost a document boundary")
+    if not breaks:
+        return pieces, counts
+    return [piece for piece in pieces if piece != _DOCUMENT_BREAK], counts

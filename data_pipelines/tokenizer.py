@@ -53,9 +53,6 @@ BYTE_ALPHABET_SIZE = 256  # bytelevel_bpe: every byte is a token of the vocabula
 # this many decimals makes the same texts give the same tokenizer.json, byte for byte.
 UNIGRAM_SCORE_DECIMALS = 8
 UNIGRAM_REQUIRED_STEP = 0.0001
-# Characters per normalizer call in the alphabet pass; the joining line breaks normalize to
-# spaces, which the alphabet never holds.
-ALPHABET_BATCH_CHARS = 1 << 20  # score step of the required characters the trainer appends
 
 
 class TokenizerError(ValueError):
@@ -83,25 +80,31 @@ def _add_post_processor(tokenizer: Tokenizer) -> None:
     )
 
 
+def normalized_counts(raw: Counter[str], tokenizer: Tokenizer) -> Counter[str]:
+    """How often each character occurs in the normalized text, from how often each occurs in
+    the raw text (`raw`): BertNormalizer (control characters removed, whitespace made a space,
+    CJK characters spaced, NFD and accents stripped, lower-casing) and the other kinds'
+    normalizers act on each character alone, so normalizing each distinct character once and
+    weighting it by its count gives the counts of normalizing all the text."""
+    counts: Counter[str] = Counter()
+    for char, count in raw.items():
+        for normalized in tokenizer.normalizer.normalize_str(char):
+            counts[normalized] += count
+    return counts
+
+
 def training_alphabet(
     texts: Iterable[str], tokenizer: Tokenizer, limit: int, all_cjk: bool = False
 ) -> tuple[list[str], list[str]]:
-    """The characters training will use, from one pass over `texts` through the tokenizer's
-    normalizer: (alphabet, the `limit` most frequent non-space characters, ties broken by code
+    """The characters training will use, from one pass over `texts` (counted, then normalized
+    a distinct character at a time: `normalized_counts`): (alphabet, the `limit` most frequent non-space characters, ties broken by code
     point, plus with `all_cjk` every CJK character seen; continuations, those of them that can
     continue a word, i.e. are neither punctuation nor CJK for the pre-tokenizer), both
     sorted."""
-    counts: Counter[str] = Counter()
-    batch: list[str] = []
-    size = 0
-    for text in texts:  # normalized in batches: one call per ~1 MB, not per text
-        batch.append(text)
-        size += len(text)
-        if size >= ALPHABET_BATCH_CHARS:
-            counts.update(tokenizer.normalizer.normalize_str("\n".join(batch)))
-            batch, size = [], 0
-    if batch:
-        counts.update(tokenizer.normalizer.normalize_str("\n".join(batch)))
+    raw: Counter[str] = Counter()
+    for text in texts:  # counted as read; the normalizer then sees each character once
+        raw.update(text)
+    counts = normalized_counts(raw, tokenizer)
     visible = [(c, n) for c, n in counts.items() if tokenizer.pre_tokenizer.pre_tokenize_str(c)]
     if all_cjk:
         cjk = [c for c, _ in visible if is_cjk_char(c)]

@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import lzma
+import re
 import tarfile
 from pathlib import Path
 
@@ -21,7 +22,13 @@ from conftest import small_english_documents
 from data_pipelines.formats import SUPPORTED, detect_format
 from data_pipelines.prepare import prepare
 from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
-from data_pipelines.sources import SourceError, SourceStats, expand_inputs, read_source
+from data_pipelines.sources import (
+    SourceError,
+    SourceStats,
+    expand_inputs,
+    read_records,
+    read_source,
+)
 from data_pipelines.tokenizer import save_tokenizer, train_tokenizer
 from pretrain.data.shard_format import load_manifest, read_documents
 
@@ -255,6 +262,92 @@ def test_each_format_prepares_to_the_same_shards_as_jsonl(formats, tmp_path):
     assert expected[0]["documents"] == 40
     for label in ("parquet", "datasets", "csv", "tar", "jsonl.zst"):
         assert prepared(label) == expected, label
+
+
+ID_FORMATS = ["jsonl", "jsonl.zst", "parquet", "arrow", "datasets", "csv", "tsv", "csv.zst"]
+
+
+@pytest.mark.parametrize("label", ID_FORMATS)
+def test_id_field_reads_each_documents_id(formats, label):
+    path = str(formats[label])
+    records = list(read_records(path, SourceStats(path), id_field="id"))
+    assert [text for text, _ in records] == tricky_documents()
+    assert [i for _, i in records] == [str(i) for i in range(40)]  # ints and CSV text alike
+
+
+@pytest.mark.parametrize("label", ["jsonl", "parquet", "arrow", "datasets", "csv", "tsv"])
+def test_a_missing_id_column_is_one_line_naming_the_file_and_column(formats, label):
+    path = str(formats[label])
+    with pytest.raises(SourceError) as error:
+        list(read_records(path, SourceStats(path), id_field="doc_id"))
+    message = str(error.value)
+    assert "\n" not in message and "'doc_id'" in message and "id column" in message
+    named = path if label != "datasets" else str(next(formats[label].glob("*.arrow")))
+    assert message.startswith(named + ":") or message.startswith(path + ":")
+
+
+def test_ids_that_the_shards_cannot_key_are_named_with_their_row(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "a", "text": "x"}\n{"id": null, "text": "y"}\n', encoding="utf-8")
+    with pytest.raises(SourceError, match=f"^{path}:2: id 'id' is null"):
+        list(read_records(str(path), SourceStats(str(path)), id_field="id"))
+    table = pa.table({"id": ["a", "b\tc"], "text": ["x", "y"]})
+    pq.write_table(table, tmp_path / "c.parquet")
+    with pytest.raises(SourceError, match=re.escape("c.parquet: row 1: id 'id' = 'b\\tc'")):
+        list(read_records(str(tmp_path / "c.parquet"), SourceStats(""), id_field="id"))
+
+
+@pytest.mark.parametrize("label", ["tar", "text"])
+def test_id_field_on_a_format_without_ids_is_one_line(formats, tmp_path, label):
+    path = formats["tar"] if label == "tar" else tmp_path / "c.txt"
+    if label == "text":
+        path.write_text("a document\n", encoding="utf-8")
+    with pytest.raises(SourceError, match=f"^{path}: id_field='id', but a {label} source"):
+        list(read_records(str(path), SourceStats(str(path)), id_field="id"))
+
+
+def test_ids_key_the_shards_and_name_removed_documents(formats, tmp_path):
+    """With id_field the shards' keys are the ids (the same documents and keys from Parquet,
+    CSV and JSONL), and the filters' statistics name removed documents by id."""
+    documents = tricky_documents()
+    tokenizer_dir = save_tokenizer(
+        train_tokenizer(lambda: documents, 600, min_frequency=1), tmp_path / "tokenizer"
+    )
+
+    def prepared(path: Path, out: str, **settings) -> tuple[list, dict]:
+        out_dir = prepare(
+            PrepareConfig(
+                inputs=[str(path)],
+                out_dir=str(tmp_path / out),
+                tokenizer=TokenizerSettings(path=str(tokenizer_dir)),
+                docs_per_shard=16,
+                num_proc=1,
+                **settings,
+            ),
+            progress=False,
+        )
+        manifest = load_manifest(out_dir)
+        docs = [
+            (d["key"], d["ids"].tolist(), d["words"].tolist())
+            for shard in manifest.shard_paths
+            for d in read_documents(shard)
+        ]
+        return docs, json.loads((out_dir / "manifest.json").read_text())
+
+    plain, _ = prepared(formats["jsonl"], "plain")
+    keyed, manifest = prepared(formats["jsonl"], "jsonl", id_field="id")
+    assert [k for k, *_ in keyed] == [str(i) for i in range(40)]
+    assert [rest for _, *rest in keyed] == [rest for _, *rest in plain]
+    assert manifest["config"]["id_field"] == "id"
+    for label in ("parquet", "csv"):
+        assert prepared(formats[label], label, id_field="id")[0] == keyed, label
+    copies = tmp_path / "copies.jsonl"
+    lines = formats["jsonl"].read_bytes().decode("utf-8").splitlines()
+    copied = [json.dumps({"id": f"copy-{i}", "text": documents[i]}) for i in (5, 9)]
+    copies.write_text("\n".join(lines + copied) + "\n", encoding="utf-8")
+    _, manifest = prepared(copies, "copies", id_field="id", filters=["exact_dedup"])
+    assert manifest["filters"]["exact_dedup"]["removed"] == 2
+    assert manifest["filters"]["examples"] == {"exact_dedup": ["copy-5", "copy-9"]}
 
 
 def test_the_cli_reports_a_mismatch_in_one_line_and_exits_2(formats, tmp_path, capsys):
