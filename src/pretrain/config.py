@@ -69,6 +69,12 @@ class ModelConfig:
         )
 
     @property
+    def attends_by_document(self) -> bool:
+        """Whether the model takes packed rows' `document_ids` and keeps attention within a
+        document (`data.document_masks`); ModernBERT's family does."""
+        return False
+
+    @property
     def head_activation(self) -> str:
         """The activation of the MLM head's transform: exact GELU; a family with its own
         (ALBERT's `hidden_act`) says so."""
@@ -242,6 +248,9 @@ class DataConfig:
     # over all ranks, in micro-batches of a varying number of sequences (data/stream.py);
     # null = batches of data.batch_size sequences. Excludes global_batch_size.
     tokens_per_batch: int | None = None
+    # Packed rows (full_sentences) carry each token's document (document_ids, batch x seq),
+    # and the model attends within a document only, positions restarting at each (ModernBERT).
+    document_masks: bool = False
     # Read every shard whole and check it (sha256, blocks, counts) before training starts.
     verify_shards: bool = False
     # A shard that fails its checks, or repeats another shard's content (the manifest's
@@ -679,6 +688,20 @@ class TrainConfig:
             self.objective.stages,
             f"data.format={self.data.format} carries a memory across steps, which a change of "
             "corruption would break; use another format or leave objective.stages out",
+        )
+        require(
+            not self.data.document_masks or self.data.format == "full_sentences",
+            "data.document_masks",
+            self.data.document_masks,
+            f"needs rows that pack documents (data=full_sentences; data.format is "
+            f"{self.data.format!r}); set it to false",
+        )
+        require(
+            not self.data.document_masks or self.model.attends_by_document,
+            "data.document_masks",
+            self.data.document_masks,
+            f"model {self.model.name} cannot mask attention by document; use a modernbert "
+            "model or set it to false",
         )
         longest = self.model.max_sequence_tokens
         require(

@@ -38,7 +38,11 @@ class InputFormat:
 def _packed(cross_documents: bool) -> Callable[[Iterable[dict], StreamSpec, int], Sequences]:
     def sequences(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Sequences:
         return pack_sentences(
-            documents, spec.max_seq_length, spec.vocab, cross_documents=cross_documents
+            documents,
+            spec.max_seq_length,
+            spec.vocab,
+            cross_documents=cross_documents,
+            document_ids=spec.document_masks,
         )
 
     return sequences

@@ -62,6 +62,7 @@ def _fills(pad_id: int) -> dict[str, Any]:
         "attention_mask": 0,
         "decoder_attention_mask": 0,
         "token_type_ids": 0,
+        "document_ids": 0,
         "labels": IGNORE_INDEX,
         "target_labels": IGNORE_INDEX,
         "target_mapping": 0,

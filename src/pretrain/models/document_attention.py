@@ -59,6 +59,12 @@ def document_keys(attention_mask: Tensor | None, document_ids: Tensor | None, sh
     return keys
 
 
+def document_inputs(batch: dict) -> dict[str, Tensor]:
+    """The encoder's keyword arguments for a batch's packed-row `document_ids` (put in by the
+    stream with data.document_masks), if it has them."""
+    return {"document_ids": batch["document_ids"]} if "document_ids" in batch else {}
+
+
 def _device(*tensors: Tensor | None) -> torch.device | None:
     return next((t.device for t in tensors if t is not None), None)
 

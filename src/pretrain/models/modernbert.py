@@ -91,6 +91,11 @@ class ModernBertEncoderConfig(ModelConfig):
                 )
 
     @property
+    def attends_by_document(self) -> bool:
+        """Packed rows' document_ids keep attention within a document (data.document_masks)."""
+        return True
+
+    @property
     def layer_norm_eps(self) -> float:
         """The MLM head's LayerNorm eps: the model's norm_eps."""
         return self.norm_eps

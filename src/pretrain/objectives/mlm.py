@@ -28,6 +28,7 @@ from pretrain.data.prediction_budget import prediction_positions, prediction_wid
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError, require_unit_interval
 from pretrain.models import build_encoder
+from pretrain.models.document_attention import document_inputs
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.models.unpadding import unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
@@ -250,6 +251,7 @@ class MaskedLanguageModel(Objective):
             batch["token_type_ids"],
             batch["attention_mask"],
             **unpadded_inputs(batch),
+            **document_inputs(batch),
         )  # (batch, seq, hidden)
         positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
         targets = gather_targets(batch["labels"], positions)  # (batch * width,)
