@@ -248,6 +248,11 @@ class DataConfig:
     # over all ranks, in micro-batches of a varying number of sequences (data/stream.py);
     # null = batches of data.batch_size sequences. Excludes global_batch_size.
     tokens_per_batch: int | None = None
+    # Batch-size warm-up (ModernBERT; pretrain/data/batch_warmup.py): the global batch starts
+    # at batch_size_warmup_start samples and grows in multiples of it to global_batch_size
+    # over the first batch_size_warmup_tokens tokens; null = the full batch from the start.
+    batch_size_warmup_tokens: int | None = None
+    batch_size_warmup_start: int | None = None
     # Packed rows (full_sentences) carry each token's document (document_ids, batch x seq),
     # and the model attends within a document only, positions restarting at each (ModernBERT).
     document_masks: bool = False
@@ -350,6 +355,34 @@ class DataConfig:
             "data.tokens_per_batch",
             self.tokens_per_batch,
             "sets the batch in tokens: leave data.global_batch_size null with it",
+        )
+        self.check_batch_size_warmup()
+
+    def check_batch_size_warmup(self) -> None:
+        """data.batch_size_warmup_*: both set or both null; the start divides the full
+        global batch (set explicitly), and batches are counted in samples."""
+        tokens, start = self.batch_size_warmup_tokens, self.batch_size_warmup_start
+        if tokens is None and start is None:
+            return
+        require(
+            tokens is not None and tokens >= 1,
+            "data.batch_size_warmup_tokens",
+            tokens,
+            "must be a positive number of tokens when data.batch_size_warmup_start is set",
+        )
+        require(
+            self.global_batch_size is not None and start is not None and start >= 1,
+            "data.batch_size_warmup_start",
+            start,
+            "must be a positive number of samples, with data.global_batch_size set (the full "
+            "batch the warm-up grows to)",
+        )
+        require(
+            self.global_batch_size % start == 0,
+            "data.batch_size_warmup_start",
+            start,
+            f"must divide data.global_batch_size ({self.global_batch_size}): the batch grows "
+            "in whole multiples of it",
         )
 
 
@@ -703,6 +736,21 @@ class TrainConfig:
             f"model {self.model.name} cannot mask attention by document; use a modernbert "
             "model or set it to false",
         )
+        warmup = self.data.batch_size_warmup_tokens is not None
+        require(
+            not warmup or not INPUT_FORMATS[self.data.format].memory,
+            "data.batch_size_warmup_tokens",
+            self.data.batch_size_warmup_tokens,
+            f"data.format={self.data.format} has one memory slot per sample of the global "
+            "batch, which cannot grow; set it to null",
+        )
+        require(
+            not warmup or not self.strategy.name.startswith("deepspeed"),
+            "data.batch_size_warmup_tokens",
+            self.data.batch_size_warmup_tokens,
+            "DeepSpeed's engine accumulates a fixed number of micro-batches per step; use "
+            "strategy=ddp (or auto) with the warm-up, or set it to null",
+        )
         longest = self.model.max_sequence_tokens
         require(
             longest is None or self.data.max_seq_length <= longest,
@@ -720,6 +768,10 @@ class TrainConfig:
         # not a field, so never part of the plain config. ConfigError naming the key when the
         # global batch cannot be made for the configured ranks.
         self.batch_plan: BatchPlan = batch_plan(self)
+        if warmup:  # the start must be whole micro-batches on every rank
+            from pretrain.data.batch_warmup import batch_size_warmup
+
+            batch_size_warmup(self)
         memory_partitions(self)  # XLNet's memory: partitions = slots, checked here
         from pretrain.runtime.strategies import (
             check_strategy,  # late: it imports Lightning, DeepSpeed
