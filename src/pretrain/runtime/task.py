@@ -6,7 +6,6 @@ handling of non-finite losses and gradients (`trainer.nonfinite`)."""
 
 import random
 import time
-import warnings
 from collections.abc import Callable, Mapping
 
 import lightning as L
@@ -273,8 +272,6 @@ class PretrainingTask(L.LightningModule):
         """Before the optimizer is built: the LayerNorm kernels (model.layer_norm_impl)."""
         choice = use_layer_norm_impl(self, self.run.model.layer_norm_impl, self.run_device())
         self.report_kernel("layer_norm", choice)
-        if self.batch_warmup is not None:  # its skipped micro-batches return None on purpose
-            warnings.filterwarnings("ignore", message="`training_step` returned `None`")
 
     def run_device(self) -> torch.device:
         """The device this rank trains on (the module may not be there yet)."""
@@ -494,11 +491,13 @@ class PretrainingTask(L.LightningModule):
         batches (`loader.weigh_step`) weighed by its predicted tokens over the step's (all
         ranks), times ranks x accumulation, which Lightning and DDP divide back out: the
         step's gradient is that of the mean loss over every predicted token of the step.
-        Under the batch-size warm-up a step's skipped micro-batches compute nothing (None) and
-        its a real ones weigh accumulation / a each, which Lightning divides back out: the
-        step's gradient is that of the mean loss over its real micro-batches."""
+        Under the batch-size warm-up a step's skipped micro-batches compute nothing (a zero
+        loss that reaches no parameter: Lightning refuses None under DDP; they come first, so
+        the step's last backward, which DDP syncs, is a real one) and its a real ones weigh
+        accumulation / a each, which Lightning divides back out: the step's gradient is that
+        of the mean loss over its real micro-batches."""
         if is_skipped_batch(batch):
-            return None
+            return torch.zeros((), device=self.device, requires_grad=True)
         losses = self(batch)
         self.log_step(losses, batch)
         if LOSS_TOKENS_KEY in batch:
