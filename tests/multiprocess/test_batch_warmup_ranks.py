@@ -1,7 +1,10 @@
 """The batch-size warm-up across a reshape, on CPU ranks (gloo): a run trained 3 steps on 1
 rank (8 accumulated micro-batches a full step) and continued on 2 ranks (4 each) from the
 middle of its warm-up trains, at every later step, the samples and losses (1e-5) of an
-uninterrupted 2-rank run, while the global batch grows 8 -> 8 -> 16 -> 24 -> 32 samples."""
+uninterrupted 2-rank run, while the global batch grows 8 -> 8 -> 16 -> 24 -> 32 samples. The
+weights are held (lr 1e-12): the two shapes group a step's samples into micro-batches
+differently, and a micro-batch's loss is its mean over its own predicted tokens, which would
+change the updates (as in the XLNet reshape of test_resume_matrix.py)."""
 
 import os
 import subprocess
@@ -22,6 +25,7 @@ CONFIG = (
     "data.global_batch_size=32",
     "data.batch_size_warmup_start=8",
     "data.batch_size_warmup_tokens=3072",  # 64-token samples: 8, 8, 16, 24, then 32 a step
+    "optim.optimizer.lr=1e-12",
     "optim.schedule=constant",
     "optim.warmup_steps=2",
     "trainer.log_every_n_steps=1",
