@@ -134,6 +134,57 @@ class ObjectiveConfig:
 
 # Objective settings a stage may not change: what the stream, the model or the loss use.
 UNSTAGED_SETTINGS = ("name", "_target_", "masking", "dupe_factor", "stages", "seed", "pair_task")
+# What a stage may set besides the corruption: a context-extension phase (checked against the
+# run by `stage_context`): the sequence length of its samples and the global layers' RoPE theta.
+CONTEXT_STAGE_SETTINGS = ("max_seq_length", "global_rope_theta")
+
+
+def stage_context(run: "TrainConfig") -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
+    """The stages' sequence lengths (objective.stages[k].max_seq_length, else
+    data.max_seq_length) and global RoPE thetas (.global_rope_theta, else the model's), each
+    None when no stage sets it. ConfigError naming objective.stages[k].<key> when a length is
+    not in 8 .. data.max_seq_length (the run's longest, which sizes its shapes), a length
+    stage's format does not pack sentences, or the model has no global RoPE theta."""
+    from pretrain.data.input_formats import INPUT_FORMATS
+
+    stages = run.objective.stages or []
+    lengths, thetas = [], []
+    for number, stage in enumerate(stages):
+        where = f"objective.stages[{number}]"
+        length = stage.get("max_seq_length", run.data.max_seq_length)
+        require(
+            isinstance(length, int) and 8 <= length <= run.data.max_seq_length,
+            f"{where}.max_seq_length",
+            length,
+            f"must be a whole number of tokens from 8 to data.max_seq_length "
+            f"({run.data.max_seq_length}, the run's longest)",
+        )
+        require(
+            length == run.data.max_seq_length or INPUT_FORMATS[run.data.format].staged_lengths,
+            f"{where}.max_seq_length",
+            length,
+            f"data.format={run.data.format} does not pack sentences to a length; use "
+            "data=full_sentences or doc_sentences",
+        )
+        default_theta = getattr(run.model, "global_rope_theta", None)
+        require(
+            "global_rope_theta" not in stage or default_theta is not None,
+            f"{where}.global_rope_theta",
+            stage.get("global_rope_theta"),
+            f"model {run.model.name} has no RoPE theta (a modernbert model has)",
+        )
+        theta = stage.get("global_rope_theta", default_theta)
+        require(
+            theta is None or theta > 0,
+            f"{where}.global_rope_theta",
+            theta,
+            "must be positive",
+        )
+        lengths.append(length)
+        thetas.append(theta)
+    staged_lengths = any(n != run.data.max_seq_length for n in lengths)
+    staged_thetas = any("global_rope_theta" in stage for stage in stages)
+    return (tuple(lengths) if staged_lengths else None, tuple(thetas) if staged_thetas else None)
 
 
 def stage_configs(objective: ObjectiveConfig) -> list[tuple[int | None, ObjectiveConfig]]:
@@ -153,7 +204,7 @@ def stage_configs(objective: ObjectiveConfig) -> list[tuple[int | None, Objectiv
     for number, stage in enumerate(objective.stages):
         where = f"objective.stages[{number}]"
         require(isinstance(stage, Mapping), where, stage, "must be a mapping of settings")
-        settings = dict(stage)
+        settings = {k: v for k, v in stage.items() if k not in CONTEXT_STAGE_SETTINGS}
         until = settings.pop("until_tokens", None)
         if number == len(objective.stages) - 1:
             require(
@@ -751,6 +802,7 @@ class TrainConfig:
             "DeepSpeed's engine accumulates a fixed number of micro-batches per step; use "
             "strategy=ddp (or auto) with the warm-up, or set it to null",
         )
+        stage_context(self)  # a context-extension stage's length and RoPE theta
         longest = self.model.max_sequence_tokens
         require(
             longest is None or self.data.max_seq_length <= longest,

@@ -15,7 +15,7 @@ document, a third each), or "none".
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import TypeVar
 
@@ -112,29 +112,39 @@ def pack_sentences(
     *,
     cross_documents: bool,
     document_ids: bool = False,
+    length_of: Callable[[int], int] | None = None,
 ) -> Iterator[dict]:
     """FULL-SENTENCES (cross_documents=True: documents joined by an extra [SEP]) or
     DOC-SENTENCES (False: a sequence never spans two documents, so the last one of a document
     may be short). Whole sentences are packed until the next would exceed max_seq_length.
     With `document_ids` each sequence also has "document_ids" (L,) int64: the documents of
     its row numbered 0, 1, ... along it ([CLS] with the first, a separator with the
-    document before it), for attention that never crosses a document (`data.document_masks`)."""
-    budget = max_seq_length - 2  # [CLS] ... [SEP]
+    document before it), for attention that never crosses a document (`data.document_masks`).
+    With `length_of` (a context-extension stage) the n-th sequence (n = 0, 1, ...) is packed up
+    to length_of(n) >= max_seq_length tokens; sentences are cut to fit max_seq_length."""
+    pieces_budget = max_seq_length - 2  # [CLS] ... [SEP]
+    budget, made = (pieces_budget if length_of is None else length_of(0) - 2), 0
+
+    def next_budget() -> int:
+        return budget if length_of is None else length_of(made) - 2
+
     segments: list[Segment | None] = []  # None: a document separator ([SEP])
     used, key = 0, ""
     for document in documents:
-        pieces = SentencePieces(document, budget)
+        pieces = SentencePieces(document, pieces_budget)
         for index, (start, stop) in enumerate(zip(pieces.starts, pieces.stops, strict=True)):
             if segments and used + stop - start > budget:
                 yield _packed(key, segments, used, vocab, document_ids)
-                segments, used = [], 0
+                segments, used, made = [], 0, made + 1
+                budget = next_budget()
             if not segments:
                 key = f"{document['key']}:{index}"
             segments.append((pieces, start, stop))
             used += stop - start
         if not cross_documents and segments:
             yield _packed(key, segments, used, vocab, document_ids)
-            segments, used = [], 0
+            segments, used, made = [], 0, made + 1
+            budget = next_budget()
         elif segments and used + 1 <= budget:
             segments.append(None)
             used += 1

@@ -408,7 +408,12 @@ def corrupt_to_tensors(batch: dict, spec: StreamSpec, epoch: int) -> dict:
     marks = batch.pop(MARKS_KEY, None)  # not the corruption's business
     if marks is not None and getattr(spec.corruption, "uses_progress", False):
         batch[PROGRESS_KEY] = sample_progress_tokens(  # objective.stages (`stages.py`)
-            marks, epoch, spec.stream_partitions, spec.max_seq_length, sum(spec.shard_tokens)
+            marks,
+            epoch,
+            spec.stream_partitions,
+            spec.max_seq_length,
+            sum(spec.shard_tokens),
+            getattr(spec.corruption, "stage_lengths", None),
         )
     batch = spec.corruption(batch, spec.mask_epoch(epoch))
     if marks is not None:

@@ -60,9 +60,10 @@ def document_keys(attention_mask: Tensor | None, document_ids: Tensor | None, sh
 
 
 def document_inputs(batch: dict) -> dict[str, Tensor]:
-    """The encoder's keyword arguments for a batch's packed-row `document_ids` (put in by the
-    stream with data.document_masks), if it has them."""
-    return {"document_ids": batch["document_ids"]} if "document_ids" in batch else {}
+    """The encoder's keyword arguments for what a batch carries about its rows' context, if
+    it does: packed rows' `document_ids` (data.document_masks) and each row's
+    `global_rope_theta` (a context-extension stage, `data/stages.py`)."""
+    return {key: batch[key] for key in ("document_ids", "global_rope_theta") if key in batch}
 
 
 def _device(*tensors: Tensor | None) -> torch.device | None:

@@ -18,8 +18,9 @@ from pretrain.config import (
     run_config,
     settings_from,
     stage_configs,
+    stage_context,
 )
-from pretrain.data.stages import StagedCorruption
+from pretrain.data.stages import StagedCorruption, StageLengths
 from pretrain.data.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -89,10 +90,14 @@ class Objective(nn.Module):
         stages = stage_configs(config.objective)
         if not stages:
             return settings_from(cls.corruption_class, config.objective, config, **inputs)
+        until = tuple(until for until, _ in stages[:-1])
+        lengths, thetas = stage_context(config)  # a context-extension phase, if any
         return StagedCorruption(  # objective.stages: one corruption per stage
             tuple(settings_from(cls.corruption_class, s, config, **inputs) for _, s in stages),
-            tuple(until for until, _ in stages[:-1]),
+            until,
             pad_id=vocab.pad,
+            stage_lengths=None if lengths is None else StageLengths(lengths, until),
+            rope_thetas=thetas,
         )
 
     @classmethod
