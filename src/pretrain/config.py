@@ -26,6 +26,54 @@ PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
 T = TypeVar("T")
 
 
+def stage_context(run: "TrainConfig") -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
+    """The stages' sequence lengths (objective.stages[k].max_seq_length, else
+    data.max_seq_length) and global RoPE thetas (.global_rope_theta, else the model's), each
+    None when no stage sets it. ConfigError naming objective.stages[k].<key> when a length is
+    not in 8 .. data.max_seq_length (the run's longest, which sizes its shapes), a length
+    stage's format does not pack sentences, or the model has no global RoPE theta."""
+    from pretrain.data.input_formats import INPUT_FORMATS
+
+    stages = run.objective.stages or []
+    lengths, thetas = [], []
+    for number, stage in enumerate(stages):
+        where = f"objective.stages[{number}]"
+        length = stage.get("max_seq_length", run.data.max_seq_length)
+        require(
+            isinstance(length, int) and 8 <= length <= run.data.max_seq_length,
+            f"{where}.max_seq_length",
+            length,
+            f"must be a whole number of tokens from 8 to data.max_seq_length "
+            f"({run.data.max_seq_length}, the run's longest)",
+        )
+        require(
+            length == run.data.max_seq_length or INPUT_FORMATS[run.data.format].staged_lengths,
+            f"{where}.max_seq_length",
+            length,
+            f"data.format={run.data.format} does not pack sentences to a length; use "
+            "data=full_sentences or doc_sentences",
+        )
+        default_theta = getattr(run.model, "global_rope_theta", None)
+        require(
+            "global_rope_theta" not in stage or default_theta is not None,
+            f"{where}.global_rope_theta",
+            stage.get("global_rope_theta"),
+            f"model {run.model.name} has no RoPE theta (a modernbert model has)",
+        )
+        theta = stage.get("global_rope_theta", default_theta)
+        require(
+            theta is None or theta > 0,
+            f"{where}.global_rope_theta",
+            theta,
+            "must be positive",
+        )
+        lengths.append(length)
+        thetas.append(theta)
+    staged_lengths = any(n != run.data.max_seq_length for n in lengths)
+    staged_thetas = any("global_rope_theta" in stage for stage in stages)
+    return (tuple(lengths) if staged_lengths else None, tuple(thetas) if staged_thetas else None)
+
+
 # The classes a model or objective section without `_target_` (a partial plain config) names.
 DEFAULT_TARGETS = {
     "model": ModelConfig._target_,
@@ -97,6 +145,14 @@ class DataConfig:
     # over all ranks, in micro-batches of a varying number of sequences (data/stream.py);
     # null = batches of data.batch_size sequences. Excludes global_batch_size.
     tokens_per_batch: int | None = None
+    # Batch-size warm-up (ModernBERT; pretrain/data/batch_warmup.py): the global batch starts
+    # at batch_size_warmup_start samples and grows in multiples of it to global_batch_size
+    # over the first batch_size_warmup_tokens tokens; null = the full batch from the start.
+    batch_size_warmup_tokens: int | None = None
+    batch_size_warmup_start: int | None = None
+    # Packed rows (full_sentences) carry each token's document (document_ids, batch x seq),
+    # and the model attends within a document only, positions restarting at each (ModernBERT).
+    document_masks: bool = False
     # Read every shard whole and check it (sha256, blocks, counts) before training starts.
     verify_shards: bool = False
     # A shard that fails its checks, or repeats another shard's content (the manifest's
@@ -196,6 +252,34 @@ class DataConfig:
             "data.tokens_per_batch",
             self.tokens_per_batch,
             "sets the batch in tokens: leave data.global_batch_size null with it",
+        )
+        self.check_batch_size_warmup()
+
+    def check_batch_size_warmup(self) -> None:
+        """data.batch_size_warmup_*: both set or both null; the start divides the full
+        global batch (set explicitly), and batches are counted in samples."""
+        tokens, start = self.batch_size_warmup_tokens, self.batch_size_warmup_start
+        if tokens is None and start is None:
+            return
+        require(
+            tokens is not None and tokens >= 1,
+            "data.batch_size_warmup_tokens",
+            tokens,
+            "must be a positive number of tokens when data.batch_size_warmup_start is set",
+        )
+        require(
+            self.global_batch_size is not None and start is not None and start >= 1,
+            "data.batch_size_warmup_start",
+            start,
+            "must be a positive number of samples, with data.global_batch_size set (the full "
+            "batch the warm-up grows to)",
+        )
+        require(
+            self.global_batch_size % start == 0,
+            "data.batch_size_warmup_start",
+            start,
+            f"must divide data.global_batch_size ({self.global_batch_size}): the batch grows "
+            "in whole multiples of it",
         )
 
 
@@ -536,6 +620,36 @@ class TrainConfig:
             f"data.format={self.data.format} carries a memory across steps, which a change of "
             "corruption would break; use another format or leave objective.stages out",
         )
+        require(
+            not self.data.document_masks or self.data.format == "full_sentences",
+            "data.document_masks",
+            self.data.document_masks,
+            f"needs rows that pack documents (data=full_sentences; data.format is "
+            f"{self.data.format!r}); set it to false",
+        )
+        require(
+            not self.data.document_masks or self.model.attends_by_document,
+            "data.document_masks",
+            self.data.document_masks,
+            f"model {self.model.name} cannot mask attention by document; use a modernbert "
+            "model or set it to false",
+        )
+        warmup = self.data.batch_size_warmup_tokens is not None
+        require(
+            not warmup or not INPUT_FORMATS[self.data.format].memory,
+            "data.batch_size_warmup_tokens",
+            self.data.batch_size_warmup_tokens,
+            f"data.format={self.data.format} has one memory slot per sample of the global "
+            "batch, which cannot grow; set it to null",
+        )
+        require(
+            not warmup or not self.strategy.name.startswith("deepspeed"),
+            "data.batch_size_warmup_tokens",
+            self.data.batch_size_warmup_tokens,
+            "DeepSpeed's engine accumulates a fixed number of micro-batches per step; use "
+            "strategy=ddp (or auto) with the warm-up, or set it to null",
+        )
+        stage_context(self)  # a context-extension stage's length and RoPE theta
         longest = self.model.max_sequence_tokens
         require(
             longest is None or self.data.max_seq_length <= longest,
@@ -553,6 +667,10 @@ class TrainConfig:
         # not a field, so never part of the plain config. ConfigError naming the key when the
         # global batch cannot be made for the configured ranks.
         self.batch_plan: BatchPlan = batch_plan(self)
+        if warmup:  # the start must be whole micro-batches on every rank
+            from pretrain.data.batch_warmup import batch_size_warmup
+
+            batch_size_warmup(self)
         memory_partitions(self)  # XLNet's memory: partitions = slots, checked here
         from pretrain.runtime.strategies import (
             check_strategy,  # late: it imports Lightning, DeepSpeed

@@ -22,6 +22,7 @@ MODERNBERT = (
     "objective=mlm",
     "objective.mlm_probability=0.3",
     "data=full_sentences",
+    "data.document_masks=true",  # packed documents never attend to each other
     "data.num_workers=0",
 )
 RECIPE = ("optim=stable_adamw", "optim.warmup_steps=2", "trainer.gradient_clip_val=null")

@@ -5,12 +5,14 @@ import json
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
 
+from pretrain.data.batch_warmup import BatchSizeWarmup
 from pretrain.data.loader import StepAlignedLoader
 from pretrain.data.reading import MIN_PARTITION_DOCUMENTS, StreamSpec
 from pretrain.data.shard_checks import repeat_message, repeated_shards
@@ -202,9 +204,11 @@ class PretrainingDataModule(L.LightningDataModule):
         num_workers: int = 0,
         collective_timeout_s: float = 600,
         pin_memory: bool = False,  # page-locked batches (trainer.pin_memory, on CUDA)
+        batch_warmup: BatchSizeWarmup | None = None,  # data.batch_size_warmup_* (steps' sizes)
     ):
         super().__init__()
         self.spec = spec
+        self.batch_warmup = batch_warmup
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.collective_timeout_s = collective_timeout_s
@@ -262,6 +266,7 @@ class PretrainingDataModule(L.LightningDataModule):
             full_batch=None if spec.tokens_per_batch else spec.batch_size,
             start_positions=positions,
             token_budget=bool(spec.tokens_per_batch),
+            step_batches=self._step_batches(trainer, spec),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=False,
@@ -271,6 +276,16 @@ class PretrainingDataModule(L.LightningDataModule):
             worker_init_fn=init_data_worker,  # SLURM's signals ignored; ends with the main process
         )
         return self._loader
+
+    def _step_batches(self, trainer, spec: StreamSpec):
+        """With the batch-size warm-up: the real micro-batches of the loader's n-th step (its
+        first is the trainer's global step now), else None."""
+        if self.batch_warmup is None:
+            return None
+        first = trainer.global_step if trainer else 0
+        return partial(
+            _warmup_step_batches, self.batch_warmup, first, spec.batch_size * spec.world_size
+        )
 
     def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
         """What the module adds to a batch on the host (`PretrainingTask.host_batch`)."""
@@ -301,7 +316,7 @@ class PretrainingDataModule(L.LightningDataModule):
         if aligned and self._loader_epoch == trainer.current_epoch:
             positions = loader.partition_positions(trained)
         positions = gather_positions(positions, self.collective_timeout_s)
-        if self.spec.tokens_per_batch or rows_per_sample(self.spec) > 1:
+        if self.spec.tokens_per_batch or self.batch_warmup or rows_per_sample(self.spec) > 1:
             samples = sum(position[0] for position in positions.values())  # the partitions'
         else:
             samples += self._start_samples
@@ -313,6 +328,11 @@ class PretrainingDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._resume = dict(state_dict)
+
+
+def _warmup_step_batches(warmup: BatchSizeWarmup, first_step: int, per_pass: int, n: int) -> int:
+    """Real micro-batches per rank of optimizer step first_step + n (`StepAlignedLoader`)."""
+    return warmup.micro_batches(first_step + n, per_pass)
 
 
 def check_token_budget(spec: StreamSpec) -> None:

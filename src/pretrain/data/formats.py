@@ -15,7 +15,7 @@ document, a third each), or "none".
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import TypeVar
 
@@ -106,38 +106,63 @@ def _pair_sequence(
 
 
 def pack_sentences(
-    documents: Iterable[dict], max_seq_length: int, vocab: Vocabulary, *, cross_documents: bool
+    documents: Iterable[dict],
+    max_seq_length: int,
+    vocab: Vocabulary,
+    *,
+    cross_documents: bool,
+    document_ids: bool = False,
+    length_of: Callable[[int], int] | None = None,
 ) -> Iterator[dict]:
     """FULL-SENTENCES (cross_documents=True: documents joined by an extra [SEP]) or
     DOC-SENTENCES (False: a sequence never spans two documents, so the last one of a document
-    may be short). Whole sentences are packed until the next would exceed max_seq_length."""
-    budget = max_seq_length - 2  # [CLS] ... [SEP]
+    may be short). Whole sentences are packed until the next would exceed max_seq_length.
+    With `document_ids` each sequence also has "document_ids" (L,) int64: the documents of
+    its row numbered 0, 1, ... along it ([CLS] with the first, a separator with the
+    document before it), for attention that never crosses a document (`data.document_masks`).
+    With `length_of` (a context-extension stage) the n-th sequence (n = 0, 1, ...) is packed up
+    to length_of(n) >= max_seq_length tokens; sentences are cut to fit max_seq_length."""
+    pieces_budget = max_seq_length - 2  # [CLS] ... [SEP]
+    budget, made = (pieces_budget if length_of is None else length_of(0) - 2), 0
+
+    def next_budget() -> int:
+        return budget if length_of is None else length_of(made) - 2
+
     segments: list[Segment | None] = []  # None: a document separator ([SEP])
     used, key = 0, ""
     for document in documents:
-        pieces = SentencePieces(document, budget)
+        pieces = SentencePieces(document, pieces_budget)
         for index, (start, stop) in enumerate(zip(pieces.starts, pieces.stops, strict=True)):
             if segments and used + stop - start > budget:
-                yield _packed(key, segments, used, vocab)
-                segments, used = [], 0
+                yield _packed(key, segments, used, vocab, document_ids)
+                segments, used, made = [], 0, made + 1
+                budget = next_budget()
             if not segments:
                 key = f"{document['key']}:{index}"
             segments.append((pieces, start, stop))
             used += stop - start
         if not cross_documents and segments:
-            yield _packed(key, segments, used, vocab)
-            segments, used = [], 0
+            yield _packed(key, segments, used, vocab, document_ids)
+            segments, used, made = [], 0, made + 1
+            budget = next_budget()
         elif segments and used + 1 <= budget:
             segments.append(None)
             used += 1
     if segments:
-        yield _packed(key, segments, used, vocab)
+        yield _packed(key, segments, used, vocab, document_ids)
 
 
-def _packed(key: str, segments: list[Segment | None], used: int, vocab: Vocabulary) -> dict:
+def _packed(
+    key: str,
+    segments: list[Segment | None],
+    used: int,
+    vocab: Vocabulary,
+    document_ids: bool = False,
+) -> dict:
     """One single-segment sequence [CLS] body [SEP] of sentence pieces and separators (a
     separator at the very end is dropped); `sentence_starts` at the first token of every
-    piece and separator. Runs of contiguous pieces of one document are copied as one slice."""
+    piece and separator. Runs of contiguous pieces of one document are copied as one slice.
+    With `document_ids`, "document_ids" numbers the row's documents (`pack_sentences`)."""
     if segments[-1] is None:
         segments, used = segments[:-1], used - 1
     length = used + 2
@@ -170,7 +195,7 @@ def _packed(key: str, segments: list[Segment | None], used: int, vocab: Vocabula
     if run is not None:
         _fill(out, position, run)
     sentence_starts[firsts] = True
-    return {
+    sequence = {
         "key": key,
         "input_ids": out["input_ids"],
         "token_type_ids": np.zeros(length, np.int64),
@@ -179,6 +204,23 @@ def _packed(key: str, segments: list[Segment | None], used: int, vocab: Vocabula
         "next_sentence_label": IGNORE_INDEX,
         "sentence_starts": sentence_starts,
     }
+    if document_ids:
+        sequence["document_ids"] = _document_ids(segments, firsts, length)
+    return sequence
+
+
+def _document_ids(segments: list[Segment | None], firsts: list[int], length: int) -> np.ndarray:
+    """(length,) int64: 0 from [CLS] on, one more from the first token of each piece of a
+    document other than the previous piece's (a separator keeps the document before it)."""
+    ids = np.zeros(length, np.int64)
+    previous = None
+    for segment, first in zip(segments, firsts, strict=True):
+        if segment is None:
+            continue
+        if previous is not None and segment[0] is not previous:
+            ids[first:] += 1
+        previous = segment[0]
+    return ids
 
 
 def truncated_lengths(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:

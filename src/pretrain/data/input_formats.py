@@ -33,12 +33,23 @@ class InputFormat:
     sequences: Callable[[Iterable[dict], StreamSpec, int], Sequences]
     pairs: bool = False
     memory: bool = False
+    staged_lengths: bool = False  # takes each sequence's length (a context-extension stage)
 
 
 def _packed(cross_documents: bool) -> Callable[[Iterable[dict], StreamSpec, int], Sequences]:
-    def sequences(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Sequences:
+    def sequences(
+        documents: Iterable[dict], spec: StreamSpec, epoch: int, length_of=None
+    ) -> Sequences:
+        """`length_of(n)`: the n-th sequence's length (a context-extension stage), whose
+        shortest length (the stages') cuts long sentences."""
+        lengths = getattr(spec.corruption, "stage_lengths", None)
         return pack_sentences(
-            documents, spec.max_seq_length, spec.vocab, cross_documents=cross_documents
+            documents,
+            spec.max_seq_length if length_of is None else min(lengths.lengths),
+            spec.vocab,
+            cross_documents=cross_documents,
+            document_ids=spec.document_masks,
+            length_of=length_of,
         )
 
     return sequences
@@ -90,8 +101,8 @@ def _xlnet_memory(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Se
 
 
 INPUT_FORMATS: dict[str, InputFormat] = {
-    "full_sentences": InputFormat(_packed(cross_documents=True)),
-    "doc_sentences": InputFormat(_packed(cross_documents=False)),
+    "full_sentences": InputFormat(_packed(cross_documents=True), staged_lengths=True),
+    "doc_sentences": InputFormat(_packed(cross_documents=False), staged_lengths=True),
     "segment_pair": InputFormat(_pairs(single_sentences=False), pairs=True),
     "sentence_pair": InputFormat(_pairs(single_sentences=True), pairs=True),
     "xlnet_pair": InputFormat(_xlnet_pairs),  # A [SEP] B [SEP] [CLS], no pair label

@@ -21,12 +21,13 @@ resume in the middle of an epoch (the loader counts from the resumed batch).
 """
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from pretrain.data.batch_warmup import SKIPPED_BATCH_KEY
 from pretrain.data.reading import MARKS_KEY, next_position
 
 END_OF_EPOCH_KEY = "end_of_epoch"
@@ -89,7 +90,9 @@ class StepAlignedLoader(DataLoader):
     of a reader) is held back too, so every micro-batch has the same number of sequences and
     weighs the same in the accumulated loss; it counts in the tail. With `token_budget`
     (batches of varying size, `stream.token_budget_batches`) each step's micro-batches are
-    weighed by their predicted tokens instead (`weigh_step`)."""
+    weighed by their predicted tokens instead (`weigh_step`). With `step_batches` (the
+    batch-size warm-up, `batch_warmup.py`) the loader's n-th step holds `step_batches(n)`
+    real micro-batches, after `accumulation - step_batches(n)` skipped ones (markers)."""
 
     def __init__(
         self,
@@ -100,10 +103,13 @@ class StepAlignedLoader(DataLoader):
         full_batch: int | None = None,
         start_positions: dict[int, list[int]] | None = None,
         token_budget: bool = False,
+        step_batches: Callable[[int], int] | None = None,
         **kwargs,
     ):
         super().__init__(dataset, batch_size=None, **kwargs)
         self.accumulation = accumulation
+        self.step_batches = step_batches
+        self._skips = 0  # marker batches still to hand out before the step's real ones
         self.token_budget = token_budget
         self.start_batch = start_batch
         self.full_batch = full_batch
@@ -121,6 +127,7 @@ class StepAlignedLoader(DataLoader):
         self._source = super().__iter__()
         self._buffer.clear()
         self._yielded.clear()
+        self._skips = 0
         self._positions = dict(self.start_positions)
         self.tail_samples = 0
         return self._steps(self._source)
@@ -130,6 +137,9 @@ class StepAlignedLoader(DataLoader):
         while True:
             if not self._buffer:  # a step begins (or a resume continues one): fetch it whole
                 need = self.accumulation - index % self.accumulation
+                if self.step_batches is not None:  # warm-up steps begin at index 0 mod A
+                    real = self.step_batches(index // self.accumulation)
+                    need, self._skips = real, need - real
                 while len(self._buffer) < need:
                     batch = next(source, None)
                     if batch is None:
@@ -149,6 +159,11 @@ class StepAlignedLoader(DataLoader):
                     return
                 if self.token_budget:
                     weigh_step(list(self._buffer))
+            if self._skips:
+                self._skips -= 1
+                yield {SKIPPED_BATCH_KEY: torch.ones(1)}
+                index += 1
+                continue
             batch = self._buffer.popleft()
             marks = batch.pop(MARKS_KEY, None)
             self._yielded.append((index, batch_samples(batch), marks))

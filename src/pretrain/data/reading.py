@@ -70,6 +70,7 @@ class StreamSpec:
     dupe_factor: int = 10
     bad_shards: str = "error"  # error | skip (data.bad_shards)
     tokens_per_batch: int | None = None  # a token budget per optimizer step (stream.py)
+    document_masks: bool = False  # packed rows carry "document_ids" (data.document_masks)
     accumulation: int = 1  # micro-batches per optimizer step (with tokens_per_batch)
     storage: Any = None  # pretrain.storage.StorageSpec of a corpus at a URL; None: local paths
 
@@ -341,6 +342,7 @@ COLLATED = (
     ("word_starts", bool),
     ("phrases", np.uint8),
     ("sentence_starts", bool),
+    ("document_ids", np.int64),  # packed rows' documents, with data.document_masks only
 )
 
 
@@ -353,7 +355,8 @@ def collate(
     """Pad a list of sequences to the longest, rounded up to its sequence bucket (one of a few
     lengths up to `max_seq_length`, `prediction_budget.sequence_width`), as numpy arrays:
     input_ids, token_type_ids, attention_mask, word_starts, phrases, sentence_starts (batch,
-    seq), or only those of them named in `fields` (`collated_fields`); next_sentence_label
+    seq), or only those of them named in `fields` (`collated_fields`), which may add the
+    packed rows' document_ids (batch, seq; 0 at padding); next_sentence_label
     (batch,); keys (list of str); new_document (batch,) bool for XLNet's memory segments."""
     from pretrain.data.prediction_budget import sequence_width
 
@@ -361,8 +364,9 @@ def collate(
     length = sequence_width(int(lengths.max()), max_seq_length)
     real = np.arange(length) < lengths[:, None]  # (batch, seq): the rows' tokens, row-major
     batch = {}
+    wanted = fields if fields is not None else [n for n, _ in COLLATED if n != "document_ids"]
     for name, dtype in COLLATED:
-        if fields is not None and name not in fields:
+        if name not in wanted:
             continue
         if name == "attention_mask":
             batch[name] = real.astype(dtype)
@@ -387,10 +391,14 @@ def collate(
     return batch
 
 
-def collated_fields(spec: StreamSpec) -> tuple[str, ...] | None:
+def collated_fields(spec: StreamSpec) -> tuple[str, ...]:
     """The per-token arrays (`COLLATED` names) the spec's corruption reads and passes on, as
-    its `collated_fields` declares; None (all of them) where it declares none."""
-    return getattr(spec.corruption, "collated_fields", None)
+    its `collated_fields` declares (all of them where it declares none), with the packed
+    rows' "document_ids" exactly when `spec.document_masks` asks for them."""
+    declared = getattr(spec.corruption, "collated_fields", None)
+    names = [name for name, _ in COLLATED] if declared is None else list(declared)
+    names = [name for name in names if name != "document_ids"]
+    return (*names, "document_ids") if spec.document_masks else tuple(names)
 
 
 def corrupt_to_tensors(batch: dict, spec: StreamSpec, epoch: int) -> dict:
@@ -400,7 +408,12 @@ def corrupt_to_tensors(batch: dict, spec: StreamSpec, epoch: int) -> dict:
     marks = batch.pop(MARKS_KEY, None)  # not the corruption's business
     if marks is not None and getattr(spec.corruption, "uses_progress", False):
         batch[PROGRESS_KEY] = sample_progress_tokens(  # objective.stages (`stages.py`)
-            marks, epoch, spec.stream_partitions, spec.max_seq_length, sum(spec.shard_tokens)
+            marks,
+            epoch,
+            spec.stream_partitions,
+            spec.max_seq_length,
+            sum(spec.shard_tokens),
+            getattr(spec.corruption, "stage_lengths", None),
         )
     batch = spec.corruption(batch, spec.mask_epoch(epoch))
     if marks is not None:

@@ -22,6 +22,15 @@ sample ceil(until_tokens[k] / L). A batch whose rows straddle a boundary is corr
 stage it holds and its rows taken from their own stage (padded to the widest, which is in the
 run's shape set: `shape_axes` is the union of the stages'). Batches without a position
 (held-out evaluation, `pretrain-data preview`) use the last stage.
+
+A context-extension phase: a stage may also set `max_seq_length` (its samples' length, at
+most data.max_seq_length, which stays the run's longest and sizes its shapes; packed formats
+only) and `global_rope_theta` (the global layers' RoPE theta of its rows, a ModernBERT model's;
+the other stages keep the model's). A sample of stage k then counts L_k tokens
+(`StageLengths`): progress is the sum of the lengths of the samples before it, and the
+partition's format packs each sequence to its sample's stage length (`stream.py`). Each row
+carries its stage's theta (ROPE_THETA_KEY, (batch,) float32), which the encoder uses. Keyed to
+the sample like the rest, so a resume in any phase, on any job shape, continues it.
 """
 
 from dataclasses import dataclass
@@ -32,21 +41,75 @@ import numpy as np
 from pretrain.data.masking import IGNORE_INDEX
 
 PROGRESS_KEY = "sample_progress_tokens"  # (batch,) int64, put in by the stream, read here
+ROPE_THETA_KEY = "global_rope_theta"  # (batch,) float32: a row's stage's RoPE theta
+OWN_FIELDS = ("stages", "until_tokens", "pad_id", "stage_lengths", "rope_thetas")
 
 
 def sample_progress_tokens(
-    marks: np.ndarray, epoch: int, partitions: int, max_seq_length: int, epoch_tokens: int
+    marks: np.ndarray,
+    epoch: int,
+    partitions: int,
+    max_seq_length: int,
+    epoch_tokens: int,
+    lengths: "StageLengths | None" = None,
 ) -> np.ndarray:
     """Each sample's training progress in tokens (the module docstring), (batch,) int64.
     marks (batch, 7) int64: the stream's marks (partition, number in the partition, ...);
-    `epoch_tokens`: T, the training shards' tokens per the manifest."""
+    `epoch_tokens`: T, the training shards' tokens per the manifest; `lengths`: the stages'
+    sequence lengths when they differ (`StageLengths`)."""
     index = marks[:, 1] * partitions + marks[:, 0]  # global sample index in the epoch
+    if lengths is not None:  # a context-extension stage: samples of other lengths
+        return lengths.progress(index, epoch, epoch_tokens)
     within = index * max_seq_length
     if epoch_tokens > 0:
         within = np.minimum(within, epoch_tokens)
     elif epoch > 0:
         raise ValueError("objective.stages needs the manifest's shard token counts (shard_tokens)")
     return epoch * epoch_tokens + within
+
+
+@dataclass(frozen=True)
+class StageLengths:
+    """Sequence lengths by stage (a context-extension phase: `objective.stages[k]
+    .max_seq_length`): a sample of stage k counts `lengths[k]` tokens, so progress is the sum
+    of the lengths of the epoch's samples before it (capped at T, as above) instead of i x L,
+    and stage k + 1 begins at the first sample whose progress reaches until_tokens[k]. Still a
+    function of (epoch, global sample index) only; with equal lengths, i x L exactly."""
+
+    lengths: tuple[int, ...]
+    until_tokens: tuple[int, ...]
+
+    def segments(self, epoch: int, epoch_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Epoch `epoch`'s runs of samples of one stage: (first global sample index, progress
+        there in tokens, tokens a sample), each (runs,) int64."""
+        if epoch > 0 and epoch_tokens <= 0:
+            raise ValueError("objective.stages needs the manifest's shard token counts")
+        until = np.asarray(self.until_tokens, np.int64)
+        progress = epoch * epoch_tokens
+        stage = int(np.searchsorted(until, progress, side="right"))
+        starts, bases, lengths = [0], [progress], [self.lengths[stage]]
+        while stage < len(until):
+            length = self.lengths[stage]
+            samples = max(0, -(-(int(until[stage]) - bases[-1]) // length))
+            starts.append(starts[-1] + samples)
+            bases.append(bases[-1] + samples * length)
+            stage += 1
+            lengths.append(self.lengths[stage])
+        return np.asarray(starts), np.asarray(bases), np.asarray(lengths)
+
+    def progress(self, index: np.ndarray, epoch: int, epoch_tokens: int) -> np.ndarray:
+        """(batch,) global sample indices of epoch `epoch` -> their progress (tokens), int64."""
+        starts, bases, lengths = self.segments(epoch, epoch_tokens)
+        run = np.searchsorted(starts, index, side="right") - 1
+        within = bases[run] - epoch * epoch_tokens + (index - starts[run]) * lengths[run]
+        if epoch_tokens > 0:
+            within = np.minimum(within, epoch_tokens)
+        return epoch * epoch_tokens + within
+
+    def length_of(self, index: int, epoch: int, epoch_tokens: int) -> int:
+        """Tokens of global sample `index` of epoch `epoch` (its stage's max_seq_length)."""
+        starts, _, lengths = self.segments(epoch, epoch_tokens)
+        return int(lengths[np.searchsorted(starts, index, side="right") - 1])
 
 
 def first_sample_of_stage(until_tokens: int, max_seq_length: int) -> int:
@@ -62,6 +125,7 @@ def _fills(pad_id: int) -> dict[str, Any]:
         "attention_mask": 0,
         "decoder_attention_mask": 0,
         "token_type_ids": 0,
+        "document_ids": 0,
         "labels": IGNORE_INDEX,
         "target_labels": IGNORE_INDEX,
         "target_mapping": 0,
@@ -79,11 +143,15 @@ class StagedCorruption:
     stages: tuple[Any, ...]
     until_tokens: tuple[int, ...]
     pad_id: int = 0
+    # a context-extension phase: each stage's sequence length (None: data.max_seq_length for
+    # all) and global RoPE theta (None: the model's for all), put in each row as ROPE_THETA_KEY
+    stage_lengths: StageLengths | None = None
+    rope_thetas: tuple[float, ...] | None = None
     uses_progress = True  # the stream adds PROGRESS_KEY to each batch
 
     def __getattr__(self, name: str) -> Any:
         """Other attributes (reuse_len, predicts_next_token, ...) are the last stage's."""
-        if name.startswith("_") or name in ("stages", "until_tokens", "pad_id"):
+        if name.startswith("_") or name in OWN_FIELDS:
             raise AttributeError(name)
         return getattr(self.stages[-1], name)
 
@@ -102,14 +170,20 @@ class StagedCorruption:
 
     def __call__(self, batch: dict, epoch: int) -> dict:
         progress = batch.pop(PROGRESS_KEY, None)
+        rows = len(batch["keys"])
         if progress is None:
-            return self.stages[-1](batch, epoch)
-        stage = self.stage_of(np.asarray(progress))
+            stage = np.full(rows, len(self.stages) - 1)
+        else:
+            stage = self.stage_of(np.asarray(progress))
         present = [int(k) for k in np.unique(stage)]
         if len(present) == 1:
-            return self.stages[present[0]](batch, epoch)
-        outputs = {k: self.stages[k](_copied(batch), epoch) for k in present}
-        return _rows_by_stage(outputs, stage, _fills(self.pad_id))
+            merged = self.stages[present[0]](batch, epoch)
+        else:
+            outputs = {k: self.stages[k](_copied(batch), epoch) for k in present}
+            merged = _rows_by_stage(outputs, stage, _fills(self.pad_id))
+        if self.rope_thetas is not None:  # (batch,) float32: each row's stage's theta
+            merged[ROPE_THETA_KEY] = np.asarray(self.rope_thetas, np.float32)[stage]
+        return merged
 
 
 def _copied(batch: dict) -> dict:

@@ -26,6 +26,7 @@ rank alike: `data/loader.py`.
 """
 
 from collections.abc import Iterator
+from functools import partial
 from itertools import count, islice
 
 import numpy as np
@@ -128,15 +129,32 @@ def partition_sequences(
     only: a seek that costs at most a chunk."""
     n, first_chunk, order, document, offset, tokens = (*(resume or (0, 0, 0, 0, 0)), 0)[:6]
     entry = INPUT_FORMATS[spec.format]
+    lengths = getattr(spec.corruption, "stage_lengths", None)
     for chunk, start, documents in partition_chunks(
         spec, epoch, partition, first_chunk, (order, document)
     ):
-        for number, sequence in enumerate(entry.sequences(documents, spec, epoch)):
+        if lengths is None:
+            sequences = entry.sequences(documents, spec, epoch)
+        else:  # a context-extension stage: the partition's n-th sequence is sample n P + p
+            first = n - offset  # the chunk's first sequence's number in the partition
+            length_of = partial(
+                _sample_length, lengths, epoch, sum(spec.shard_tokens),
+                spec.stream_partitions, partition, first,
+            )  # fmt: skip
+            sequences = entry.sequences(documents, spec, epoch, length_of)
+        for number, sequence in enumerate(sequences):
             if number >= offset:
                 tokens += len(sequence["input_ids"])
                 yield sequence | {"mark": (partition, n, chunk, *start, number, tokens)}
                 n += 1
         offset = 0
+
+
+def _sample_length(
+    lengths, epoch: int, epoch_tokens: int, partitions: int, partition: int, first: int, number: int
+) -> int:
+    """Tokens of the chunk's `number`-th sequence: its stage's length (`StageLengths`)."""
+    return lengths.length_of((first + number) * partitions + partition, epoch, epoch_tokens)
 
 
 def rank_sequences(

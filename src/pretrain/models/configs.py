@@ -74,6 +74,12 @@ class ModelConfig:
         )
 
     @property
+    def attends_by_document(self) -> bool:
+        """Whether the model takes packed rows' `document_ids` and keeps attention within a
+        document (`data.document_masks`); ModernBERT's family does."""
+        return False
+
+    @property
     def head_activation(self) -> str:
         """The activation of the MLM head's transform: exact GELU; a family with its own
         (ALBERT's `hidden_act`) says so."""
@@ -286,6 +292,11 @@ class ModernBertEncoderConfig(ModelConfig):
                 raise ConfigError(
                     f"model.{key} = {getattr(self, key)!r}: must be one of {', '.join(allowed)}"
                 )
+
+    @property
+    def attends_by_document(self) -> bool:
+        """Packed rows' document_ids keep attention within a document (data.document_masks)."""
+        return True
 
     @property
     def layer_norm_eps(self) -> float:

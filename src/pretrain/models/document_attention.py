@@ -58,6 +58,13 @@ def document_keys(attention_mask: Tensor | None, document_ids: Tensor | None, sh
     return keys
 
 
+def document_inputs(batch: dict) -> dict[str, Tensor]:
+    """The encoder's keyword arguments for what a batch carries about its rows' context, if
+    it does: packed rows' `document_ids` (data.document_masks) and each row's
+    `global_rope_theta` (a context-extension stage, `data/stages.py`)."""
+    return {key: batch[key] for key in ("document_ids", "global_rope_theta") if key in batch}
+
+
 def _device(*tensors: Tensor | None) -> torch.device | None:
     return next((t.device for t in tensors if t is not None), None)
 

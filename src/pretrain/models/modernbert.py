@@ -44,13 +44,19 @@ def make_norm(kind: str, size: int, eps: float) -> nn.Module:
     return nn.LayerNorm(size, eps=eps, bias=False)
 
 
-def rotary_tables(positions: Tensor, head_size: int, theta: float, dtype) -> tuple[Tensor, Tensor]:
-    """(..., seq) int positions -> cos, sin (..., seq, head_size) of RoPE with base `theta`,
-    computed in fp32 (the frequencies are rebuilt each call, so no buffer loses precision
-    under bf16 weights), returned in `dtype`."""
+def rotary_tables(
+    positions: Tensor, head_size: int, theta: float | Tensor, dtype
+) -> tuple[Tensor, Tensor]:
+    """(batch or 1, seq) int positions -> cos, sin (batch or 1, seq, head_size) of RoPE with
+    base `theta` (a number, or a (batch,) tensor: each row's), computed in fp32 (the
+    frequencies are rebuilt each call, so no buffer loses precision under bf16 weights),
+    returned in `dtype`."""
     exponents = torch.arange(0, head_size, 2, dtype=torch.float32, device=positions.device)
-    inv_freq = 1.0 / (theta ** (exponents / head_size))  # (head/2,)
-    freqs = positions[..., None].float() * inv_freq  # (..., seq, head/2)
+    if isinstance(theta, Tensor):  # (batch,) -> (batch, 1, head/2)
+        inv_freq = 1.0 / (theta.float()[:, None, None] ** (exponents / head_size))
+    else:
+        inv_freq = 1.0 / (theta ** (exponents / head_size))  # (head/2,)
+    freqs = positions[..., None].float() * inv_freq  # (batch or 1, seq, head/2)
     angles = torch.cat((freqs, freqs), dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -225,6 +231,7 @@ class ModernBertEncoder(nn.Module):
         unpadded_index_: Tensor | None,
         document_ids: Tensor | None,
         dtype: torch.dtype,
+        global_rope_theta: Tensor | None = None,
     ) -> Layout:
         """The hidden states' layout for this batch and each layer kind's RoPE tables and mask."""
         config, device = self.config, input_ids.device
@@ -255,6 +262,8 @@ class ModernBertEncoder(nn.Module):
         for is_global in {layer.is_global for layer in self.layers}:
             window = None if is_global or half >= seq - 1 else half
             theta = config.global_rope_theta if is_global else config.local_rope_theta
+            if is_global and global_rope_theta is not None:
+                theta = global_rope_theta  # (batch,): each row's stage's
             cos, sin = rotary_tables(positions, self.head_size, theta, dtype)
             if flex:
                 kind_mask = block_mask(keys, window, seq, device)
@@ -270,6 +279,7 @@ class ModernBertEncoder(nn.Module):
         attention_mask: Tensor | None = None,
         unpadded_index: Tensor | None = None,
         document_ids: Tensor | None = None,
+        global_rope_theta: Tensor | None = None,
     ) -> Tensor:
         """Encode a batch.
 
@@ -277,11 +287,16 @@ class ModernBertEncoder(nn.Module):
         attention_mask: (batch, seq), 1 = real token, 0 = padding; None: all real.
         unpadded_index: the batch's precomputed unpadded layout (`unpadding.unpadded_index`).
         document_ids: (batch, seq) int, the document of each token of a packed row (numbered
-        along the row, non-decreasing); None: one document per row. Returns (batch, seq,
-        hidden); vectors at padding positions are defined but meaningless.
+        along the row, non-decreasing); None: one document per row. global_rope_theta:
+        (batch,) the global layers' RoPE theta of each row (a context-extension stage); None:
+        model.global_rope_theta. Returns (batch, seq, hidden); vectors at padding positions
+        are defined but meaningless.
         """
         hidden = self.embeddings(input_ids)  # (batch, seq, hidden)
-        layout = self.layout(input_ids, attention_mask, unpadded_index, document_ids, hidden.dtype)
+        layout = self.layout(
+            input_ids, attention_mask, unpadded_index, document_ids, hidden.dtype,
+            global_rope_theta,
+        )  # fmt: skip
         if layout.unpadded is not None:
             hidden = layout.unpadded.gather(hidden)  # (tokens, hidden)
         for layer in self.layers:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from pretrain.config import TrainConfig, plain_config, run_config, settings_from
-from pretrain.data.stages import StagedCorruption
+from pretrain.config import TrainConfig, plain_config, run_config, settings_from, stage_context
+from pretrain.data.stages import StagedCorruption, StageLengths
 from pretrain.data.vocab import Vocabulary
 from pretrain.objectives.configs import ObjectiveConfig, stage_configs
 
@@ -84,10 +84,14 @@ class Objective(nn.Module):
         stages = stage_configs(config.objective)
         if not stages:
             return settings_from(cls.corruption_class, config.objective, config, **inputs)
+        until = tuple(until for until, _ in stages[:-1])
+        lengths, thetas = stage_context(config)  # a context-extension phase, if any
         return StagedCorruption(  # objective.stages: one corruption per stage
             tuple(settings_from(cls.corruption_class, s, config, **inputs) for _, s in stages),
-            tuple(until for until, _ in stages[:-1]),
+            until,
             pad_id=vocab.pad,
+            stage_lengths=None if lengths is None else StageLengths(lengths, until),
+            rope_thetas=thetas,
         )
 
     @classmethod

@@ -63,6 +63,10 @@ class ObjectiveConfig:
 
 # Objective settings a stage may not change: what the stream, the model or the loss use.
 UNSTAGED_SETTINGS = ("name", "_target_", "masking", "dupe_factor", "stages", "seed", "pair_task")
+# What a stage may set besides the corruption: a context-extension phase (checked against the
+# run by `pretrain.config.stage_context`): its samples' sequence length, the global layers'
+# RoPE theta.
+CONTEXT_STAGE_SETTINGS = ("max_seq_length", "global_rope_theta")
 
 
 def stage_configs(objective: ObjectiveConfig) -> list[tuple[int | None, ObjectiveConfig]]:
@@ -82,7 +86,7 @@ def stage_configs(objective: ObjectiveConfig) -> list[tuple[int | None, Objectiv
     for number, stage in enumerate(objective.stages):
         where = f"objective.stages[{number}]"
         require(isinstance(stage, Mapping), where, stage, "must be a mapping of settings")
-        settings = dict(stage)
+        settings = {k: v for k, v in stage.items() if k not in CONTEXT_STAGE_SETTINGS}
         until = settings.pop("until_tokens", None)
         if number == len(objective.stages) - 1:
             require(

@@ -26,6 +26,7 @@ from pretrain.data.masking import candidate_tokens, corrupt_selected, select_exa
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.data.vocab import Vocabulary
 from pretrain.models.build import build_encoder
+from pretrain.models.document_attention import document_inputs
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.models.unpadding import unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
@@ -200,6 +201,7 @@ class MaskedLanguageModel(Objective):
             batch["token_type_ids"],
             batch["attention_mask"],
             **unpadded_inputs(batch),
+            **document_inputs(batch),
         )  # (batch, seq, hidden)
         positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
         targets = gather_targets(batch["labels"], positions)  # (batch * width,)

@@ -9,6 +9,8 @@ import time
 import lightning as L
 import torch
 
+from pretrain.data.batch_warmup import is_skipped_batch
+
 
 class ProgressLog(L.Callback):
     """Counts each micro-batch's tokens and samples on the device; after every optimizer step
@@ -46,6 +48,8 @@ class ProgressLog(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
+        if is_skipped_batch(batch):  # a warm-up step's marker: no samples, never its last
+            return
         mask = batch["attention_mask"]  # (batch, seq)
         counts = torch.stack([mask.sum(), torch.tensor(mask.shape[0], device=mask.device)])
         self._pending = counts if self._pending is None else self._pending + counts

@@ -106,6 +106,7 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, Pretrain
         num_workers=run.data.num_workers,
         collective_timeout_s=run.trainer.collective_timeout_s,
         pin_memory=run.trainer.pin_memory and torch.cuda.is_available(),
+        batch_warmup=module.batch_warmup,
     )
     use_speed_switches(run, module)
     return run, module, datamodule

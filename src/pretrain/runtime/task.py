@@ -17,6 +17,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.checkpoint.compat import task_state_dict
 from pretrain.config import TrainConfig, run_config
+from pretrain.data.batch_warmup import batch_size_warmup, is_skipped_batch
 from pretrain.data.loader import LOSS_TOKENS_KEY
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
@@ -81,6 +82,7 @@ class PretrainingTask(L.LightningModule):
         self._lr_schedule: LearningRateSchedule | None = None  # the scheduler's (schedule.py)
         self._saved_schedule: list[dict] | None = None  # a resumed checkpoint's segments
         self._loss_scale = 1.0  # token-budget batches: ranks x accumulation / step's tokens
+        self.batch_warmup = batch_size_warmup(self.run)  # None: every step the full batch
 
     @classmethod
     def from_config(cls, config: TrainConfig | Mapping, vocab: Vocabulary) -> "PretrainingTask":
@@ -354,7 +356,8 @@ class PretrainingTask(L.LightningModule):
         if self._restored_rng is not None:
             set_rng_state(self._restored_rng)
             self._restored_rng = None
-        self.objective.start_batch(self, batch, batch_idx)
+        if not is_skipped_batch(batch):
+            self.objective.start_batch(self, batch, batch_idx)
 
     def on_train_epoch_start(self) -> None:
         self.objective.start_epoch(self)
@@ -373,11 +376,24 @@ class PretrainingTask(L.LightningModule):
         """The micro-batch's loss (the objective's `forward`), logged; with token-budget
         batches (`loader.weigh_step`) weighed by its predicted tokens over the step's (all
         ranks), times ranks x accumulation, which Lightning and DDP divide back out: the
-        step's gradient is that of the mean loss over every predicted token of the step."""
+        step's gradient is that of the mean loss over every predicted token of the step.
+        Under the batch-size warm-up a step's skipped micro-batches compute nothing (a zero
+        loss that reaches no parameter: Lightning refuses None under DDP; they come first, so
+        the step's last backward, which DDP syncs, is a real one) and its a real ones weigh
+        accumulation / a each, which Lightning divides back out: the step's gradient is that
+        of the mean loss over its real micro-batches."""
+        if is_skipped_batch(batch):
+            return torch.zeros((), device=self.device, requires_grad=True)
         losses = self(batch)
         self.log_step(losses, batch)
         if LOSS_TOKENS_KEY in batch:
             return losses.loss * batch[LOSS_TOKENS_KEY] * self._loss_scale
+        if self.batch_warmup is not None:
+            plan = self.batch_plan
+            real = self.batch_warmup.micro_batches(
+                self.global_step, plan.micro_batch_size * plan.world_size
+            )
+            return losses.loss * (self.trainer.accumulate_grad_batches / real)
         return losses.loss
 
     def log_step(self, metrics: Mapping[str, torch.Tensor], batch: dict) -> None:
