@@ -103,7 +103,7 @@ def remote_storage(url: str, data: Any = None) -> tuple[StorageSpec, dict[str, i
         root=str(root),
         shards=(),
         limit_bytes=getattr(data, "cache_limit", None),
-        prefetch_shards=getattr(data, "prefetch_shards", 2),
+        prefetch_shards=getattr(data, "prefetch_shards", 8),
         retry=retry,
         options_json=options,
     )
