@@ -242,8 +242,11 @@ def make_room(
         return True
     cache_dir.mkdir(parents=True, exist_ok=True)
     with file_lock(cache_dir / EVICTION_LOCK):
+        # downloads under way first: one that completes meanwhile (its entry is written
+        # before its record goes) is then counted twice, never missed
+        total = incoming_bytes(cache_dir)
         entries = cached_entries(cache_dir)
-        total = sum(size for _, size, _ in entries) + incoming_bytes(cache_dir)
+        total += sum(size for _, size, _ in entries)
         for _, size, shard in entries:
             if total + incoming <= limit_bytes:
                 break

@@ -173,6 +173,12 @@ class Prefetcher:
         with self._cond:
             return self._ready.pop(key, None)
 
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until nothing is queued or being fetched (at most `timeout_s` seconds);
+        whether that came."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._known, timeout_s)
+
     def _work(self) -> None:
         while True:
             with self._cond:
@@ -182,6 +188,7 @@ class Prefetcher:
                 key = (spec.root, name)
                 if priority[0] < self._latest_epoch or key in _held():
                     self._known.discard(key)
+                    self._cond.notify_all()
                     continue
             pin = None
             try:
@@ -194,6 +201,7 @@ class Prefetcher:
                     self._ready[key] = pin
                     while len(self._ready) > READY_SHARDS:
                         self._ready.popitem(last=False)[1].close()
+                self._cond.notify_all()
 
 
 _PREFETCHERS: dict[int, Prefetcher] = {}
