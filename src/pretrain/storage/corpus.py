@@ -135,9 +135,10 @@ class Prefetcher:
     first (the lowest priority: (epoch, place in the epoch's shard order)), over as many
     threads as the readers' `prefetch_shards` (at most MAX_CONNECTIONS). A prefetched shard
     stays pinned, safe from eviction, until a reader takes it (`take`; at most READY_SHARDS
-    wait, the oldest released first). A prefetch that would take the cache past its limit
-    is not made (the reader fetches that shard itself); errors are left for the reader to
-    meet (it fetches again and reports)."""
+    wait, the oldest released first, and at most half the cache limit: the rest is for the
+    shards being read). A prefetch that would take the cache past its limit is not made
+    (the reader fetches that shard itself); errors are left for the reader to meet (it
+    fetches again and reports)."""
 
     def __init__(self):
         self._queue: list = []  # heap of (priority, count, spec, name)
@@ -179,6 +180,15 @@ class Prefetcher:
         with self._cond:
             return self._cond.wait_for(lambda: not self._known, timeout_s)
 
+    def _over_half_the_limit(self, spec: StorageSpec, name: str) -> bool:
+        """Whether shard `name` would take the prefetched shards waiting for their readers
+        past half the cache limit of `spec`."""
+        if spec.limit_bytes is None:
+            return False
+        with self._cond:
+            waiting = sum(spec.record(n)[0] for root, n in self._ready if root == spec.root)
+        return waiting + spec.record(name)[0] > spec.limit_bytes // 2
+
     def _work(self) -> None:
         while True:
             with self._cond:
@@ -192,6 +202,8 @@ class Prefetcher:
                     continue
             pin = None
             try:
+                if self._over_half_the_limit(spec, name):
+                    raise cache.NoRoom(name)  # the rest is for the shards being read
                 pin = pin_shard(spec, name, prefetch=True)
             except Exception:  # noqa: BLE001 (NoRoom, or an error the reader meets again)
                 pass
