@@ -143,6 +143,13 @@ def read_split(
         yield from (((order, int(n)), d) for n, d in zip(numbers, documents, strict=True))
 
 
+def first_shards(spec: StreamSpec, epoch: int, reader: int, readers: int) -> list[tuple[int, int]]:
+    """(place in the epoch's shard order, shard index) of the first shard `reader` (of
+    `readers`) reads in this epoch; none when it reads none."""
+    sharing = shard_sharing(spec, epoch, readers)
+    return next(([(o, i)] for o, (i, share) in enumerate(sharing) if reader in share), [])
+
+
 def spec_prefetch(spec: StreamSpec) -> int:
     """Shards a reader fetches ahead (data.prefetch_shards): 0 for local shards."""
     return spec.storage.prefetch_shards if spec.storage is not None else 0
