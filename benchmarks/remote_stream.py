@@ -6,7 +6,7 @@ batches/s of one epoch (segment pairs of 128 tokens, batch 32, MLM corruption) r
 - `s3 warm`: the same again, every shard in the cache;
 - `s3 bounded`: from S3 with `data.cache_limit` a fifth of the corpus (so the corpus streams
   through the cache five times over: every shard downloaded, evicted, downloaded again next
-  epoch unless the limit is smaller than the stream's working set, `--prefetch-shards` + 1
+  epoch, more often when the limit is below the stream's working set, `--prefetch-shards` + 1
   shards per partition (`--partitions`) plus the 8 a process holds), over `--bounded-epochs` epochs, with the process's RSS sampled every batch (memory
   must stay flat) and the cache's size on disk (must stay within the limit, plus the shards
   in use).
