@@ -6,23 +6,24 @@ batches/s of one epoch (segment pairs of 128 tokens, batch 32, MLM corruption) r
 - `s3 warm`: the same again, every shard in the cache;
 - `s3 bounded`: from S3 with `data.cache_limit` a fifth of the corpus (so the corpus streams
   through the cache five times over: every shard downloaded, evicted, downloaded again next
-  epoch; the stream's working set, about a shard per partition, must fit in the limit:
-  `--partitions`), over `--bounded-epochs` epochs, with the process's RSS sampled every batch (memory
+  epoch, more often when the limit is below the stream's working set, `--prefetch-shards` + 1
+  shards per partition (`--partitions`) plus the 8 a process holds), over `--bounded-epochs` epochs, with the process's RSS sampled every batch (memory
   must stay flat) and the cache's size on disk (must stay within the limit, plus the shards
   in use).
 
-Prints batches/s, the ratio to local (targets: warm >= 0.95, cold >= 0.8), the cache's hit
-rate and the bytes downloaded. Prepares a corpus of `--megabytes` of text first (about a
-minute per MB on 2 cores), unless a shards dir is given. The alternating order and best-of
-`--repeats` damp the noise of a shared machine.
+Prints batches/s (the median of `--repeats`), the ratio to local (the median of each
+repeat's ratio: local, cold and warm run side by side in each repeat; targets: warm >= 0.95,
+cold >= 0.8), the cache's hit rate and the bytes downloaded. Prepares a corpus of
+`--megabytes` of text first (about a minute per MB on 2 cores), unless a shards dir is given.
 
     .venv/bin/python benchmarks/remote_stream.py [SHARDS_DIR] [--repeats 3] [--megabytes 6] [--docs-per-shard 200] \\
-        [--partitions 4] [--bounded-epochs 3]
+        [--partitions 4] [--bounded-epochs 3] [--prefetch-shards 8]
 """
 
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -65,12 +66,14 @@ def prepare_corpus(work: Path, megabytes: float, docs_per_shard: int) -> Path:
     return prepare(config, progress=False)
 
 
-def stream_spec(location: str, cache_dir: Path, limit: int | None, partitions: int) -> StreamSpec:
+def stream_spec(
+    location: str, cache_dir: Path, limit: int | None, partitions: int, prefetch_shards: int = 8
+) -> StreamSpec:
     """The stream of the corpus at `location` (a path or URL) as a training run builds it."""
     data = SimpleNamespace(
         cache_dir=str(cache_dir),
         cache_limit=limit,
-        prefetch_shards=2,
+        prefetch_shards=prefetch_shards,
         download_attempts=5,
         storage_options={},
     )
@@ -114,6 +117,7 @@ def main() -> None:
     parser.add_argument("--docs-per-shard", type=int, default=200)
     parser.add_argument("--partitions", type=int, default=4, help="data.stream_partitions")
     parser.add_argument("--bounded-epochs", type=int, default=3)
+    parser.add_argument("--prefetch-shards", type=int, default=8, help="data.prefetch_shards")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="remote_stream-"))
     try:
@@ -140,28 +144,40 @@ def run(local: Path, url: str, work: Path, args) -> None:
         f"corpus: {len(local_spec.shard_paths)} shards, {corpus_bytes / 2**20:.1f} MB, "
         f"{local_spec.stream_partitions} stream partitions"
     )
-    best: dict[str, float] = {}
-    hits: dict[str, tuple[float, float]] = {}
+    rates: dict[str, list[float]] = {"local": [], "s3 cold": [], "s3 warm": []}
+    hits: dict[str, list[tuple[float, float]]] = {"s3 cold": [], "s3 warm": []}
     for repeat in range(args.repeats):
         cache = work / f"cache-{repeat}"
         seconds, batches, *_ = time_epochs(local_spec, range(1))
-        best["local"] = max(best.get("local", 0), batches / seconds)
+        rates["local"].append(batches / seconds)
         for label in ("s3 cold", "s3 warm"):
             before = (STATS.hits, STATS.misses, STATS.bytes_downloaded)
-            spec = stream_spec(url, cache, None, args.partitions)
+            spec = stream_spec(url, cache, None, args.partitions, args.prefetch_shards)
             seconds, batches, *_ = time_epochs(spec, range(1))
-            best[label] = max(best.get(label, 0), batches / seconds)
+            rates[label].append(batches / seconds)
             got, missed = STATS.hits - before[0], STATS.misses - before[1]
-            hits[label] = (got / max(1, got + missed), (STATS.bytes_downloaded - before[2]) / 2**20)
+            mb = (STATS.bytes_downloaded - before[2]) / 2**20
+            hits[label].append((got / max(1, got + missed), mb))
+        print(
+            f"repeat {repeat}: "
+            + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items())
+            + " batches/s",
+            flush=True,
+        )
         shutil.rmtree(cache, ignore_errors=True)
     print(f"{'stream':<12} {'batches/s':>10} {'/ local':>8} {'hit rate':>9} {'MB downloaded':>14}")
-    for label, rate in best.items():
-        hit, mb = hits.get(label, (1.0, 0.0))
-        print(f"{label:<12} {rate:>10.1f} {rate / best['local']:>8.2f} {hit:>9.2f} {mb:>14.2f}")
+    for label, values in rates.items():
+        ratio = statistics.median(
+            v / local for v, local in zip(values, rates["local"], strict=True)
+        )
+        hit = statistics.median(h for h, _ in hits.get(label, [(1.0, 0.0)]))
+        mb = statistics.median(m for _, m in hits.get(label, [(1.0, 0.0)]))
+        rate = statistics.median(values)
+        print(f"{label:<12} {rate:>10.1f} {ratio:>8.2f} {hit:>9.2f} {mb:>14.2f}")
     limit = corpus_bytes // 5
     cache = work / "cache-bounded"
     before = (STATS.hits, STATS.misses, STATS.bytes_downloaded, STATS.evicted)
-    spec = stream_spec(url, cache, limit, args.partitions)
+    spec = stream_spec(url, cache, limit, args.partitions, args.prefetch_shards)
     seconds, batches, peak, settled, cache_peak = time_epochs(
         spec, range(args.bounded_epochs), cache
     )

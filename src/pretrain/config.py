@@ -167,7 +167,7 @@ class DataConfig:
     # keep secrets in the environment, as this config is saved with every checkpoint).
     cache_dir: str | None = None
     cache_limit: int | None = None
-    prefetch_shards: int = 2
+    prefetch_shards: int = 8
     download_attempts: int = 5
     storage_options: dict[str, Any] = field(default_factory=dict)
 
@@ -818,9 +818,10 @@ def check_known_keys(node: object, prefix: str = "") -> None:
             check_known_keys(value, f"{prefix}{key}.")
 
 
-# Sections a plain run config holds beside the schema's: facts of the run's tokenizer
-# (`model_runtime`: vocab_size, pad_token_id), added when the corpus is opened.
-RUNTIME_SECTIONS = ("model_runtime",)
+# Sections a plain run config holds beside the schema's, added when the corpus is opened:
+# facts of the run's tokenizer (`model_runtime`: vocab_size, pad_token_id) and of its corpus
+# (`data_runtime`: corpus_sha256, the manifest's content hash).
+RUNTIME_SECTIONS = ("model_runtime", "data_runtime")
 
 
 def run_config(config: "TrainConfig | Mapping[str, Any] | DictConfig") -> TrainConfig:

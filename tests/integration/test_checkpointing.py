@@ -2,6 +2,7 @@
 takes the newest complete checkpoint; a changed config never silently continues another run."""
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from pretrain.checkpoint.atomic import AtomicCheckpointIO, replace_directory
 from pretrain.checkpoint.relaunch import check_relaunch, config_changes, refused_changes
 from pretrain.checkpoint.resume import find_resume_checkpoint, set_aside_checkpoints
 from pretrain.config import compose_config
+from pretrain.data.shard_format import load_manifest
 from pretrain.errors import ConfigError
 from pretrain.runtime.run import train
 
@@ -192,6 +194,44 @@ def test_what_may_change_between_launches():
     ]
     fixed = {"data.global_batch_size": 16}
     assert refused_changes(plain(**fixed), plain(**fixed, **{"trainer.devices": 2})) == []
+
+
+def test_a_relaunch_may_move_the_corpus_to_a_copy_of_it(prepared_corpus, tmp_path):
+    """A copy of the corpus (its manifest's content hash the same, wherever it lies) may
+    replace it; a corpus with other shards there is refused in one line."""
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(prepared_corpus, copy_dir)
+    other_dir = tmp_path / "other"
+    shutil.copytree(prepared_corpus, other_dir)
+    manifest = json.loads((other_dir / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = "0" * 64  # the same tokenizer, another first shard
+    (other_dir / "manifest.json").write_text(json.dumps(manifest))
+
+    def launch(corpus: Path, shards_dir: str) -> dict:
+        return plain(
+            **{
+                "data.shards_dir": shards_dir,
+                "data.tokenizer_dir": str(corpus / "tokenizer"),
+                "data_runtime": {"corpus_sha256": load_manifest(corpus).content_sha256},
+            }
+        )
+
+    saved = launch(prepared_corpus, str(prepared_corpus))
+    moved = launch(copy_dir, "s3://bucket/corpus")  # a URL's mirror is such a copy
+    assert refused_changes(saved, moved) == []
+    check_relaunch(saved, moved, "last.ckpt", "auto")
+    other = launch(other_dir, "s3://bucket/other")
+    with pytest.raises(ConfigError) as refused:
+        check_relaunch(saved, other, "last.ckpt", "auto")
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("data.shards_dir: ")
+    assert "holds another corpus than the checkpoint was trained on" in message
+    # a checkpoint that records no corpus hash: a moved corpus is a change like any other
+    older = {key: value for key, value in saved.items() if key != "data_runtime"}
+    assert [line.split(":")[0] for line in refused_changes(older, moved)] == [
+        "data.shards_dir",
+        "data.tokenizer_dir",
+    ]
 
 
 def test_a_refused_relaunch_says_what_differs_and_how_to_proceed(capsys):

@@ -179,3 +179,51 @@ def test_a_process_holds_its_recent_shards_from_eviction(tmp_path):
     kept = sorted(p.name for p in (tmp_path / "c").glob("shard-*.tar"))
     # evicted before each download: the held ones then (released since) and the newest stay
     assert kept == names[-(HELD_SHARDS + 1) :]
+
+
+def test_the_cache_exceeds_its_limit_only_by_the_shards_readers_hold(tmp_path):
+    """Real files, real eviction, real prefetch threads (fsspec's in-memory filesystem as
+    the remote): prefetching alone never takes the cache past its limit; reading, the cache
+    holds at most the limit plus the shards the readers hold (HELD_SHARDS), never evicts a
+    shard held, and downloads each shard once (a prefetched shard waits, pinned, for its
+    reader)."""
+    import fsspec
+
+    from pretrain.storage import StorageSpec, hold_shard, prefetcher
+    from pretrain.storage.corpus import HELD_SHARDS, _held
+
+    memory, shard_bytes = fsspec.filesystem("memory"), 1000
+    names = [f"shard-{n:06d}.tar" for n in range(3 * HELD_SHARDS)]
+    records = []
+    for number, name in enumerate(names):
+        data = bytes([number]) * shard_bytes
+        memory.pipe_file(f"/bounded-corpus/{name}", data)
+        records.append((name, shard_bytes, _sha(data)))
+    limit = 5 * shard_bytes
+    root = tmp_path / "cache" / "corpus"
+    spec = StorageSpec(
+        url="memory://bounded-corpus",
+        root=str(root),
+        shards=tuple(records),
+        limit_bytes=limit,
+        prefetch_shards=4,
+    )
+
+    def stored() -> int:
+        return sum(size for _, size, _ in cache.cached_entries(tmp_path / "cache"))
+
+    prefetcher().prefetch(spec, [((0, n), name) for n, name in enumerate(names)])
+    assert prefetcher().wait_idle()
+    assert stored() <= limit  # the first shards that fit, pinned for their reader
+    for number, name in enumerate(names):
+        upcoming = list(enumerate(names))[number + 1 : number + 5]
+        prefetcher().prefetch(spec, [((0, n), later) for n, later in upcoming])
+        path = hold_shard(spec, name)
+        assert path.read_bytes() == bytes([number]) * shard_bytes
+        assert prefetcher().wait_idle()
+        held = _held()
+        assert all(pin.path.exists() for pin in held.values())  # never evicted in use
+        assert stored() <= limit + len(held) * shard_bytes <= limit + HELD_SHARDS * shard_bytes
+    fetched = [name for name, _ in cache.downloads(tmp_path / "cache")]
+    assert sorted(fetched) == sorted(f"corpus/{name}" for name in names)  # each once
+    assert not list(root.glob(".*.incoming"))

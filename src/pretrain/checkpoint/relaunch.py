@@ -61,7 +61,30 @@ RELAUNCH_KEYS = (
     "model.unpad",  # the unpadded path computes the same outputs
 )
 RANK_KEYS = ("trainer.devices", "trainer.num_nodes")
+# Where the corpus and its tokenizer lie: they may change (a local copy -> its URL, and
+# back) when the manifests' content hashes (`data_runtime.corpus_sha256`) agree.
+CORPUS_KEYS = ("data.shards_dir", "data.tokenizer_dir")
 UNSET = "<unset>"
+
+
+def corpus_hashes(saved: dict, current: dict) -> tuple[str | None, str | None]:
+    """The manifest content hashes (`data_runtime.corpus_sha256`) the checkpoint's run and
+    the current one read; None where a config does not record one (an older checkpoint)."""
+    return tuple(c.get("data_runtime", {}).get("corpus_sha256") for c in (saved, current))
+
+
+def moved_to_another_corpus(saved: dict, current: dict) -> str | None:
+    """One line when data.shards_dir changed and the corpus there is not the one the
+    checkpoint trained on (both content hashes known and different), else None."""
+    before, after = corpus_hashes(saved, current)
+    old, new = (c.get("data", {}).get("shards_dir") for c in (saved, current))
+    if old == new or before is None or after is None or before == after:
+        return None
+    return (
+        f"data.shards_dir: {old!r} -> {new!r} holds another corpus than the checkpoint was "
+        f"trained on (manifest content sha256 {before[:12]} -> {after[:12]}); point "
+        "data.shards_dir at a copy of the run's corpus, or start a new run (run_name=NAME)"
+    )
 
 
 def config_changes(saved: dict, current: dict, ignore: tuple[str, ...] = ("resume",)) -> list[str]:
@@ -88,8 +111,12 @@ def _global_batch(config: dict) -> int | None:
 def refused_changes(saved: dict, current: dict) -> list[str]:
     """The differences (`config_changes` lines) that stop `resume=auto` from continuing a
     checkpoint with `current`: every key but `RELAUNCH_KEYS` and `init_from` (checked on its
-    own, `check_init_from`), and `RANK_KEYS` only when the global batch changes with them."""
-    allowed = (*RELAUNCH_KEYS, *RANK_KEYS, "init_from")
+    own, `check_init_from`), `RANK_KEYS` only when the global batch changes with them, and
+    `CORPUS_KEYS` only when the corpus's content hash changes (or is not recorded)."""
+    allowed = (*RELAUNCH_KEYS, *RANK_KEYS, "init_from", "data_runtime.*")
+    before, after = corpus_hashes(saved, current)
+    if before is not None and before == after:  # the same corpus, wherever it lies now
+        allowed += CORPUS_KEYS
     tokens = saved.get("data", {}).get("tokens_per_batch")
     if tokens and tokens == current.get("data", {}).get("tokens_per_batch"):
         allowed += ("trainer.accumulate_grad_batches",)  # token-budget steps do not depend on it
@@ -193,8 +220,11 @@ def check_relaunch(saved: dict, current: dict, checkpoint: str, resume: str) -> 
     """Whether the run may continue `checkpoint` (whose config is `saved`) with `current`:
     ConfigError listing the refused changes (`refused_changes`) and how to proceed for
     `resume=auto`; printed as a warning for `resume=force` or an explicit path (the launch
-    names what it continues). `check_init_from` applies to every mode."""
+    names what it continues). `check_init_from` applies to every mode; for `resume=auto`, a
+    data.shards_dir that now holds another corpus is one line (`moved_to_another_corpus`)."""
     check_init_from(saved, current, checkpoint)
+    if resume == "auto" and (moved := moved_to_another_corpus(saved, current)):
+        raise ConfigError(moved)
     changes = refused_changes(saved, current)
     if not changes:
         return
@@ -210,7 +240,8 @@ def check_relaunch(saved: dict, current: dict, checkpoint: str, resume: str) -> 
         f"the run directory holds a checkpoint ({checkpoint}) trained with another config; "
         f"these keys differ (saved -> now):\n  {listing}\n"
         f"Keys that may change between launches: {', '.join(RELAUNCH_KEYS)}; "
-        f"{' and '.join(RANK_KEYS)} with the same global batch.\n"
+        f"{' and '.join(RANK_KEYS)} with the same global batch; {' and '.join(CORPUS_KEYS)} "
+        "to a copy of the same corpus (the manifests' content hashes agree).\n"
         "To proceed: name a new run for this config (run_name=NAME), or start over in this "
         "directory (resume=never; the old checkpoints move to checkpoints.previous/), or "
         "continue the old run with the new values (resume=force)."

@@ -112,7 +112,7 @@ def remote_storage(
         root=str(root),
         shards=(),
         limit_bytes=getattr(data, "cache_limit", None),
-        prefetch_shards=getattr(data, "prefetch_shards", 2),
+        prefetch_shards=getattr(data, "prefetch_shards", 8),
         retry=retry,
         options_json=options,
     )

@@ -130,7 +130,8 @@ def read_split(
     for place, order in enumerate(mine):
         index, share = sharing_order[order]
         first = start_document if order == start_order else 0
-        prefetch(spec, [sharing_order[o][0] for o in mine[place + 1 :][: spec_prefetch(spec)]])
+        ahead = mine[place + 1 :][: spec_prefetch(spec)]
+        prefetch(spec, epoch, [(o, sharing_order[o][0]) for o in ahead])
         hold_shard(spec, index)  # a remote shard: fetched and checked, read whole at once below
         if len(share) == 1:
             for number, document in enumerate(shard_documents(spec, index, first), first):
@@ -141,6 +142,13 @@ def read_split(
         numbers = np.flatnonzero(wanted[first:]) + first
         documents = shard_documents(spec, index, first, wanted)
         yield from (((order, int(n)), d) for n, d in zip(numbers, documents, strict=True))
+
+
+def first_shards(spec: StreamSpec, epoch: int, reader: int, readers: int) -> list[tuple[int, int]]:
+    """(place in the epoch's shard order, shard index) of the first shard `reader` (of
+    `readers`) reads in this epoch; none when it reads none."""
+    sharing = shard_sharing(spec, epoch, readers)
+    return next(([(o, i)] for o, (i, share) in enumerate(sharing) if reader in share), [])
 
 
 def spec_prefetch(spec: StreamSpec) -> int:
@@ -165,14 +173,15 @@ def hold_shard(spec: StreamSpec, index: int) -> None:
         raise ShardError(str(error)) from error
 
 
-def prefetch(spec: StreamSpec, indices: list[int]) -> None:
-    """Start fetching the shards `indices` (the reader's next ones) of a remote corpus in the
-    background; nothing for local shards."""
-    if spec.storage is not None and indices:
+def prefetch(spec: StreamSpec, epoch: int, upcoming: list[tuple[int, int]]) -> None:
+    """Start fetching the shards of `upcoming` ((place in the epoch's shard order, shard
+    index) of the reader's next ones) of a remote corpus in the background, the earliest
+    in the epoch first whichever reader asks; nothing for local shards."""
+    if spec.storage is not None and upcoming:
         from pretrain.storage import prefetcher
 
-        names = [os.path.basename(spec.shard_paths[i]) for i in indices]
-        prefetcher().prefetch(spec.storage, names)
+        wanted = [((epoch, o), os.path.basename(spec.shard_paths[i])) for o, i in upcoming]
+        prefetcher().prefetch(spec.storage, wanted)
 
 
 @functools.lru_cache(maxsize=16)  # the shards being read now

@@ -120,6 +120,15 @@ class Manifest:
         return self.root / self.raw["tokenizer"]["dir"]
 
     @property
+    def content_sha256(self) -> str:
+        """Hex sha256 of what the corpus holds: the manifest as canonical JSON without how it
+        was made (`sources`, `config`), so copies of one corpus (a local path, a URL) agree
+        and corpora with other shards or another tokenizer do not."""
+        held = {k: v for k, v in self.raw.items() if k not in ("sources", "config")}
+        canonical = json.dumps(held, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
     def annotations(self) -> dict | None:
         """Phrase/entity annotation counts, or None when the shards hold none."""
         return self.raw.get("annotations")

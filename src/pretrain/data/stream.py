@@ -39,7 +39,10 @@ from pretrain.data.reading import (
     collate,
     collated_fields,
     corrupt_to_tensors,
+    first_shards,
     partition_chunks,
+    prefetch,
+    spec_prefetch,
     worker_role,
 )
 from pretrain.data.shard_format import ShardError
@@ -184,6 +187,10 @@ def rank_sequences(
             streams[p] = partition_sequences(spec, epoch, p, position)
         else:  # from the epoch's start (fast when nothing is skipped)
             streams[p] = islice(partition_sequences(spec, epoch, p), used, None)
+    if start_sample == 0 and spec_prefetch(spec):  # a remote corpus: every partition's first
+        # shard at once, not each only when its partition's first sample is asked for
+        for p in range(first % ranks, partitions, ranks):
+            prefetch(spec, epoch, first_shards(spec, epoch, p, partitions))
     for i in count(first, ranks):
         sequence = next(streams[i % partitions], None)
         if sequence is None:

@@ -41,7 +41,7 @@ from pretrain.data.datamodule import (
 )
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
 from pretrain.data.reading import StreamSpec
-from pretrain.data.shard_format import ShardError
+from pretrain.data.shard_format import ShardError, load_manifest
 from pretrain.errors import ConfigError, RunEnvironmentError, filesystem_error, report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.models.unpadding import describe_unpadded_rows
@@ -101,6 +101,9 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, Pretrain
     run, spec, objective_class = build_stream(cfg)
     L.seed_everything(run.seed, workers=False, verbose=False)
     module = PretrainingTask(objective_class(run, spec.vocab))
+    # What the corpus holds, wherever it lies: a relaunch may move it (checkpoint.relaunch).
+    manifest_root = spec.storage.root if spec.storage is not None else run.data.shards_dir
+    module.config["data_runtime"] = {"corpus_sha256": load_manifest(manifest_root).content_sha256}
     datamodule = PretrainingDataModule(
         spec,
         num_workers=run.data.num_workers,

@@ -11,10 +11,15 @@ partial or changed shard.
 
 Every download is logged to `<cache_dir>/downloads.log` (the node's bytes downloaded).
 
-Eviction: least recently used first, when the shards of the whole cache_dir would exceed
-`limit_bytes`. A shard in use is never evicted: readers hold a shared lock (flock) on it
-while they read (`Pin`), and eviction takes the exclusive lock without waiting or skips it.
-A limit smaller than the shards in use at once is exceeded, not enforced by waiting.
+Eviction: least recently used first, so that the shards of the whole cache_dir (every
+corpus in it, and the shards being downloaded into it, counted at their manifest size from
+the start of their download) stay within `limit_bytes`. A shard in use is never evicted:
+readers hold a shared lock (flock) on it while they read (`Pin`), and eviction takes the
+exclusive lock without waiting or skips it. The bound this gives: a prefetch is made only
+when it fits within the limit (`fetch(..., prefetch=True)` raises NoRoom otherwise, and the
+reader fetches the shard itself when it gets there); a shard a reader needs now is always
+fetched, evicting what is not in use. So the cache on disk never holds more than
+`limit_bytes` plus the bytes of the shards pinned by readers at the time of a download.
 """
 
 import fcntl
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SIDECAR = ".sha256"
+INCOMING = ".incoming"  # `.<shard>.incoming`: "<bytes> <pid>" of a download under way
 EVICTION_LOCK = ".eviction.lock"
 DOWNLOAD_LOG = "downloads.log"  # per cache_dir (node): one line per shard downloaded
 
@@ -106,11 +112,14 @@ def fetch(
     sha256: str,
     download: Callable[[Path], None],
     limit_bytes: int | None = None,
+    prefetch: bool = False,
 ) -> Pin:
     """A Pin on the checked local copy of a shard at `path` (its cache entry) of `size` bytes
     and hex `sha256`, downloading it with `download(partial_path)` when the cache does not
     hold it (once per node: under the entry's file lock). `download` raises on failure; a
-    copy of another size or hash raises ShardMismatch (the partial file removed)."""
+    copy of another size or hash raises ShardMismatch (the partial file removed). A
+    `prefetch` raises NoRoom instead of downloading when the shard does not fit within
+    `limit_bytes` beside the shards in use (see the module docstring)."""
     pin = _pin_if_valid(path, size, sha256)
     if pin is not None:
         STATS.hits += 1
@@ -121,7 +130,9 @@ def fetch(
         if pin is not None:
             STATS.hits += 1
             return pin
-        make_room(path.parent.parent, size, limit_bytes)
+        incoming = path.with_name(f".{path.name}{INCOMING}")
+        if not make_room(path.parent.parent, size, limit_bytes, incoming, prefetch) and prefetch:
+            raise NoRoom(f"{path.name}: {size} bytes do not fit within the cache limit now")
         partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
         try:
             download(partial)
@@ -134,12 +145,13 @@ def fetch(
             os.replace(sidecar_partial, sidecar)
         finally:
             partial.unlink(missing_ok=True)
+            incoming.unlink(missing_ok=True)
         STATS.misses += 1
         STATS.bytes_downloaded += size
         log_download(path, size)
         pin = _pin_if_valid(path, size, sha256)
     if pin is None:  # evicted in the instant between: not while pinned from now on
-        return fetch(path, size, sha256, download, limit_bytes)
+        return fetch(path, size, sha256, download, limit_bytes, prefetch)
     return pin
 
 
@@ -161,6 +173,10 @@ def downloads(cache_dir: Path) -> list[tuple[str, int]]:
     except FileNotFoundError:
         return []
     return [(parts[2], int(parts[3])) for parts in (line.split() for line in lines)]
+
+
+class NoRoom(Exception):
+    """A prefetch would take the cache past its limit (the shards in it are in use)."""
 
 
 class ShardMismatch(OSError):
@@ -196,20 +212,50 @@ def cached_entries(cache_dir: Path) -> list[tuple[float, int, Path]]:
     return sorted(entries)
 
 
-def make_room(cache_dir: Path, incoming: int, limit_bytes: int | None) -> None:
-    """Evict least recently used shards not in use until the cache holds at most
-    `limit_bytes` - `incoming` bytes of shards (no limit: nothing is evicted)."""
+def incoming_bytes(cache_dir: Path) -> int:
+    """Bytes of the downloads under way into `cache_dir` (their `.incoming` records, those of
+    live processes: a crashed download's record is left out)."""
+    total = 0
+    for record in cache_dir.glob(f"*/.*{INCOMING}"):
+        try:
+            size, pid = (int(part) for part in record.read_text().split())
+            os.kill(pid, 0)  # raises when the process is gone
+        except (OSError, ValueError):
+            continue
+        total += size
+    return total
+
+
+def make_room(
+    cache_dir: Path,
+    incoming: int,
+    limit_bytes: int | None,
+    record: Path | None = None,
+    prefetch: bool = False,
+) -> bool:
+    """Evict least recently used shards not in use until the cache's shards and downloads
+    under way total at most `limit_bytes` - `incoming` bytes (no limit: nothing is
+    evicted); whether they do. `record`, when given, is written with `incoming` (the
+    download's bytes, counted as in the cache from now on) unless a `prefetch` does not
+    fit (it is not made)."""
     if limit_bytes is None:
-        return
+        return True
     cache_dir.mkdir(parents=True, exist_ok=True)
     with file_lock(cache_dir / EVICTION_LOCK):
+        # downloads under way first: one that completes meanwhile (its entry is written
+        # before its record goes) is then counted twice, never missed
+        total = incoming_bytes(cache_dir)
         entries = cached_entries(cache_dir)
-        total = sum(size for _, size, _ in entries)
+        total += sum(size for _, size, _ in entries)
         for _, size, shard in entries:
             if total + incoming <= limit_bytes:
-                return
+                break
             if evict(shard):
                 total -= size
+        fits = total + incoming <= limit_bytes
+        if record is not None and (fits or not prefetch):
+            record.write_text(f"{incoming} {os.getpid()}\n")
+        return fits
 
 
 def evict(shard: Path) -> bool:

@@ -3,11 +3,12 @@ mirrored into the cache, its shards fetched when read (and a few ahead), and pub
 locally written corpus to a URL with the manifest last."""
 
 import hashlib
+import heapq
+import itertools
 import json
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -38,14 +39,14 @@ class StorageSpec:
     """How the readers of one remote corpus get its shards (picklable, for data-loader
     workers): the corpus `url`, the local `root` its manifest and tokenizer were mirrored to
     (inside `cache_dir`), `shards` as (name, bytes, sha256) triples, the cache's
-    `limit_bytes` (None: unbounded), `prefetch_shards` fetched ahead of the reader, the
-    retry policy, and the fsspec options as JSON (`data.storage_options`)."""
+    `limit_bytes` (None: unbounded), `prefetch_shards` fetched ahead of each reader (and
+    as many downloads at once, up to MAX_CONNECTIONS), the retry policy, and the fsspec options as JSON (`data.storage_options`)."""
 
     url: str
     root: str
     shards: tuple[tuple[str, int, str], ...]
     limit_bytes: int | None = None
-    prefetch_shards: int = 2
+    prefetch_shards: int = 8
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     options_json: str = "{}"
 
@@ -62,94 +63,165 @@ def _records(shards: tuple[tuple[str, int, str], ...]) -> dict[str, tuple[int, s
 def download_file(
     url: str, destination: Path, options_json: str = "{}", size: int | None = None
 ) -> None:
-    """Copy the object at `url` (of `size` bytes when known) to the local file `destination`,
-    streamed in MB chunks (one attempt). Over HTTP, a file of unknown size is fetched whole
-    (the small ones), so a server that is down is a connection error, not a missing file."""
+    """Copy the object at `url` to the local file `destination` (one attempt). A shard (its
+    `size` known) is streamed to disk in one request (`get_file`); over HTTP, a file of
+    unknown size is fetched whole (the small ones), so a server that is down is a
+    connection error, not a missing file."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     fs = filesystem(url, options_json)
-    http = protocol(url) in ("http", "https")
-    if http and size is None:
+    if size is not None:
+        fs.get_file(url, str(destination))
+        return
+    if protocol(url) in ("http", "https"):
         destination.write_bytes(fs.cat_file(url))
         return
-    extra = {"size": size} if http else {}
-    with fs.open(url, "rb", block_size=0, **extra) as source, open(destination, "wb") as target:
+    with fs.open(url, "rb", block_size=0) as source, open(destination, "wb") as target:
         while chunk := source.read(1 << 20):
             target.write(chunk)
 
 
-def pin_shard(spec: StorageSpec, name: str) -> cache.Pin:
+def pin_shard(spec: StorageSpec, name: str, prefetch: bool = False) -> cache.Pin:
     """A Pin on the checked local copy of shard `name` of the corpus (fetched once per node
     into the cache, with retries). Raises StorageError naming the URL after the retries, or
-    at once when the remote object is missing."""
+    at once when the remote object is missing; a `prefetch` raises cache.NoRoom where the
+    shard does not fit within the cache limit now."""
     size, sha256 = spec.record(name)
     url = join_url(spec.url, name)
 
     def download(partial: Path) -> None:  # checked by cache.fetch: a mismatch is retried
         download_file(url, partial, spec.options_json, size)
 
-    return with_retries(
-        lambda: cache.fetch(Path(spec.root) / name, size, sha256, download, spec.limit_bytes),
-        url,
-        spec.retry,
-    )
+    def fetch() -> cache.Pin:
+        entry = Path(spec.root) / name
+        return cache.fetch(entry, size, sha256, download, spec.limit_bytes, prefetch)
+
+    return with_retries(fetch, url, spec.retry)
 
 
 HELD_SHARDS = 8  # per process: the shards its readers use now (cf. reading.decoded_shard)
 _HELD: dict = {"pid": None, "pins": OrderedDict()}
 
 
-def hold_shard(spec: StorageSpec, name: str) -> Path:
-    """The checked local copy of shard `name` (`pin_shard`), kept from eviction until this
-    process has asked for HELD_SHARDS other shards since: the shard's readers read it whole
-    as soon as they get it, and the partitions that share a shard read it at about the same
-    time, so a held shard is not downloaded again for each of them. Returns its path."""
+def _held() -> OrderedDict:
+    """{(corpus cache directory, shard name): Pin} this process holds (none in a forked child)."""
     if _HELD["pid"] != os.getpid():  # a forked child holds nothing of its parent's
         _HELD["pid"], _HELD["pins"] = os.getpid(), OrderedDict()
-    pins: OrderedDict = _HELD["pins"]
-    key = (spec.url, name)
+    return _HELD["pins"]
+
+
+def hold_shard(spec: StorageSpec, name: str) -> Path:
+    """The checked local copy of shard `name` (`pin_shard`, or the prefetcher's pin when it
+    fetched the shard), kept from eviction until this process has asked for HELD_SHARDS
+    other shards since: the shard's readers read it whole as soon as they get it, and the
+    partitions that share a shard read it at about the same time, so a held shard is not
+    downloaded again for each of them. Returns its path."""
+    pins = _held()
+    key = (spec.root, name)
     if key in pins:
         pins.move_to_end(key)
         return pins[key].path
-    pins[key] = pin = pin_shard(spec, name)
+    pins[key] = pin = prefetcher().take(key) or pin_shard(spec, name)
     while len(pins) > HELD_SHARDS:
         pins.popitem(last=False)[1].close()
     return pin.path
 
 
+MAX_CONNECTIONS = 4  # downloads at once per process
+READY_SHARDS = 64  # prefetched shards pinned per process until a reader takes them
+
+
 class Prefetcher:
-    """Background fetches of the shards a reader reads next (two threads per process); each
-    shard is fetched into the cache once, errors are left for the reader to meet."""
+    """Background downloads of the shards this process's readers read next, most urgent
+    first (the lowest priority: (epoch, place in the epoch's shard order)), over as many
+    threads as the readers' `prefetch_shards` (at most MAX_CONNECTIONS). A prefetched shard
+    stays pinned, safe from eviction, until a reader takes it (`take`; at most READY_SHARDS
+    wait, the oldest released first, and at most half the cache limit: the rest is for the
+    shards being read). A prefetch that would take the cache past its limit is not made
+    (the reader fetches that shard itself); errors are left for the reader to meet (it
+    fetches again and reports)."""
 
-    def __init__(self, threads: int = 2):
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shard-prefetch")
-        self._pending: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
+    def __init__(self):
+        self._queue: list = []  # heap of (priority, count, spec, name)
+        self._count = itertools.count()
+        self._known: set[tuple[str, str]] = set()  # (spec.root, name) queued or being fetched
+        self._ready: OrderedDict = OrderedDict()  # (spec.root, name) -> Pin
+        self._latest_epoch = 0
+        self._threads: list[threading.Thread] = []
+        self._cond = threading.Condition()
 
-    def prefetch(self, spec: StorageSpec, names: list[str]) -> None:
-        """Start fetching `names` (not yet pending) of the corpus of `spec`."""
-        for name in names:
-            key = (spec.url, name)
-            with self._lock:
-                if key in self._pending:
+    def prefetch(self, spec: StorageSpec, wanted: list[tuple[tuple[int, int], str]]) -> None:
+        """Queue the shards `wanted` ((priority, name) pairs) of the corpus of `spec` unless
+        queued, held or fetched already; shards of earlier epochs still queued are dropped."""
+        held = _held()
+        with self._cond:
+            for priority, name in wanted:
+                key = (spec.root, name)
+                self._latest_epoch = max(self._latest_epoch, priority[0])
+                if key in self._known or key in self._ready or key in held:
                     continue
-                self._pending.add(key)
-            self._pool.submit(self._fetch, spec, name, key)
+                self._known.add(key)
+                heapq.heappush(self._queue, (priority, next(self._count), spec, name))
+            connections = min(MAX_CONNECTIONS, max(1, spec.prefetch_shards))
+            while len(self._threads) < connections:
+                thread = threading.Thread(target=self._work, name="shard-prefetch", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+            self._cond.notify_all()
 
-    def _fetch(self, spec: StorageSpec, name: str, key: tuple[str, str]) -> None:
-        try:
-            pin_shard(spec, name).close()
-        except Exception:  # noqa: BLE001 (the reader fetches it again and reports)
-            pass
-        finally:
-            with self._lock:
-                self._pending.discard(key)
+    def take(self, key: tuple[str, str]) -> cache.Pin | None:
+        """The pin on the prefetched shard `key` ((corpus cache directory, name)), now the caller's; None
+        when it was not prefetched."""
+        with self._cond:
+            return self._ready.pop(key, None)
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until nothing is queued or being fetched (at most `timeout_s` seconds);
+        whether that came."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._known, timeout_s)
+
+    def _over_half_the_limit(self, spec: StorageSpec, name: str) -> bool:
+        """Whether shard `name` would take the prefetched shards waiting for their readers
+        past half the cache limit of `spec`."""
+        if spec.limit_bytes is None:
+            return False
+        with self._cond:
+            waiting = sum(spec.record(n)[0] for root, n in self._ready if root == spec.root)
+        return waiting + spec.record(name)[0] > spec.limit_bytes // 2
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                priority, _, spec, name = heapq.heappop(self._queue)
+                key = (spec.root, name)
+                if priority[0] < self._latest_epoch or key in _held():
+                    self._known.discard(key)
+                    self._cond.notify_all()
+                    continue
+            pin = None
+            try:
+                if self._over_half_the_limit(spec, name):
+                    raise cache.NoRoom(name)  # the rest is for the shards being read
+                pin = pin_shard(spec, name, prefetch=True)
+            except Exception:  # noqa: BLE001 (NoRoom, or an error the reader meets again)
+                pass
+            with self._cond:
+                self._known.discard(key)
+                if pin is not None:
+                    self._ready[key] = pin
+                    while len(self._ready) > READY_SHARDS:
+                        self._ready.popitem(last=False)[1].close()
+                self._cond.notify_all()
 
 
 _PREFETCHERS: dict[int, Prefetcher] = {}
 
 
 def prefetcher() -> Prefetcher:
-    """This process's Prefetcher (a new one in a forked child)."""
+    """This process's Prefetcher (a new one in a forked child: threads do not survive a
+    fork)."""
     pid = os.getpid()
     if pid not in _PREFETCHERS:
         _PREFETCHERS.clear()
