@@ -8,8 +8,8 @@ key (`pretrain.data.lm_kinds`, shares by default the paper's: 1/3 bidirectional,
 seq2seq, 1/6 each direction), then 15% of its maskable tokens are selected and corrupted
 80/10/10 (MLM's `mask_candidates`). Maskable: the non-special real tokens, except under
 seq2seq, where only the target segment's tokens are, its closing [SEP] included (the
-paper's [EOS], so that generation learns where to stop). The batch gains `lm_kind`
-(batch,) int64.
+paper's [EOS], maskable in its seq2seq fine-tuning: generation learns where to stop).
+The batch gains `lm_kind` (batch,) int64.
 
 Loss: MLM's cross-entropy over the selected positions, the encoder run under the
 (batch, seq, seq) attention mask of each row's kind (`unilm_attention_mask`, built on the
