@@ -1,7 +1,8 @@
 """UniLM end to end: a tiny run trains and resumes as an uninterrupted run; its checkpoint
 exports as a BERT that `transformers` loads with our logits under each of the four
 attention masks; `pretrain-generate` writes a seq2seq target from it, the same tokens as
-greedy decoding of the exported model under the seq2seq mask."""
+greedy decoding of the exported model under the seq2seq mask, and from the exported
+directory too."""
 
 import shutil
 
@@ -90,7 +91,7 @@ def test_pretrain_generate_writes_the_exported_models_greedy_seq2seq_target(
 ):
     checkpoint = unilm_run / "checkpoints" / "last.ckpt"
     assert main([str(checkpoint), "--text", SOURCE, "--max-new-tokens", "6"]) == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()[-1]  # (after any library's warning)
     assert printed.startswith(f"{SOURCE} => ")
     module, tokenizer = load_for_generation(checkpoint)
     text = generate_text(module, tokenizer, SOURCE, max_new_tokens=6)
@@ -111,3 +112,7 @@ def test_pretrain_generate_writes_the_exported_models_greedy_seq2seq_target(
             break
     generated = sequence[len(source) :]
     assert generated and text == tokenizer.decode(generated, skip_special_tokens=True)
+    # and pretrain-generate on the exported directory (a BERT: UniLM's seq2seq generation)
+    exported, exported_tokenizer = load_for_generation(tmp_path / "hf")
+    assert isinstance(exported, UniLM)
+    assert generate_text(exported, exported_tokenizer, SOURCE, max_new_tokens=6) == text
