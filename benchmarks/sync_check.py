@@ -50,6 +50,7 @@ OBJECTIVES = {
     "span": ("model=bert_tiny", "data=full_sentences"),
     "sop": PAIR,
     "structbert": PAIR,
+    "unilm": PAIR,
     "electra": ("model=electra_tiny", "data=segment_pair"),
     "distillation": ("model=distilbert", "model.hidden_size=128", "model.num_hidden_layers=1")
     + ("model.num_attention_heads=2", "model.intermediate_size=512", "data=full_sentences"),

@@ -87,6 +87,7 @@ CASES: dict[str, tuple[str, tuple[str, ...]]] = {
         "golden_corpus",
         ("objective=causal_lm", "model=gpt_tiny", "data=full_sentences"),
     ),
+    "unilm": ("golden_corpus", ("objective=unilm", *BERT_PAIR)),
     "modernbert": (
         "golden_corpus",
         ("objective=mlm", "objective.mlm_probability=0.3", "model=modernbert_tiny")

@@ -260,12 +260,14 @@ def test_checkpoint_exports_and_generates(trained_run, tmp_path, capsys):
     assert status == 0 and capsys.readouterr().out.startswith("the value of => ")
 
 
-def test_generate_refuses_an_mlm_checkpoint_directory(tmp_path):
+def test_generate_refuses_an_mlm_checkpoint_directory(tmp_path, capsys):
     from pretrain.cli.generate import main
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    # (a BERT directory generates: UniLM's export, under the seq2seq mask)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert main([str(tmp_path), "--text", "hello"]) == 2
+    assert "model_type 'roberta' has no generating objective" in capsys.readouterr().err
 
 
 def test_preview_shows_plain_text_for_the_causal_lm(prepared_corpus):

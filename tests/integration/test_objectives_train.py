@@ -18,6 +18,11 @@ OBJECTIVES = {
         "full_sentences",
         {"pair_task": "none", "span_geometric_p": 0.2, "span_max_words": 10},
     ),
+    "unilm": (  # the paper's 1/3 bidirectional, 1/6 each direction, 1/3 seq2seq
+        "segment_pair",
+        {"pair_task": "none", "bidirectional_weight": 2.0, "left_to_right_weight": 1.0}
+        | {"right_to_left_weight": 1.0, "seq2seq_weight": 2.0},
+    ),
 }
 
 
@@ -54,6 +59,7 @@ def logged(run_dir, column: str) -> list[float]:
         ("sop", "segment_pair", "train/sop_loss"),
         ("structbert", "segment_pair", "train/word_order_loss"),
         ("mlm_nsp", "sentence_pair", "train/nsp_loss"),
+        ("unilm", "segment_pair", "train/mlm_accuracy"),  # one cloze loss, no sentence task
     ],
 )
 def test_objective_trains_with_falling_loss(

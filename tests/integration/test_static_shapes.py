@@ -23,6 +23,7 @@ from pretrain.objectives.electra import ElectraModule
 from pretrain.objectives.mlm import MaskedLanguageModel
 from pretrain.objectives.span import SpanBert
 from pretrain.objectives.structbert import StructBert
+from pretrain.objectives.unilm import UniLM, unilm_attention_mask
 from pretrain.objectives.xlnet import PermutationLanguageModel
 from pretrain.runtime.run import build_stream
 
@@ -94,7 +95,10 @@ def metrics(name: str, logits: torch.Tensor, targets: torch.Tensor, smoothing: f
 
 
 def reference_mlm(module: MaskedLanguageModel, batch: dict) -> dict:
-    hidden = module.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    mask = batch["attention_mask"]
+    if isinstance(module, UniLM):  # each row under its kind's (seq, seq) mask
+        mask = unilm_attention_mask(batch["lm_kind"], batch["token_type_ids"], mask)
+    hidden = module.encoder(batch["input_ids"], batch["token_type_ids"], mask)
     labels = batch["labels"]
     selected = labels != IGNORE_INDEX
     out = metrics("mlm", module.mlm_head(hidden[selected]), labels[selected])

@@ -47,6 +47,7 @@ class SyncGuard(L.Callback):
         ("objective=mlm_nsp", "data=segment_pair"),
         ("objective=mlm", "data=full_sentences", "data.global_batch_size=16"),  # accumulation
         ("objective=span", "data=full_sentences"),
+        ("objective=unilm", "data=segment_pair"),  # (batch, seq, seq) masks built on the device
         ("objective=electra", "model=electra_tiny", "data=segment_pair"),
         ("objective=xlnet", "model=xlnet_tiny", "data=xlnet_memory"),
         ("objective=bart", "model=bart_tiny", "data=full_sentences"),

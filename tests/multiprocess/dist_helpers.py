@@ -1,5 +1,5 @@
 """Test-only objectives for multi-process runs (`objective._target_=dist_helpers.RecordingMLM`,
-or `RecordingXLNet`, with `tests/` on PYTHONPATH): an objective that records, per rank, the sample keys and loss
+or `RecordingXLNet`, `RecordingUniLM`, with `tests/` on PYTHONPATH): an objective that records, per rank, the sample keys and loss
 of every micro-batch and, at the end, its skipped steps, learning-rate scheduler steps, epoch
 tails and a checksum of its parameters; it can inject faults at one optimizer step of one rank.
 
@@ -18,6 +18,7 @@ import lightning as L
 
 from pretrain.objectives.base import Losses
 from pretrain.objectives.mlm import MaskedLanguageModel
+from pretrain.objectives.unilm import UniLM
 from pretrain.objectives.xlnet import PermutationLanguageModel
 
 RECORDING_MLM = (  # overrides of a run whose ranks record what they train (`RecordingMLM`)
@@ -109,3 +110,7 @@ class RecordingMLM(Recording, MaskedLanguageModel):
 
 class RecordingXLNet(Recording, PermutationLanguageModel):
     """XLNet's permutation LM (with memory under data=xlnet_memory) that records."""
+
+
+class RecordingUniLM(Recording, UniLM):
+    """UniLM's four attention masks that records."""

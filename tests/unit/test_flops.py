@@ -26,6 +26,7 @@ FAMILIES = {
     "roberta mlm": ("model=roberta_tiny", "objective=mlm", "data=full_sentences"),
     "spanbert sbo": ("model=bert_tiny", "objective=span", "data=full_sentences"),
     "structbert": ("model=bert_tiny", "objective=structbert", "data=segment_pair"),
+    "unilm": ("model=bert_tiny", "objective=unilm", "data=segment_pair"),
     "electra": ("model=electra_tiny", "objective=electra", "data=full_sentences"),
     "gpt causal lm": ("model=gpt_tiny", "objective=causal_lm", "data=full_sentences"),
     "distilbert mlm": (*SMALL_DISTILBERT, "objective=mlm", "data=full_sentences"),
@@ -56,6 +57,7 @@ def masked_batch(batch_size: int = 4, seq_len: int = 32, predicted: int = 5) -> 
         "span_right": torch.full_like(ids, predicted + 1),
         "span_position": torch.zeros_like(ids),
         "shuffle_labels": labels.clone(),
+        "lm_kind": torch.arange(batch_size) % 4,  # UniLM: each of its four attention masks
     }
 
 

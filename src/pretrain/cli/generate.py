@@ -5,7 +5,8 @@ Loads a `pretrain` checkpoint (.ckpt) or an exported Hugging Face directory, bui
 objective module and asks it for a `GenerationSetup` (`module.prepare_generation(token_ids)`,
 token_ids (1, n) without special tokens): the step function, the prefix, the end token and
 the length limit. Any objective that defines `prepare_generation` works here: the causal LM
-continues the text; an encoder-decoder encodes it and decodes from its start token. An HF
+continues the text; an encoder-decoder encodes it and decodes from its start token; UniLM
+writes a target for it under the seq2seq mask. An HF
 directory names its objective by config.json's `model_type` (`HF_OBJECTIVES`).
 """
 
@@ -24,8 +25,13 @@ from pretrain.errors import report_error
 from pretrain.export import ExportError, import_hf_model, read_checkpoint
 from pretrain.models.generation import beam_search, greedy_search
 
-# Hugging Face model_type -> the objective module that generates with that family.
-HF_OBJECTIVES = {"gpt2": "pretrain.objectives.causal_lm.CausalLanguageModel"}
+# Hugging Face model_type -> (the objective module that generates with that family, the
+# input format it reads): a GPT-2 continues single segments; a BERT (UniLM's export) writes
+# segment B after a source segment A under the seq2seq mask.
+HF_OBJECTIVES = {
+    "gpt2": ("pretrain.objectives.causal_lm.CausalLanguageModel", "full_sentences"),
+    "bert": ("pretrain.objectives.unilm.UniLM", "segment_pair"),
+}
 
 
 class GenerationError(RuntimeError):
@@ -46,9 +52,8 @@ def load_for_generation(source: str | Path) -> tuple[torch.nn.Module, Tokenizer]
                 f"supported: {', '.join(sorted(HF_OBJECTIVES))}"
             )
         model_cfg, state_dict = import_hf_model(path)
-        target = HF_OBJECTIVES[model_type]
-        # single segments, as both generating objectives read, of at most the model's length
-        data = {"format": "full_sentences"}
+        target, data_format = HF_OBJECTIVES[model_type]
+        data = {"format": data_format}  # of at most the model's length
         longest = component_config("model", model_cfg).max_sequence_tokens
         if longest is not None:
             data["max_seq_length"] = longest

@@ -27,10 +27,14 @@ def check_pad_token_id(pad_token_id: int, vocab_size: int) -> None:
 def key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
     """(batch, seq) 1 = real, 0 = padding -> boolean (batch, 1, 1, seq) for attention (True =
     key is visible), or None for None; an all-padding row attends everywhere (an all-False
-    row would give NaN)."""
+    row would give NaN). A (batch, seq, seq) mask says per query (dim 1) which keys (dim 2)
+    it sees (UniLM's masks) -> boolean (batch, 1, seq, seq), a query that sees no key seeing
+    every key."""
     if attention_mask is None:
         return None
     real = attention_mask.bool()
+    if real.dim() == 3:  # (batch, query, key)
+        return (real | ~real.any(dim=-1, keepdim=True))[:, None]  # (batch, 1, seq, seq)
     real = real | ~real.any(dim=-1, keepdim=True)
     return real[:, None, None, :]  # (batch, 1, 1, seq) broadcast over heads and queries
 
@@ -42,6 +46,8 @@ def attention_layout(
     layout (with `index`, the batch's `unpadded_index`, when given) when the encoder's
     `unpad` setting (model.unpad) applies to this batch."""
     attend = key_padding_mask(attention_mask)
+    if attend is not None and attend.shape[2] > 1:  # a mask per query: the padded grid
+        return attend
     if not unpads(unpad, attention_mask, index):
         return attend
     return unpadding(attention_mask, attend, None if index is None else index.to(attend.device))
@@ -267,7 +273,8 @@ class BertEncoder(nn.Module):
 
         input_ids, token_type_ids: (batch, seq) integer ids (token types default to 0).
         attention_mask: (batch, seq), 1 = real token, 0 = padding (keys that are never attended
-        to); None attends to every position. unpadded_index: the batch's precomputed layout
+        to), or (batch, seq, seq), True where a query (dim 1) sees a key (dim 2), which runs
+        padded; None attends to every position. unpadded_index: the batch's precomputed layout
         when unpadded (`unpadding.unpadded_index`). Returns the (batch, seq, hidden) sequence
         output; vectors at padding positions are defined but meaningless.
         """

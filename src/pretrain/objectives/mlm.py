@@ -193,16 +193,21 @@ class MaskedLanguageModel(Objective):
         """Forward FLOPs of the heads `extra_losses` runs (0: none)."""
         return 0
 
-    def forward(self, batch: dict) -> Losses:
-        """Loss (MLM + the sentence task + `extra_losses`) and metrics (each part's loss and
-        accuracy) of one batch."""
-        hidden = self.encoder(
+    def encode(self, batch: dict) -> torch.Tensor:
+        """The encoder's (batch, seq, hidden) states of a batch (its padding mask, unpadded
+        when the batch brings an `unpadded_index`); UniLM passes its attention masks."""
+        return self.encoder(
             batch["input_ids"],
             batch["token_type_ids"],
             batch["attention_mask"],
             **unpadded_inputs(batch),
             **document_inputs(batch),
-        )  # (batch, seq, hidden)
+        )
+
+    def forward(self, batch: dict) -> Losses:
+        """Loss (MLM + the sentence task + `extra_losses`) and metrics (each part's loss and
+        accuracy) of one batch."""
+        hidden = self.encode(batch)  # (batch, seq, hidden)
         positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
         targets = gather_targets(batch["labels"], positions)  # (batch * width,)
         logits = self.mlm_head(gather_positions(hidden, positions))  # (batch * width, vocab)
