@@ -13,8 +13,8 @@ import torch
 from pretrain.compress.config import CompressConfig
 from pretrain.compress.data import PretrainingBatches, task_batches
 from pretrain.compress.encoders import (
-    EncoderWithMLM,
     LoadedModel,
+    build_student,
     load_model,
     require_same_tokenizer,
     write_hf_directory,
@@ -71,7 +71,7 @@ def distil_tinybert(run: CompressConfig) -> dict[str, Any]:
     torch.manual_seed(run.data.seed)
     # positions and token types as the teacher's: those are what the teacher can teach
     shared = {key: teacher.model_cfg[key] for key in SHARED_SIZES if key in teacher.model_cfg}
-    student = EncoderWithMLM({**run.student, **shared}, teacher.vocab)
+    student = build_student({**run.student, **shared}, teacher.vocab)
     distiller = LayerwiseDistiller(student, teacher.model)
     initialise_from_teacher(student, teacher.model, distiller.layers)
     logs = [distil(distiller, batches, "intermediate", method.intermediate_steps, method.lr)]
