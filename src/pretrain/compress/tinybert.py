@@ -11,7 +11,13 @@ layer m (1-based) copies teacher layer g(m), the embedding output (m = 0) the te
     prediction loss  soft cross-entropy -sum softmax(z_T/T) log softmax(z_S/T)  per position
 
 Stage `intermediate` trains on the first three, stage `prediction` on the last (the paper's
-two steps). The projections exist only for distillation and are not exported.
+two steps). Stage `task` (task-specific distillation, after `attach_task_heads`) trains on the
+first three plus the soft cross-entropy of the student's task logits (a Linear on its [CLS]
+state) against the fine-tuned teacher's at temperature T:
+
+    task loss        embedding + hidden + attention + CE_T(head_S(H_S[CLS]), head_T(H_T[CLS]))
+
+The projections and the student's task head exist only for distillation and are not exported.
 """
 
 from collections.abc import Iterable, Iterator
@@ -25,7 +31,7 @@ from pretrain.compress.encoders import EncoderWithMLM
 from pretrain.compress.trace import EncoderTrace, real_tokens
 from pretrain.errors import ConfigError
 
-STAGES = ("intermediate", "prediction")
+STAGES = ("intermediate", "prediction", "task")
 
 
 def layer_map(student_layers: int, teacher_layers: int) -> list[int]:
@@ -101,13 +107,20 @@ class LayerwiseDistiller(nn.Module):
         self.projections = nn.ModuleList(
             nn.Linear(width, teacher_width) for _ in range(len(self.layers) + 1)
         )  # [0]: embeddings, [m]: student layer m
+        self.task_head: nn.Linear | None = None
+
+    def attach_task_heads(self, teacher_head: nn.Linear) -> None:
+        """Give stage `task` the fine-tuned teacher's classifier (frozen, held outside the
+        module tree) and a new trainable student classifier of as many classes."""
+        object.__setattr__(self, "teacher_head", teacher_head.requires_grad_(False))
+        self.task_head = nn.Linear(self.student.model_cfg["hidden_size"], teacher_head.out_features)
 
     def losses(
         self, batch: dict[str, Tensor], stage: str, temperature: float = 1.0
     ) -> dict[str, Tensor]:
         """The stage's loss terms on a batch (input_ids, token_type_ids, attention_mask;
         `labels` (-100 = not predicted) selects the prediction loss's positions when present)
-        and their sum, `loss`."""
+        and their sum, `loss`. Stage `task` reads the [CLS] (first) position's states."""
         inputs = (batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))
         real = real_tokens(inputs[2], inputs[0])
         with torch.no_grad():
@@ -115,6 +128,16 @@ class LayerwiseDistiller(nn.Module):
         student = self.student.trace(*inputs)
         if stage == "intermediate":
             return self.intermediate_losses(student, teacher, real)
+        if stage == "task":
+            if self.task_head is None:
+                raise ConfigError("method.task: stage task needs attach_task_heads first")
+            out = self.intermediate_losses(student, teacher, real)
+            with torch.no_grad():
+                teacher_logits = self.teacher_head(teacher.hidden[-1][:, 0])
+            student_logits = self.task_head(student.hidden[-1][:, 0])  # (batch, classes)
+            out["task_loss"] = soft_cross_entropy(student_logits, teacher_logits, temperature)
+            out["loss"] = out["loss"] + out["task_loss"]
+            return out
         if stage != "prediction":
             raise ConfigError(f"method.stage = {stage!r}: one of {', '.join(STAGES)}")
         where = batch["labels"] != -100 if "labels" in batch else real
