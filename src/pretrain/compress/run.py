@@ -68,13 +68,13 @@ def distil_tinybert(run: CompressConfig) -> dict[str, Any]:
             "student: no student model config; pass student=tinybert_4 (conf/compress/student/)"
         )
     batches = stream_of(run, teacher)
-    evaluation = held_out(run, teacher)
-    teacher_mlm_accuracy = mlm_accuracy(teacher.model, evaluation)  # before any fine-tuning
     torch.manual_seed(run.data.seed)
     # positions and token types as the teacher's: those are what the teacher can teach
     shared = {key: teacher.model_cfg[key] for key in SHARED_SIZES if key in teacher.model_cfg}
     student = build_student({**run.student, **shared}, teacher.vocab)
-    distiller = LayerwiseDistiller(student, teacher.model)
+    distiller = LayerwiseDistiller(student, teacher.model)  # refuses a student it cannot map
+    evaluation = held_out(run, teacher)
+    teacher_mlm_accuracy = mlm_accuracy(teacher.model, evaluation)  # before any fine-tuning
     initialise_from_teacher(student, teacher.model, distiller.layers)
     logs = [distil(distiller, batches, "intermediate", method.intermediate_steps, method.lr)]
     if method.prediction_steps:
