@@ -93,8 +93,10 @@ demo-eval: $(STAMP)
 	$(PY) -m pretrain.eval.demo encoder.path=$(DEMO_EXPORT) out_dir=$(DEMO_RUN)
 
 # Compress the `make demo` model every way (conf/compress/method/): TinyBERT distillation into a
-# 1-layer, 64-wide student, int8 (post-training and quantization-aware), head pruning, magnitude
-# and movement pruning to 50%; then benchmarks/compression.py prints the table (and the PNG).
+# 1-layer, 64-wide student (general, then also task-specific on builtin_order) and into a 2-layer
+# MobileBERT student (128-wide body, 32-wide bottleneck), int8 (post-training and
+# quantization-aware), head pruning, magnitude and movement pruning to 50%; then
+# benchmarks/compression.py prints the table (and the PNG).
 # A few minutes on 2 CPU cores.
 DEMO_COMPRESSED := exports/demo-compressed
 COMPRESS = $(PY) -m pretrain.compress.cli teacher=$(DEMO_EXPORT) data.shards_dir=data/builtin \
@@ -103,6 +105,8 @@ demo-compress: $(STAMP) data/builtin/manifest.json
 	test -f $(DEMO_EXPORT)/config.json || $(MAKE) demo
 	rm -rf $(DEMO_COMPRESSED)
 	$(call COMPRESS,tinybert) method=tinybert student=tinybert_demo
+	$(call COMPRESS,tinybert_task) method=tinybert student=tinybert_demo method.task=builtin_order
+	$(call COMPRESS,mobilebert) method=tinybert student=mobilebert_demo
 	$(call COMPRESS,int8) method=int8
 	$(call COMPRESS,int8_qat) method=int8_qat method.qat_steps=50
 	$(call COMPRESS,pruned_heads) method=prune_heads

@@ -9,7 +9,13 @@ encoder frozen, a head trained on its last layer, so an int8 model is scored as 
 
 A directory with `quantized.pt` is loaded int8 (torchao); one whose config.json has
 `pruned_heads` is timed as the physically smaller encoder (`pretrain.compress.prune`), the
-others with `transformers.AutoModel`. Never a test: times are printed, never asserted.
+others with `transformers.AutoModel` (a MobileBERT student as transformers' MobileBERT).
+Beside torchao's int8 the table times the teacher quantized by torch's own dynamic int8
+(`torch.ao.quantization.quantize_dynamic`, deprecated but still shipped: fbgemm/oneDNN int8
+GEMMs with VNNI) under each `--engines` `torch.backends.quantized.engine`, and with
+`--compile` the teacher and every torchao int8 model under `torch.compile` (inductor; its
+compile time is excluded). `distilled` is a task-distilled student's dev accuracy with its
+own distilled classifier (compression.json). Never a test: times are printed, never asserted.
 """
 
 import argparse
@@ -39,6 +45,7 @@ class Row:
     disk_bytes: int = 0
     latency_ms: float = 0.0
     throughput: float = 0.0
+    distilled: str = "-"
 
 
 class OursLastHidden(nn.Module):
@@ -89,7 +96,55 @@ def load_row(directory: Path, name: str | None = None) -> Row:
         if t.is_floating_point() or hasattr(t, "dequantize")
     )
     row.disk_bytes = (directory / weights).stat().st_size
+    report = directory / "compression.json"
+    if report.is_file() and "task_accuracy" in (figures := json.loads(report.read_text())):
+        row.distilled = f"{figures['task_accuracy']:.3f} ({figures['task']})"
     return row
+
+
+class InEngine(nn.Module):
+    """A torch dynamic-int8 encoder run with `torch.backends.quantized.engine` = `engine`."""
+
+    def __init__(self, encoder: nn.Module, engine: str) -> None:
+        super().__init__()
+        self.encoder, self.engine = encoder, engine
+
+    def forward(self, *inputs):
+        torch.backends.quantized.engine = self.engine
+        return self.encoder(*inputs)
+
+
+def torch_int8_row(teacher: Path, engine: str, scratch: Path) -> Row:
+    """The teacher with every Linear dynamic int8 by `torch.ao.quantization.quantize_dynamic`
+    (int8 weights prepacked for `engine`, activations quantized per batch at run time)."""
+    import warnings
+
+    from pretrain.compress.quantize import LastHiddenState, load_hf_masked_lm
+
+    torch.backends.quantized.engine = engine
+    model = load_hf_masked_lm(teacher).base_model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
+        quantized = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    path = scratch / f"torch_int8_{engine}.pt"
+    torch.save(quantized.state_dict(), path)
+    row = Row(f"teacher int8 (torch.ao, {engine})", f"torch dynamic int8, {engine}", None, teacher)
+    row.encoder = InEngine(LastHiddenState(quantized), engine).eval()
+    row.params = sum(p.numel() for p in model.parameters())
+    row.nonzero, row.disk_bytes = row.params, path.stat().st_size
+    return row
+
+
+def compiled_row(row: Row) -> Row:
+    """`row` run under `torch.compile` (a copy of the Row sharing its figures of size)."""
+    from dataclasses import replace
+
+    return replace(
+        row,
+        name=f"{row.name}, compiled",
+        runtime=f"{row.runtime}, torch.compile",
+        encoder=torch.compile(row.encoder),
+    )
 
 
 def teacher_in_pretrain(directory: Path) -> Row:
@@ -171,19 +226,19 @@ class HiddenStatesOf(nn.Module):
 def table(rows: list[Row], scores: dict[str, dict[str, float]], tasks: list[str]) -> str:
     """The Markdown table, ratios over the first row (the teacher)."""
     base = rows[0]
-    head = (
-        "| model | runs as | parameters | nonzero | MB on disk | size ratio | ms (1 x 128) "
-        "| speed-up | seq/s (32 x 128) | ratio | " + " | ".join(tasks) + " |"
-    )
-    lines = [head, "|" + "---|" * 2 + "---:|" * (8 + len(tasks))]
+    names = ["model", "runs as", "parameters", "nonzero", "MB on disk", "size ratio"]
+    names += ["ms (1 x 128)", "speed-up", "seq/s (32 x 128)", "ratio", *tasks, "distilled"]
+    lines = [
+        "| " + " | ".join(names) + " |",
+        "|" + "---|" * 2 + "---:|" * (8 + len(tasks)) + "---|",
+    ]
     for row in rows:
-        accuracies = " | ".join(f"{scores[row.name][t]:.3f}" for t in tasks)
-        lines.append(
-            f"| {row.name} | {row.runtime} | {row.params:,} | {row.nonzero:,} | "
-            f"{row.disk_bytes / 1e6:.2f} | {base.disk_bytes / row.disk_bytes:.2f}x | "
-            f"{row.latency_ms:.2f} | {base.latency_ms / row.latency_ms:.2f}x | "
-            f"{row.throughput:.1f} | {row.throughput / base.throughput:.2f}x | {accuracies} |"
-        )
+        cells = [row.name, row.runtime, f"{row.params:,}", f"{row.nonzero:,}"]
+        cells += [f"{row.disk_bytes / 1e6:.2f}", f"{base.disk_bytes / row.disk_bytes:.2f}x"]
+        cells += [f"{row.latency_ms:.2f}", f"{base.latency_ms / row.latency_ms:.2f}x"]
+        cells += [f"{row.throughput:.1f}", f"{row.throughput / base.throughput:.2f}x"]
+        cells += [f"{scores[row.name][t]:.3f}" for t in tasks] + [row.distilled]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -245,14 +300,30 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--rounds", type=int, default=10, help="timing rounds")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per timed sequence")
     parser.add_argument("--png", type=Path, default=None, help="write the figure here")
+    parser.add_argument(
+        "--engines",
+        nargs="*",
+        default=["x86", "onednn"],
+        help="torch.backends.quantized engines of the torch dynamic-int8 teacher rows",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="add torch.compile rows (minutes of compiling)"
+    )
     args = parser.parse_args(argv)
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    import tempfile
+
     rows = [load_row(args.teacher, "teacher")] + [load_row(d) for d in args.models]
     if any(row.runtime.startswith("pretrain") for row in rows):  # its own baseline beside it
         rows.insert(1, teacher_in_pretrain(args.teacher))
+    scratch = Path(tempfile.mkdtemp(prefix="compression-"))
+    supported = torch.backends.quantized.supported_engines
+    rows += [torch_int8_row(args.teacher, e, scratch) for e in args.engines if e in supported]
+    if args.compile:
+        rows += [compiled_row(r) for r in rows if r.name == "teacher" or "torchao" in r.runtime]
     vocab_size = json.loads((args.teacher / "config.json").read_text())["vocab_size"]
     time_rows(rows, vocab_size, args.rounds, args.seq_len)
     scores = {row.name: {t: accuracy(row, t, args.epochs) for t in args.tasks} for row in rows}

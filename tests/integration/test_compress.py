@@ -167,17 +167,45 @@ def test_tinybert_writes_a_student_that_loads_with_its_report(
         "method.prediction_steps=4",
         "method.task=builtin_order",
         "method.task_steps=2",
+        "method.teacher_task_steps=2",
     )
-    assert [stage["stage"] for stage in report["stages"]] == [
-        "intermediate",
-        "intermediate",
-        "prediction",
-    ]
+    assert [stage["stage"] for stage in report["stages"]] == ["intermediate", "prediction", "task"]
     assert report["layer_map"] == [2]
     assert report["stages"][0]["last_loss"] < report["stages"][0]["first_loss"]
+    assert 0 <= report["task_accuracy"] <= 1 and 0 <= report["teacher_task_accuracy"] <= 1
     hf = transformers.AutoModelForMaskedLM.from_pretrained(out, local_files_only=True)
     assert hf.config.num_hidden_layers == 1 and hf.config.hidden_size == 32
     assert json.loads((out / "compression.json").read_text()) == report
+
+
+def test_a_mobilebert_student_distils_and_loads_as_transformers_mobilebert(
+    prepared_corpus, teacher_dir, tmp_path
+):
+    from pretrain.compress.mobilebert import MobileBertWithMLM
+
+    out = tmp_path / "mobile"
+    report = compress(
+        prepared_corpus,
+        teacher_dir,
+        out,
+        "method=tinybert",
+        "student=mobilebert_demo",
+        "student.hidden_size=64",
+        "student.num_attention_heads=4",
+        "student.num_hidden_layers=1",
+        "method.intermediate_steps=8",
+        "method.prediction_steps=2",
+    )
+    assert report["student"] == "mobilebert_demo"
+    assert report["stages"][0]["last_loss"] < report["stages"][0]["first_loss"]
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out, local_files_only=True).eval()
+    assert type(hf).__name__ == "MobileBertForMaskedLM"
+    data = sample(hf.config.vocab_size)
+    config = json.loads((out / "config.json").read_text())
+    ours = MobileBertWithMLM({**config, "name": "m"}, load_vocabulary(out)).eval()
+    ours.load_state_dict(hf.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**data), hf(**data).logits, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["magnitude", "movement"])

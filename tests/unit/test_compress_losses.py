@@ -234,3 +234,30 @@ def test_bad_method_values_fail_when_composed_naming_the_key():
         OmegaConf.to_object(compose_compress(["method=prune_heads", "method.kind=random"]))
     run = OmegaConf.to_object(compose_compress(["method=int8", "out_dir=x"]))
     assert run.method.qat_steps == 0 and run.student["name"] == "tinybert_4"
+
+
+def test_task_loss_is_the_layerwise_terms_plus_the_teachers_soft_class_targets():
+    teacher, student = tiny(0, layers=2), tiny(1, hidden=8, layers=1)
+    distiller = tinybert.LayerwiseDistiller(student, teacher)
+    torch.manual_seed(2)
+    teacher_head = torch.nn.Linear(16, 3)
+    distiller.attach_task_heads(teacher_head)
+    data, temperature = batch(), 2.0
+    inputs = (data["input_ids"], data["token_type_ids"], data["attention_mask"])
+    with torch.no_grad():
+        losses = distiller.losses(data, "task", temperature)
+        intermediate = distiller.losses(data, "intermediate")["loss"]
+        z_t = teacher_head(teacher.encoder(*inputs)[:, 0]) / temperature  # (3 rows, 3 classes)
+        z_s = distiller.task_head(student.encoder(*inputs)[:, 0]) / temperature
+    targets = [[math.exp(v) / sum(math.exp(u) for u in row) for v in row] for row in z_t.tolist()]
+    log_probs = [[v - math.log(sum(math.exp(u) for u in row)) for v in row] for row in z_s.tolist()]
+    expected = -sum(
+        sum(p * q for p, q in zip(t, s, strict=True))
+        for t, s in zip(targets, log_probs, strict=True)
+    ) / len(targets)
+    assert distiller.task_head.weight.shape == (3, 8) and distiller.task_head.weight.requires_grad
+    assert not teacher_head.weight.requires_grad
+    assert float(losses["task_loss"]) == pytest.approx(expected, rel=1e-5)
+    assert float(losses["loss"]) == pytest.approx(float(intermediate) + expected, rel=1e-5)
+    with pytest.raises(ConfigError, match="attach_task_heads"):
+        tinybert.LayerwiseDistiller(tiny(1, hidden=8, layers=1), teacher).losses(data, "task")

@@ -32,9 +32,10 @@ class CompressData:
 class TinyBertMethod:
     """TinyBERT (pretrain.compress.tinybert): `intermediate_steps` then `prediction_steps`
     optimizer steps of general distillation on the pretraining stream at `lr`; with `task`
-    (a built-in `pretrain-eval` task) `task_steps` more intermediate steps on its training
-    examples (task-specific distillation, no augmentation). `temperature` softens the
-    prediction loss."""
+    (a built-in `pretrain-eval` classification or pair task) task-specific distillation:
+    the teacher fine-tuned for `teacher_task_steps` steps at `teacher_lr`, then `task_steps`
+    steps of the layer-wise losses plus the teacher's soft class distribution on its training
+    examples (no augmentation). `temperature` softens the soft targets."""
 
     _target_: str = "pretrain.compress.run.distil_tinybert"
     name: str = "tinybert"
@@ -43,11 +44,13 @@ class TinyBertMethod:
     lr: float = 1e-3
     temperature: float = 1.0
     task: str | None = None
-    task_steps: int = 0
+    task_steps: int = 100
+    teacher_task_steps: int = 100
+    teacher_lr: float = 5e-4
 
     def __post_init__(self) -> None:
-        require_positive(self, ("lr", "temperature"), "method")
-        for key in ("intermediate_steps", "prediction_steps", "task_steps"):
+        require_positive(self, ("lr", "temperature", "teacher_lr"), "method")
+        for key in ("intermediate_steps", "prediction_steps", "task_steps", "teacher_task_steps"):
             require(getattr(self, key) >= 0, f"method.{key}", getattr(self, key), "must be >= 0")
 
 

@@ -3,6 +3,7 @@
 (`pretrain-eval`'s built-in tasks and files, tokenized as `pretrain-eval` does)."""
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor
@@ -67,36 +68,51 @@ class PretrainingBatches:
             yield {key: batch[key] for key in STREAM_FIELDS if key in batch}
 
 
+@dataclass
+class TaskBatches:
+    """A built-in task's training and dev examples in batches (input_ids, token_type_ids,
+    attention_mask, labels: class indices) and its number of classes."""
+
+    train: list[dict[str, Tensor]]
+    dev: list[dict[str, Tensor]]
+    classes: int
+
+
 def task_batches(
     task_name: str,
     tokenizer_dir: str | Path,
     max_seq_length: int,
     batch_size: int,
     train_size: int = 400,
+    dev_size: int = 200,
     seed: int = 0,
-) -> list[dict[str, Tensor]]:
-    """The training examples of the built-in `pretrain-eval` task `task_name`, tokenized with
-    the fast tokenizer of `tokenizer_dir` (an export directory) to `max_seq_length` tokens, in
-    batches of `batch_size` (input_ids, token_type_ids, attention_mask): the data of
-    task-specific distillation (the intermediate layers, without labels)."""
+) -> TaskBatches:
+    """The examples of the built-in `pretrain-eval` classification or pair task `task_name`,
+    tokenized with the fast tokenizer of `tokenizer_dir` (an export directory) to
+    `max_seq_length` tokens as `pretrain-eval` does, in batches of `batch_size`: the data of
+    task-specific distillation."""
     from transformers import AutoTokenizer
 
     from pretrain.eval.builtin_tasks import builtin_task
     from pretrain.eval.features import text_features
 
     try:
-        task = builtin_task(task_name, train_size, 1, seed)
+        task = builtin_task(task_name, train_size, dev_size, seed)
     except ValueError as error:
         raise ConfigError(f"method.task = {task_name!r}: {error}") from None
-    if task.kind not in ("classification", "pair", "regression"):
+    if task.kind not in ("classification", "pair"):
         raise ConfigError(
-            f"method.task = {task_name!r}: a {task.kind} task; task distillation reads text, "
-            "pair or regression tasks"
+            f"method.task = {task_name!r}: a {task.kind} task; task distillation's soft targets "
+            "are class distributions, so it reads classification or pair tasks"
         )
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    rows = text_features(tokenizer, task.train, max_seq_length, task.kind == "regression")
-    keys = ("input_ids", "token_type_ids", "attention_mask")
-    return [
-        {key: rows.tensors[key][start : start + batch_size] for key in keys if key in rows.tensors}
-        for start in range(0, len(rows), batch_size)
-    ]
+    keys = ("input_ids", "token_type_ids", "attention_mask", "labels")
+
+    def batches(examples) -> list[dict[str, Tensor]]:
+        rows = text_features(tokenizer, examples, max_seq_length)
+        return [
+            {k: rows.tensors[k][start : start + batch_size] for k in keys if k in rows.tensors}
+            for start in range(0, len(rows), batch_size)
+        ]
+
+    return TaskBatches(batches(task.train), batches(task.dev), len(task.labels))

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from pretrain.compress.trace import EncoderTrace, trace_encoder
 from pretrain.data.vocab import Vocabulary, load_vocabulary
 from pretrain.errors import ConfigError
 from pretrain.models.bert import BertEncoder, BertLayer
@@ -44,6 +45,30 @@ class EncoderWithMLM(nn.Module):
     ) -> Tensor:
         """(batch, seq) ids, types and mask (1 = real) -> (batch, seq, vocab) MLM logits."""
         return self.mlm_head(self.encoder(input_ids, token_type_ids, attention_mask))
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        return self.encoder.word_embeddings
+
+    def trace(
+        self, input_ids: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None
+    ) -> EncoderTrace:
+        """The layer-wise trace of the encoder (pretrain.compress.trace.trace_encoder)."""
+        return trace_encoder(self.encoder, input_ids, token_type_ids, attention_mask)
+
+    def mlm_logits(self, hidden: Tensor) -> Tensor:
+        """(..., hidden) last-layer states -> (..., vocab) MLM logits."""
+        return self.mlm_head(hidden)
+
+
+def build_student(model_cfg: dict[str, Any], vocab: Vocabulary) -> nn.Module:
+    """The student of `model_cfg` (conf/compress/student/): a MobileBertWithMLM when its
+    `_target_` names that class, else an EncoderWithMLM of the `model` group's encoder."""
+    if str(model_cfg.get("_target_", "")).endswith(".MobileBertWithMLM"):
+        from pretrain.compress.mobilebert import MobileBertWithMLM
+
+        return MobileBertWithMLM(model_cfg, vocab)
+    return EncoderWithMLM(model_cfg, vocab)
 
 
 @dataclass
@@ -146,7 +171,7 @@ def checkpoint_dict(model: EncoderWithMLM, tokenizer_dir: Path, vocab: Vocabular
 
 
 def write_hf_directory(
-    model: EncoderWithMLM,
+    model: nn.Module,
     tokenizer_dir: Path,
     vocab: Vocabulary,
     out_dir: str | Path,
@@ -154,13 +179,18 @@ def write_hf_directory(
 ) -> Path:
     """Write `model` as a Hugging Face directory (config.json with `extra_config` merged in,
     model.safetensors, the tokenizer files) at `out_dir`, replacing it; returns it. Loads with
-    `transformers.AutoModelForMaskedLM.from_pretrained`."""
+    `transformers.AutoModelForMaskedLM.from_pretrained`. `model` is an EncoderWithMLM or a
+    MobileBertWithMLM (written as transformers' MobileBertForMaskedLM)."""
     import shutil
 
     from pretrain.export.hf import family_module, write_hf_model
 
-    checkpoint = checkpoint_dict(model, tokenizer_dir, vocab)
-    hf_model = family_module(model.model_cfg).to_hf(checkpoint["state_dict"], checkpoint["config"])
+    if hasattr(model, "to_hf"):
+        hf_model = model.to_hf()
+    else:
+        checkpoint = checkpoint_dict(model, tokenizer_dir, vocab)
+        family = family_module(model.model_cfg)
+        hf_model = family.to_hf(checkpoint["state_dict"], checkpoint["config"])
     hf_model.config.update(extra_config or {})
     out = Path(out_dir)
     if out.exists():

@@ -45,14 +45,15 @@ def mlm_loss(
 
 
 @torch.no_grad()
-def mlm_accuracy(model: EncoderWithMLM, batches: Iterable[dict[str, Tensor]]) -> float:
-    """Fraction of labelled positions whose argmax prediction is the label, over `batches`."""
+def mlm_accuracy(model: nn.Module, batches: Iterable[dict[str, Tensor]]) -> float:
+    """Fraction of labelled positions whose argmax prediction is the label, over `batches`
+    (`model`: ids, types, mask -> MLM logits, an EncoderWithMLM or a MobileBertWithMLM)."""
     model.eval()
     right = total = 0
     for batch in batches:
         inputs = (batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))
         where = batch["labels"] != -100
-        predicted = model.mlm_head(model.encoder(*inputs)[where]).argmax(-1)
+        predicted = model(*inputs)[where].argmax(-1)
         right += int((predicted == batch["labels"][where]).sum())
         total += int(where.sum())
     return right / max(total, 1)

@@ -13,8 +13,8 @@ import torch
 from pretrain.compress.config import CompressConfig
 from pretrain.compress.data import PretrainingBatches, task_batches
 from pretrain.compress.encoders import (
-    EncoderWithMLM,
     LoadedModel,
+    build_student,
     load_model,
     require_same_tokenizer,
     write_hf_directory,
@@ -52,7 +52,7 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
 
 def distil_tinybert(run: CompressConfig) -> dict[str, Any]:
     """TinyBERT general distillation (intermediate, then prediction layer) on the stream,
-    then optional task-specific intermediate distillation; writes the student."""
+    then, with `method.task`, task-specific distillation; writes the student."""
     from pretrain.compress.prune import mlm_accuracy
     from pretrain.compress.tinybert import LayerwiseDistiller, distil, initialise_from_teacher
 
@@ -71,18 +71,12 @@ def distil_tinybert(run: CompressConfig) -> dict[str, Any]:
     torch.manual_seed(run.data.seed)
     # positions and token types as the teacher's: those are what the teacher can teach
     shared = {key: teacher.model_cfg[key] for key in SHARED_SIZES if key in teacher.model_cfg}
-    student = EncoderWithMLM({**run.student, **shared}, teacher.vocab)
-    distiller = LayerwiseDistiller(student, teacher.model)
+    student = build_student({**run.student, **shared}, teacher.vocab)
+    distiller = LayerwiseDistiller(student, teacher.model)  # refuses a student it cannot map
+    evaluation = held_out(run, teacher)
+    teacher_mlm_accuracy = mlm_accuracy(teacher.model, evaluation)  # before any fine-tuning
     initialise_from_teacher(student, teacher.model, distiller.layers)
     logs = [distil(distiller, batches, "intermediate", method.intermediate_steps, method.lr)]
-    if method.task and method.task_steps:
-        task_data = task_batches(
-            method.task,
-            run.teacher if Path(run.teacher).is_dir() else teacher.tokenizer_dir,
-            run.data.max_seq_length,
-            run.data.batch_size,
-        )
-        logs.append(distil(distiller, task_data, "intermediate", method.task_steps, method.lr))
     if method.prediction_steps:
         logs.append(
             distil(
@@ -94,8 +88,8 @@ def distil_tinybert(run: CompressConfig) -> dict[str, Any]:
                 method.temperature,
             )
         )
+    task_report = distil_on_task(run, teacher, distiller, logs) if method.task else {}
     out = write_hf_directory(student, teacher.tokenizer_dir, teacher.vocab, run.out_dir)
-    evaluation = held_out(run, teacher)
     return write_report(
         out,
         {
@@ -104,10 +98,41 @@ def distil_tinybert(run: CompressConfig) -> dict[str, Any]:
             "student": run.student.get("name"),
             "layer_map": distiller.layers,
             "stages": [log.__dict__ for log in logs],
-            "teacher_mlm_accuracy": mlm_accuracy(teacher.model, evaluation),
+            "teacher_mlm_accuracy": teacher_mlm_accuracy,
             "mlm_accuracy": mlm_accuracy(student, evaluation),
+            **task_report,
         },
     )
+
+
+def distil_on_task(run: CompressConfig, teacher: LoadedModel, distiller, logs: list) -> dict:
+    """Task-specific distillation on `run.method.task`: fine-tune the teacher, then
+    `method.task_steps` steps of stage `task` (appended to `logs`); returns the report's
+    task figures (dev accuracies of the fine-tuned teacher and the distilled student)."""
+    from pretrain.compress.task_distil import finetune_teacher, task_accuracy
+    from pretrain.compress.tinybert import distil
+
+    method = run.method
+    task = task_batches(
+        method.task,
+        run.teacher if Path(run.teacher).is_dir() else teacher.tokenizer_dir,
+        run.data.max_seq_length,
+        run.data.batch_size,
+        seed=run.data.seed,
+    )
+    tuned = finetune_teacher(
+        teacher.model, task.train, task.classes, method.teacher_task_steps, method.teacher_lr
+    )
+    distiller.attach_task_heads(tuned.head)
+    logs.append(
+        distil(distiller, task.train, "task", method.task_steps, method.lr, method.temperature)
+    )
+    return {
+        "task": method.task,
+        "teacher_finetuning_loss": [tuned.first_loss, tuned.last_loss],
+        "teacher_task_accuracy": task_accuracy(teacher.model, tuned.head, task.dev),
+        "task_accuracy": task_accuracy(distiller.student, distiller.task_head, task.dev),
+    }
 
 
 def hf_directory(source: str, scratch: Path) -> Path:

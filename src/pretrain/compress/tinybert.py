@@ -11,7 +11,13 @@ layer m (1-based) copies teacher layer g(m), the embedding output (m = 0) the te
     prediction loss  soft cross-entropy -sum softmax(z_T/T) log softmax(z_S/T)  per position
 
 Stage `intermediate` trains on the first three, stage `prediction` on the last (the paper's
-two steps). The projections exist only for distillation and are not exported.
+two steps). Stage `task` (task-specific distillation, after `attach_task_heads`) trains on the
+first three plus the soft cross-entropy of the student's task logits (a Linear on its [CLS]
+state) against the fine-tuned teacher's at temperature T:
+
+    task loss        embedding + hidden + attention + CE_T(head_S(H_S[CLS]), head_T(H_T[CLS]))
+
+The projections and the student's task head exist only for distillation and are not exported.
 """
 
 from collections.abc import Iterable, Iterator
@@ -22,10 +28,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from pretrain.compress.encoders import EncoderWithMLM
-from pretrain.compress.trace import EncoderTrace, real_tokens, trace_encoder
+from pretrain.compress.trace import EncoderTrace, real_tokens
 from pretrain.errors import ConfigError
 
-STAGES = ("intermediate", "prediction")
+STAGES = ("intermediate", "prediction", "task")
 
 
 def layer_map(student_layers: int, teacher_layers: int) -> list[int]:
@@ -66,9 +72,10 @@ def soft_cross_entropy(
     return -(targets * log_probs).sum(dim=-1).mean()
 
 
-def check_pair(student: EncoderWithMLM, teacher: EncoderWithMLM) -> list[int]:
-    """Refuse a student that TinyBERT cannot map onto the teacher (deeper, wider, another
-    number of heads) with one line naming the key; returns the layer map."""
+def check_pair(student: nn.Module, teacher: EncoderWithMLM) -> list[int]:
+    """Refuse a student (an EncoderWithMLM or a MobileBertWithMLM, whose `hidden_size` is its
+    body's) that TinyBERT cannot map onto the teacher (deeper, wider, another number of heads,
+    another vocabulary) with one line naming the key; returns the layer map."""
     s_cfg, t_cfg = student.model_cfg, teacher.model_cfg
     if s_cfg["hidden_size"] > t_cfg["hidden_size"]:
         raise ConfigError(
@@ -81,10 +88,7 @@ def check_pair(student: EncoderWithMLM, teacher: EncoderWithMLM) -> list[int]:
             f"student.num_attention_heads = {s_cfg['num_attention_heads']}: the attention loss "
             f"compares head by head, so it must equal the teacher's {t_cfg['num_attention_heads']}"
         )
-    if student.encoder.word_embeddings.weight.shape != (
-        teacher.encoder.word_embeddings.weight.shape[0],
-        s_cfg["hidden_size"],
-    ):
+    if student.word_embeddings.num_embeddings != teacher.word_embeddings.num_embeddings:
         raise ConfigError("student: its vocabulary must be the teacher's (the same tokenizer)")
     return layer_map(s_cfg["num_hidden_layers"], t_cfg["num_hidden_layers"])
 
@@ -93,7 +97,7 @@ class LayerwiseDistiller(nn.Module):
     """The student and the projections W_e, W_h (student width -> teacher width) being trained;
     the teacher is held outside the module tree (frozen, neither trained nor saved)."""
 
-    def __init__(self, student: EncoderWithMLM, teacher: EncoderWithMLM) -> None:
+    def __init__(self, student: nn.Module, teacher: EncoderWithMLM) -> None:
         super().__init__()
         self.layers = check_pair(student, teacher)
         self.student = student
@@ -103,26 +107,43 @@ class LayerwiseDistiller(nn.Module):
         self.projections = nn.ModuleList(
             nn.Linear(width, teacher_width) for _ in range(len(self.layers) + 1)
         )  # [0]: embeddings, [m]: student layer m
+        self.task_head: nn.Linear | None = None
+
+    def attach_task_heads(self, teacher_head: nn.Linear) -> None:
+        """Give stage `task` the fine-tuned teacher's classifier (frozen, held outside the
+        module tree) and a new trainable student classifier of as many classes."""
+        object.__setattr__(self, "teacher_head", teacher_head.requires_grad_(False))
+        self.task_head = nn.Linear(self.student.model_cfg["hidden_size"], teacher_head.out_features)
 
     def losses(
         self, batch: dict[str, Tensor], stage: str, temperature: float = 1.0
     ) -> dict[str, Tensor]:
         """The stage's loss terms on a batch (input_ids, token_type_ids, attention_mask;
         `labels` (-100 = not predicted) selects the prediction loss's positions when present)
-        and their sum, `loss`."""
+        and their sum, `loss`. Stage `task` reads the [CLS] (first) position's states."""
         inputs = (batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))
         real = real_tokens(inputs[2], inputs[0])
         with torch.no_grad():
-            teacher = trace_encoder(self.teacher.encoder, *inputs)
-        student = trace_encoder(self.student.encoder, *inputs)
+            teacher = self.teacher.trace(*inputs)
+        student = self.student.trace(*inputs)
         if stage == "intermediate":
             return self.intermediate_losses(student, teacher, real)
+        if stage == "task":
+            if self.task_head is None:
+                raise ConfigError("method.task: stage task needs attach_task_heads first")
+            out = self.intermediate_losses(student, teacher, real)
+            with torch.no_grad():
+                teacher_logits = self.teacher_head(teacher.hidden[-1][:, 0])
+            student_logits = self.task_head(student.hidden[-1][:, 0])  # (batch, classes)
+            out["task_loss"] = soft_cross_entropy(student_logits, teacher_logits, temperature)
+            out["loss"] = out["loss"] + out["task_loss"]
+            return out
         if stage != "prediction":
             raise ConfigError(f"method.stage = {stage!r}: one of {', '.join(STAGES)}")
         where = batch["labels"] != -100 if "labels" in batch else real
         with torch.no_grad():
-            teacher_logits = self.teacher.mlm_head(teacher.hidden[-1][where])
-        student_logits = self.student.mlm_head(student.hidden[-1][where])  # (n, vocab)
+            teacher_logits = self.teacher.mlm_logits(teacher.hidden[-1][where])
+        student_logits = self.student.mlm_logits(student.hidden[-1][where])  # (n, vocab)
         loss = soft_cross_entropy(student_logits, teacher_logits, temperature)
         return {"prediction_loss": loss, "loss": loss}
 
@@ -199,14 +220,14 @@ def cycled(batches: Iterable[dict[str, Tensor]]) -> Iterator[dict[str, Tensor]]:
             raise ConfigError("the distillation data gave no batch; check data.shards_dir")
 
 
-def initialise_from_teacher(
-    student: EncoderWithMLM, teacher: EncoderWithMLM, layers: list[int]
-) -> None:
+def initialise_from_teacher(student: nn.Module, teacher: EncoderWithMLM, layers: list[int]) -> None:
     """Start a student of the teacher's widths (hidden and feed-forward) from the teacher:
     embeddings, MLM head and the mapped layers (student layer m <- teacher layer g(m)); a
-    narrower one keeps its random initialisation (TinyBERT's)."""
+    narrower one, or a MobileBERT, keeps its random initialisation (TinyBERT's)."""
     widths = ("hidden_size", "intermediate_size")
-    if any(student.model_cfg[key] != teacher.model_cfg[key] for key in widths):
+    if not isinstance(student, EncoderWithMLM) or any(
+        student.model_cfg[key] != teacher.model_cfg[key] for key in widths
+    ):
         return
     with torch.no_grad():
         student.encoder.embeddings.load_state_dict(teacher.encoder.embeddings.state_dict())
