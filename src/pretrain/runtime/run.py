@@ -50,6 +50,7 @@ from pretrain.runtime.batching import warmup_steps
 from pretrain.runtime.run_state import write_run_state
 from pretrain.runtime.schedule import check_extension
 from pretrain.runtime.task import NonFiniteError, PretrainingTask
+from pretrain.runtime.threads import set_training_threads
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
 from pretrain.storage import keep_copy, local_path
@@ -97,6 +98,8 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objecti
 def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, PretrainingDataModule]:
     """`build_stream`, then the task around the objective (seeded) and the data module."""
     run, spec, objective_class = build_stream(cfg)
+    threads = set_training_threads(run.trainer.num_threads, run.trainer.devices)
+    print(f"torch threads per process: {threads} (trainer.num_threads)", flush=True)
     L.seed_everything(run.seed, workers=False, verbose=False)
     module = PretrainingTask(objective_class(run, spec.vocab))
     datamodule = PretrainingDataModule(
