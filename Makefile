@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-DEMO_RUN := runs/demo/bert_tiny-mlm_nsp-segment_pair
+DEMO_RUN := runs/demo/bert_tiny-mlm-full_sentences
 DEMO_EXPORT := exports/demo-bert
 
 comma := ,
@@ -13,6 +13,13 @@ comma := ,
 PREEMPTED := 75
 not_finished = { status=$$?; [ $$status -ne $(PREEMPTED) ] || echo "preempted (exit $(PREEMPTED)): \
 saved a checkpoint, not finished; to resume: $(1)" >&2; exit $$status; }
+# Threads of the demos' training and evaluation processes (torch and OpenMP, exported as
+# OMP_NUM_THREADS; trainer.num_threads follows it). One by default: on a 2-core machine others
+# were using (load 12-16) the demo ran 0.56 steps/s with 1 thread and 0.10 with 2, every
+# operator waiting on a descheduled thread. On an idle machine `make demo DEMO_THREADS=$(nproc)`
+# uses every core this make may use (README "The demo's budget and threads").
+DEMO_THREADS ?= 1
+DEMO_ENV := OMP_NUM_THREADS=$(DEMO_THREADS)
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
 .PHONY: setup demo demo-ddp demo-chinese demo-families demo-sweep demo-compress test test-unit golden conf-tables lint clean
@@ -30,15 +37,16 @@ data/builtin/manifest.json: | $(STAMP)
 
 demo: $(STAMP) data/builtin/manifest.json
 	rm -rf $(DEMO_RUN)
-	$(VENV)/bin/pretrain experiment=demo || $(call not_finished,$(VENV)/bin/pretrain experiment=demo)
+	$(DEMO_ENV) $(VENV)/bin/pretrain experiment=demo || $(call not_finished,$(VENV)/bin/pretrain experiment=demo)
 	$(VENV)/bin/pretrain-export $(DEMO_RUN)/checkpoints/last.ckpt $(DEMO_EXPORT) --overwrite
 	$(PY) -m pretrain.export.check $(DEMO_EXPORT)
 
 # The demo on 2 CPU ranks (DDP, gloo), long enough to cross epoch ends: every rank ends each
-# epoch at the same step, and the tail the ranks did not share equally is printed.
+# epoch at the same step, and the tail the ranks did not share equally is printed. Each rank
+# takes its share of the cores (trainer.num_threads: null, OMP_NUM_THREADS not exported).
 demo-ddp: $(STAMP) data/builtin/manifest.json
 	rm -rf runs/demo-ddp
-	$(VENV)/bin/pretrain experiment=demo strategy=ddp trainer.devices=2 data.num_workers=0 \
+	env -u OMP_NUM_THREADS $(VENV)/bin/pretrain experiment=demo strategy=ddp trainer.devices=2 data.num_workers=0 \
 		trainer.max_steps=250 run_dir=runs/demo-ddp logger=csv
 
 data/chinese/manifest.json: | $(STAMP)
@@ -63,7 +71,7 @@ demo-families: $(STAMP) data/builtin/manifest.json data/builtin-bpe/manifest.jso
 	test -f $(DEMO_RUN)/checkpoints/last.ckpt || $(MAKE) demo
 	set -e; log=$$(mktemp); for name in $(FAMILY_DEMOS); do \
 		echo "== $$name"; \
-		$(VENV)/bin/pretrain experiment=$$name trainer.max_steps=$(FAMILY_STEPS) resume=never logger=csv \
+		$(DEMO_ENV) $(VENV)/bin/pretrain experiment=$$name trainer.max_steps=$(FAMILY_STEPS) resume=never logger=csv \
 			trainer.enable_progress_bar=false >$$log 2>&1 && status=0 || status=$$?; \
 		grep -E "loss:|Run directory|rror|preempted" $$log || true; \
 		[ $$status -eq 0 ] || (exit $$status) || $(call not_finished,$(VENV)/bin/pretrain experiment=$$name trainer.max_steps=$(FAMILY_STEPS) logger=csv); \
@@ -76,7 +84,7 @@ demo-families: $(STAMP) data/builtin/manifest.json data/builtin-bpe/manifest.jso
 SWEEP_DIR := runs/roberta_batch_size_tiny
 demo-sweep: $(STAMP) data/builtin/manifest.json
 	rm -rf $(SWEEP_DIR)
-	$(VENV)/bin/pretrain -m +sweep=roberta_batch_size_tiny trainer.enable_progress_bar=false \
+	$(DEMO_ENV) $(VENV)/bin/pretrain -m +sweep=roberta_batch_size_tiny trainer.enable_progress_bar=false \
 		|| $(call not_finished,$(VENV)/bin/pretrain -m +sweep=roberta_batch_size_tiny)
 	$(VENV)/bin/pretrain-compare $(SWEEP_DIR) --out $(SWEEP_DIR)/report
 
@@ -84,13 +92,14 @@ demo-sweep: $(STAMP) data/builtin/manifest.json
 demo-chinese: $(STAMP) data/chinese/manifest.json
 	$(VENV)/bin/pretrain-data preview experiment=demo_chinese n=3
 	rm -rf runs/demo_chinese
-	$(VENV)/bin/pretrain experiment=demo_chinese logger=csv
+	$(DEMO_ENV) $(VENV)/bin/pretrain experiment=demo_chinese logger=csv
 
-# Fine-tune the `make demo` model and a same-size random encoder on built-in tasks (the same
-# recipe for both) and print their dev scores side by side (pretrain.eval.demo).
+# Fine-tune and probe the `make demo` model and a same-size random encoder on built-in tasks
+# (the same recipe for both), 3 seeds each, and print mean +- std side by side
+# (pretrain.eval.demo). A few minutes on 2 idle CPU cores.
 demo-eval: $(STAMP)
 	test -f $(DEMO_EXPORT)/config.json || $(MAKE) demo
-	$(PY) -m pretrain.eval.demo encoder.path=$(DEMO_EXPORT) out_dir=$(DEMO_RUN)
+	$(DEMO_ENV) $(PY) -m pretrain.eval.demo encoder.path=$(DEMO_EXPORT) out_dir=$(DEMO_RUN)
 
 # Compress the `make demo` model every way (conf/compress/method/): TinyBERT distillation into a
 # 1-layer, 64-wide student (general, then also task-specific on builtin_order) and into a 2-layer

@@ -404,6 +404,9 @@ class TrainerConfig:
     checkpoint_every_n_steps: int = 500
     keep_checkpoints: int = 2
     enable_progress_bar: bool = True
+    # torch's CPU threads per training process; null: OMP_NUM_THREADS when exported, else
+    # the cores this process may use split between the node's ranks (pretrain.runtime.threads)
+    num_threads: int | None = None
     # GPU speed switches (conf/trainer/gpu.yaml turns them on; no effect on a CPU run):
     # TF32 tensor-core matmuls and convolutions for fp32 work (torch.backends.cuda/cudnn);
     tf32: bool = False
@@ -487,6 +490,12 @@ class TrainerConfig:
             f"must be one of {', '.join(PRECISIONS)}",
         )
         require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
+        require(
+            self.num_threads is None or self.num_threads >= 1,
+            "trainer.num_threads",
+            self.num_threads,
+            "must be at least 1 (threads per process), or null (the cores available)",
+        )
         require(
             self.collective_timeout_s > 0,
             "trainer.collective_timeout_s",

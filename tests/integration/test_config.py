@@ -34,7 +34,7 @@ def test_every_data_format_composes(data):
 
 def test_run_dir_is_named_from_the_config_not_a_timestamp():
     cfg = compose_config(["experiment=demo"])
-    assert cfg.run_dir == "runs/demo/bert_tiny-mlm_nsp-segment_pair"
+    assert cfg.run_dir == "runs/demo/bert_tiny-mlm-full_sentences"
 
 
 @pytest.mark.parametrize(
@@ -51,6 +51,7 @@ def test_run_dir_is_named_from_the_config_not_a_timestamp():
         ("data.format=paragraphs", "data.format"),
         ("model.num_attention_heads=3", "model.hidden_size"),
         ("trainer.precision=8-bit", "trainer.precision"),
+        ("trainer.num_threads=0", "trainer.num_threads"),
         ("optim.optimizer.lr=-1", "optim.optimizer.lr"),
         ("data=full_sentences", "objective.pair_task"),
     ],

@@ -110,18 +110,3 @@ def test_sweep_over_two_runs_is_one_table_in_wandb_and_compare(
     column = header.index("eval/builtin_order/accuracy")
     assert header.index("train/loss") < column < header.index("optim.lr")
     assert [line[column] for line in lines] == [f"{r['metrics']['accuracy']:.4g}" for r in results]
-
-
-def test_demo_reads_tasks_and_overrides_in_either_order():
-    from pretrain.eval.demo import DEMO_TASKS, parse_arguments
-
-    expected = (["builtin_next", "builtin_qa"], ["eval.epochs=1", "out_dir=x"])
-    assert (
-        parse_arguments(["--tasks", "builtin_next", "builtin_qa", "eval.epochs=1", "out_dir=x"])
-        == expected
-    )
-    assert (
-        parse_arguments(["eval.epochs=1", "out_dir=x", "--tasks", "builtin_next", "builtin_qa"])
-        == expected
-    )
-    assert parse_arguments(["eval.epochs=1"]) == (list(DEMO_TASKS), ["eval.epochs=1"])

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.eval.demo import compare, table
+from pretrain.eval.demo import RECIPES, compare, table
 from pretrain.paths import REPO_ROOT
 
 pytest.importorskip("transformers")
 DEMO_EXPORT = REPO_ROOT / "exports" / "demo-bert"
-# 200 training and 100 dev examples, 3 epochs: about 20 s of CPU per encoder.
+# 200 training and 100 dev examples, 3 epochs: about 20 s of CPU per encoder fine-tuned.
 SMALL = ["eval.task.train_size=200", "eval.task.dev_size=100", "eval.epochs=3"]
 
 
@@ -27,17 +27,28 @@ def demo_export(tiny_encoder_checkpoint: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_demo_model_and_random_encoder_side_by_side(demo_export, tmp_path):
+@pytest.mark.parametrize("mode", ["finetune", "probe"])
+def test_demo_model_and_random_encoder_side_by_side(demo_export, tmp_path, mode):
     results = compare(
-        "builtin_order", [f"encoder.path={demo_export}", f"out_dir={tmp_path}", *SMALL]
+        "builtin_order",
+        [f"encoder.path={demo_export}", f"out_dir={tmp_path}", *SMALL],
+        mode=mode,
+        seed=1,
     )
     assert set(results) == {"pretrained", "random"}
     for init, result in results.items():
-        written = json.loads((tmp_path / "eval" / f"builtin_order-{init}.json").read_text())
+        written = json.loads(
+            (tmp_path / "eval" / f"builtin_order-{mode}-{init}-seed1.json").read_text()
+        )
         assert written == result and written["init"] == init
         assert len(written["predictions"]) == 100
+        # the same recipe for both inits: the mode's, the seed given
+        assert written["settings"]["mode"] == RECIPES[mode][0].split("=")[1]
+        assert written["settings"]["pooling"] == "mean" and written["settings"]["seed"] == 1
     # the two encoders are different models: their dev predictions differ
     assert results["pretrained"]["predictions"] != results["random"]["predictions"]
-    scores = [results[i]["metrics"]["accuracy"] for i in ("pretrained", "random")]
-    printed = table([("builtin_order", "accuracy", *scores)])
-    assert printed.splitlines()[2].startswith(f"| builtin_order | accuracy | {scores[0]:.3f} |")
+    scores = [[results[i]["metrics"]["accuracy"]] for i in ("pretrained", "random")]
+    printed = table([("builtin_order", "accuracy", mode, *scores)])
+    assert printed.splitlines()[2].startswith(
+        f"| builtin_order | accuracy | {mode} | {scores[0][0]:.3f} ± 0.000 |"
+    )

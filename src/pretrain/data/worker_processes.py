@@ -99,7 +99,11 @@ MAIN_GONE_EXIT_STATUS = 128 + signal.SIGKILL  # a worker whose main process died
 def init_data_worker(worker_id: int) -> None:
     """DataLoader `worker_init_fn`: the job's signals ignored (`ignore_in_data_worker`: the
     main process decides), and the worker ends as soon as the main process has gone
-    (`exit_with_main_process`)."""
+    (`exit_with_main_process`). One torch thread per worker (torch's own default there, made
+    explicit): the training process's threads keep the cores."""
+    import torch
+
+    torch.set_num_threads(1)
     ignore_in_data_worker(worker_id)
     exit_with_main_process()
 

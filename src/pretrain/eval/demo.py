@@ -1,87 +1,156 @@
 """`make demo-eval`: the `make demo` model against a randomly initialised encoder of the same
-size, each fine-tuned on built-in tasks with the same recipe, scores side by side.
+size on built-in tasks, fine-tuned and as a frozen probe, each over several seeds with the
+same recipe for both, as mean +- standard deviation side by side.
 
-    python -m pretrain.eval.demo [--tasks builtin_next builtin_order ...] [hydra overrides ...]
+    python -m pretrain.eval.demo [--tasks builtin_order ...] [--modes finetune probe]
+                                 [--seeds 0 1 2] [hydra overrides ...]
 
-Overrides apply to every run (e.g. `encoder.path=exports/demo-bert eval.epochs=5`). Results
-are written as `eval/<task>-<init>.json` under the encoder's run directory (`out_dir=` to
-change it)."""
+Overrides apply to every run, after the recipe (e.g. `encoder.path=exports/demo-bert
+eval.epochs=5`). Results are written as `eval/<task>-<mode>-<init>-seed<seed>.json` under the
+encoder's run directory (`out_dir=` to change it)."""
 
 import argparse
+import statistics
 
 from omegaconf import OmegaConf
 
 from pretrain.config import compose_config
 from pretrain.eval.config import register_eval_schema
 
-DEMO_TASKS = (
-    "builtin_corrupted",
-    "builtin_order",
-    "builtin_next",
-    "builtin_continuation",
-    "builtin_overlap",
-    "builtin_replaced",
-    "builtin_qa",
-    "builtin_replaced_qa",
-)
+# Tasks a short pretraining helps with (word order, words that do not fit their neighbours);
+# the others (builtin_next, builtin_overlap, builtin_qa, builtin_replaced_qa) run with --tasks.
+DEMO_TASKS = ("builtin_order", "builtin_corrupted", "builtin_continuation", "builtin_replaced")
 MAIN_METRIC = {
     "classification": "accuracy",
     "pair": "accuracy",
     "regression": "pearson",
     "qa": "f1",
-    "tagging": "f1",
+    "tagging": "accuracy",
 }
+# One recipe per mode, the same for both inits. Fine-tuning trains every weight from the mean
+# of the last layer (an MLM-only encoder never trained its [CLS]); the probe freezes the
+# encoder and fits a linear head on the mean of every layer's output, concatenated; its
+# encoder runs once per example, so it reads twice the training examples.
+RECIPES = {
+    "finetune": [
+        "eval.mode=finetune",
+        "eval.layers=last",
+        "eval.pooling=mean",
+        "eval.lr=3e-4",
+        "eval.batch_size=32",
+        "eval.epochs=3",
+        "eval.dropout=0.1",
+        "eval.task.train_size=500",
+    ],
+    "probe": [
+        "eval.mode=features",
+        "eval.layers=concat_all",
+        "eval.pooling=mean",
+        "eval.lr=3e-2",
+        "eval.batch_size=64",
+        "eval.epochs=10",
+        "eval.dropout=0.0",
+        "eval.task.train_size=1000",
+    ],
+}
+# Dev examples per task (a dev accuracy's standard error is about 0.022 with 500) and tokens
+# per example (sentences of 6 to 24 words; pairs of two)
+SIZES = ["eval.task.dev_size=500", "eval.max_seq_length=64"]
+INITS = ("pretrained", "random")
 
 
-def compare(task: str, overrides: list[str]) -> dict[str, dict]:
-    """{init: result} of fine-tuning the pretrained and a random encoder on the built-in
-    `task` with the same config (`overrides` on top of `eval=<task>`)."""
+def compare(
+    task: str, overrides: list[str], mode: str = "finetune", seed: int = 0
+) -> dict[str, dict]:
+    """{init: result} of fitting the pretrained and a random encoder on the built-in `task`
+    with the same config: `eval=<task>`, the `mode` recipe (RECIPES), SIZES, then
+    `overrides`; `seed` draws the random encoder's weights, the head and the batch order."""
     from pretrain.eval.run import evaluate
 
     register_eval_schema()
     results = {}
-    for init in ("pretrained", "random"):
+    for init in INITS:
         cfg = compose_config(
-            [f"eval={task}", *overrides, f"encoder.init={init}", f"result_name={task}-{init}"],
+            [
+                f"eval={task}",
+                *RECIPES[mode],
+                *SIZES,
+                *overrides,
+                f"encoder.init={init}",
+                f"eval.seed={seed}",
+                f"result_name={task}-{mode}-{init}-seed{seed}",
+            ],
             "evaluate",
         )
         results[init] = evaluate(OmegaConf.to_object(cfg))[0]
     return results
 
 
-def table(rows: list[tuple[str, str, float, float]]) -> str:
-    """A Markdown table: task, metric, pretrained, random, difference."""
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation) of `values`; the deviation of one value is 0."""
+    mean = statistics.fmean(values)
+    return mean, statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def table(rows: list[tuple[str, str, str, list[float], list[float]]]) -> str:
+    """A Markdown table of (task, metric, mode, pretrained scores, random scores), the scores
+    one per seed in the same seed order: mean +- std of each init, and the difference of the
+    means +- the std of the per-seed differences."""
     lines = [
-        "| task | metric | pretrained | random | difference |",
-        "|---|---|---|---|---|",
+        "| task | metric | mode | pretrained | random | difference |",
+        "|---|---|---|---|---|---|",
     ]
-    for task, metric, pretrained, random in rows:
-        lines.append(
-            f"| {task} | {metric} | {pretrained:.3f} | {random:.3f} | {pretrained - random:+.3f} |"
-        )
+    for task, metric, mode, pretrained, random in rows:
+        differences = [p - r for p, r in zip(pretrained, random, strict=True)]
+        cells = [
+            "{:.3f} ± {:.3f}".format(*mean_std(scores))
+            for scores in (pretrained, random, differences)
+        ]
+        cells[2] = "+" + cells[2] if not cells[2].startswith("-") else cells[2]
+        lines.append(f"| {task} | {metric} | {mode} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
-def parse_arguments(argv: list[str] | None = None) -> tuple[list[str], list[str]]:
-    """(tasks, Hydra overrides) of the command line, in either order: argparse would count
-    the overrides after `--tasks a b` among the tasks."""
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """tasks, modes, seeds and Hydra overrides of the command line, in any order: argparse
+    would count the overrides after `--tasks a b` among the tasks."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(DEMO_TASKS))
+    parser.add_argument("--modes", nargs="+", default=list(RECIPES), help=" | ".join(RECIPES))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    tasks = [task for task in args.tasks if "=" not in task]
-    return tasks, [task for task in args.tasks if "=" in task] + args.overrides
+    overrides = args.overrides
+    for name in ("tasks", "modes"):  # overrides that followed a list option
+        values = getattr(args, name)
+        overrides = [v for v in values if "=" in v] + overrides
+        setattr(args, name, [v for v in values if "=" not in v])
+    args.overrides = overrides
+    unknown = sorted(set(args.modes) - set(RECIPES))
+    if unknown:
+        parser.error(f"--modes {' '.join(unknown)}: each must be one of {', '.join(RECIPES)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
-    tasks, overrides = parse_arguments(argv)
+    args = parse_arguments(argv)
     rows = []
-    for task in tasks:
-        results = compare(task, overrides)
-        metric = MAIN_METRIC[results["pretrained"]["kind"]]
-        scores = [results[init]["metrics"][metric] for init in ("pretrained", "random")]
-        rows.append((task, metric, *scores))
-        print(f"{task}: pretrained {scores[0]:.3f}, random {scores[1]:.3f} ({metric})", flush=True)
+    for task in args.tasks:
+        for mode in args.modes:
+            scores: dict[str, list[float]] = {init: [] for init in INITS}
+            for seed in args.seeds:
+                results = compare(task, args.overrides, mode, seed)
+                metrics = results["pretrained"]["metrics"]
+                metric = MAIN_METRIC[results["pretrained"]["kind"]]
+                metric = metric if metric in metrics else next(iter(metrics))
+                for init in INITS:
+                    scores[init].append(results[init]["metrics"][metric])
+                print(
+                    f"{task} {mode} seed {seed}: pretrained {scores['pretrained'][-1]:.3f}, "
+                    f"random {scores['random'][-1]:.3f} ({metric})",
+                    flush=True,
+                )
+            rows.append((task, metric, mode, scores["pretrained"], scores["random"]))
     print(table(rows))
 
 

@@ -52,6 +52,7 @@ from pretrain.runtime.nonfinite import NonFiniteError
 from pretrain.runtime.run_state import write_run_state
 from pretrain.runtime.schedule import check_extension
 from pretrain.runtime.task import PretrainingTask
+from pretrain.runtime.threads import set_training_threads
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
 from pretrain.storage import keep_copy, local_path
@@ -99,6 +100,8 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objecti
 def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, PretrainingDataModule]:
     """`build_stream`, then the task around the objective (seeded) and the data module."""
     run, spec, objective_class = build_stream(cfg)
+    threads = set_training_threads(run.trainer.num_threads, run.trainer.devices)
+    print(f"torch threads per process: {threads} (trainer.num_threads)", flush=True)
     L.seed_everything(run.seed, workers=False, verbose=False)
     module = PretrainingTask(objective_class(run, spec.vocab))
     # What the corpus holds, wherever it lies: a relaunch may move it (checkpoint.relaunch).
