@@ -126,19 +126,23 @@ demo-compress: $(STAMP) data/builtin/manifest.json
 
 # One torch thread per process: the tests run tiny models, often several processes at once
 # (data-loader workers, DDP ranks, SLURM tasks), and threads fighting over the cores cost 10x.
-# Three lanes at once, each with its own log: tests/multiprocess (multi-rank runs and SLURM
-# jobs, one after another: they share the local cluster's nodes, and wait on SLURM's signals
-# and time limits, a core left idle meanwhile) and the long single-process cases (SLOW_SINGLE:
-# the evaluation margins' pretraining and probes, every family compiled, XLNet's runs and
-# memory resumes, the stream with data-loader workers, preparation with process pools) in the
-# background; in the foreground the unit layer (in one process, about a minute), the rest of
-# tests/integration, then the multi-rank tests that use no SLURM (FOREGROUND_MULTIPROCESS: 2-rank
-# restarts, slowed most by running beside the other lanes' processes). The background lanes'
-# output follows, and the target fails if any lane fails.
-FOREGROUND_MULTIPROCESS = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py
-SLOW_SINGLE = tests/integration/test_eval_margin.py tests/integration/test_compile.py \
+# Two lanes at once, each with its own log. In the background the SLURM jobs (SLURM_TESTS, one
+# after another: they share the local cluster's nodes and wait on SLURM's signals and time
+# limits, a core left idle meanwhile). In the foreground everything else, spread over
+# TEST_WORKERS pytest-xdist workers a file at a time (a file's fixtures are built once, on one
+# worker), the longest files first (LONGEST_FIRST) so that no long file starts last. The
+# background lane's output follows, and the target fails if either lane fails.
+SLURM_TESTS = tests/multiprocess/test_slurm.py tests/multiprocess/test_slurm_nodes.py
+LONGEST_FIRST = tests/integration/test_eval_margin.py tests/integration/test_compile.py \
+	tests/multiprocess/test_modernbert_zero.py tests/integration/test_compress.py \
+	tests/multiprocess/test_resume_matrix.py tests/multiprocess/test_distributed.py \
+	tests/integration/test_gpu_check.py tests/integration/test_objectives_train.py \
+	tests/multiprocess/test_killed_launcher.py tests/multiprocess/test_batch_warmup_ranks.py \
+	tests/multiprocess/test_unilm_zero.py tests/multiprocess/test_epoch_ends.py \
+	tests/integration/test_stream.py tests/integration/test_prepare.py \
 	tests/integration/test_xlnet_objective.py tests/integration/test_xlnet_memory_stream.py \
-	tests/integration/test_stream.py tests/integration/test_prepare.py
+	tests/integration/test_install.py tests/integration/test_golden.py
+TEST_WORKERS ?= 3
 # Each run makes its own directory under TEST_TMP (mktemp), for the lanes' pytest temporary
 # directories and logs, so two `make test` at once never share or delete each other's files;
 # it is removed when every lane passed and kept, its path printed, when one failed.
@@ -146,17 +150,15 @@ TEST_TMP ?= $(or $(TMPDIR),/tmp)
 PYTEST_LANE = OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q --durations=15
 test: $(STAMP)
 	@tmp=$$(mktemp -d "$(TEST_TMP)/pretrain-tests.XXXXXX") || exit 1; \
-	$(PYTEST_LANE) --basetemp=$$tmp/multiprocess tests/multiprocess \
-		$(addprefix --ignore=,$(FOREGROUND_MULTIPROCESS)) > $$tmp/multiprocess.log 2>&1 & lane=$$!; \
-	$(PYTEST_LANE) --basetemp=$$tmp/slow $(SLOW_SINGLE) > $$tmp/slow.log 2>&1 & slow=$$!; \
-	trap 'kill $$lane $$slow 2>/dev/null' INT TERM; \
-	$(PYTEST_LANE) --basetemp=$$tmp/single tests/unit tests/integration tests/faults \
-		$(addprefix --ignore=,$(SLOW_SINGLE)) $(FOREGROUND_MULTIPROCESS); single=$$?; \
-	wait $$lane; multi=$$?; wait $$slow; long=$$?; \
-	echo "== tests/multiprocess but $(FOREGROUND_MULTIPROCESS)"; cat $$tmp/multiprocess.log; \
-	echo "== $(SLOW_SINGLE)"; cat $$tmp/slow.log; \
-	echo "== foreground lane: exit $$single; multiprocess lane: exit $$multi; slow lane: exit $$long"; \
-	if [ $$single -eq 0 ] && [ $$multi -eq 0 ] && [ $$long -eq 0 ]; then rm -rf $$tmp; \
+	$(PYTEST_LANE) --basetemp=$$tmp/slurm $(SLURM_TESTS) > $$tmp/slurm.log 2>&1 & lane=$$!; \
+	trap 'kill $$lane 2>/dev/null' INT TERM; \
+	$(PYTEST_LANE) -n $(TEST_WORKERS) --dist loadfile --basetemp=$$tmp/workers $(LONGEST_FIRST) \
+		tests/unit tests/integration tests/faults tests/multiprocess \
+		$(addprefix --ignore=,$(SLURM_TESTS)); workers=$$?; \
+	wait $$lane; slurm=$$?; \
+	echo "== $(SLURM_TESTS)"; cat $$tmp/slurm.log; \
+	echo "== workers' lane: exit $$workers; SLURM lane: exit $$slurm"; \
+	if [ $$workers -eq 0 ] && [ $$slurm -eq 0 ]; then rm -rf $$tmp; \
 	else echo "lane logs and temporary files kept in $$tmp"; exit 1; fi
 
 # The unit layer alone (in-process tests: no training run, no subprocess; about a minute on

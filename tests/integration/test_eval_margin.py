@@ -30,8 +30,8 @@ the random encoders are):
 
 7.7 minutes on a loaded machine (2 cores, load 6 to 8: pretraining 4.1, 30 probes on 5 seeds 3.6),
 5.4 at load 3 to 6 (3.1 and 2.4); the old test's pretraining took 2 of the 3 minutes it
-needed on one idle core, so about 4 here. It runs in the Makefile's slow background lane
-(SLOW_SINGLE)."""
+needed on one idle core, so about 4 here. The Makefile's test target starts it first
+(LONGEST_FIRST)."""
 
 from pathlib import Path
 
