@@ -133,12 +133,13 @@ demo-compress: $(STAMP) data/builtin/manifest.json
 # worker), the longest files first (LONGEST_FIRST) so that no long file starts last. The
 # background lane's output follows, and the target fails if either lane fails.
 SLURM_TESTS = tests/multiprocess/test_slurm.py tests/multiprocess/test_slurm_nodes.py
-LONGEST_FIRST = tests/integration/test_eval_margin.py tests/integration/test_compile.py \
-	tests/multiprocess/test_modernbert_zero.py tests/integration/test_compress.py \
-	tests/multiprocess/test_resume_matrix.py tests/multiprocess/test_distributed.py \
-	tests/integration/test_gpu_check.py tests/integration/test_objectives_train.py \
-	tests/multiprocess/test_killed_launcher.py tests/multiprocess/test_batch_warmup_ranks.py \
-	tests/multiprocess/test_unilm_zero.py tests/multiprocess/test_epoch_ends.py \
+LONGEST_FIRST = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py \
+	tests/integration/test_eval_margin.py tests/multiprocess/test_modernbert_zero.py \
+	tests/multiprocess/test_storage_ranks.py tests/multiprocess/test_epoch_ends.py \
+	tests/multiprocess/test_unilm_zero.py tests/multiprocess/test_killed_launcher.py \
+	tests/multiprocess/test_batch_warmup_ranks.py tests/integration/test_compress.py \
+	tests/integration/test_compile.py tests/integration/test_gpu_check.py \
+	tests/integration/test_zero_compat.py tests/integration/test_objectives_train.py \
 	tests/integration/test_stream.py tests/integration/test_prepare.py \
 	tests/integration/test_xlnet_objective.py tests/integration/test_xlnet_memory_stream.py \
 	tests/integration/test_install.py tests/integration/test_golden.py
@@ -152,8 +153,8 @@ test: $(STAMP)
 	@tmp=$$(mktemp -d "$(TEST_TMP)/pretrain-tests.XXXXXX") || exit 1; \
 	$(PYTEST_LANE) --basetemp=$$tmp/slurm $(SLURM_TESTS) > $$tmp/slurm.log 2>&1 & lane=$$!; \
 	trap 'kill $$lane 2>/dev/null' INT TERM; \
-	$(PYTEST_LANE) -n $(TEST_WORKERS) --dist loadfile --basetemp=$$tmp/workers $(LONGEST_FIRST) \
-		tests/unit tests/integration tests/faults tests/multiprocess \
+	PRETRAIN_TESTS_FIRST="$(LONGEST_FIRST)" $(PYTEST_LANE) -n $(TEST_WORKERS) --dist loadfile \
+		--basetemp=$$tmp/workers tests/unit tests/integration tests/faults tests/multiprocess \
 		$(addprefix --ignore=,$(SLURM_TESTS)); workers=$$?; \
 	wait $$lane; slurm=$$?; \
 	echo "== $(SLURM_TESTS)"; cat $$tmp/slurm.log; \

@@ -40,6 +40,16 @@ def _refuse(what: str):
     return refuse
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files named in $PRETRAIN_TESTS_FIRST (the Makefile's LONGEST_FIRST) first, in that
+    order, the rest as collected: spread over pytest-xdist workers a file at a time, no long
+    file then starts last."""
+    first = os.environ.get("PRETRAIN_TESTS_FIRST", "").split()
+    if first:
+        rank = {path: number for number, path in enumerate(first)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(first)))
+
+
 @pytest.fixture(autouse=True)
 def unit_tests_stay_in_one_process(request: pytest.FixtureRequest, monkeypatch) -> None:
     """Under tests/unit: a test that starts a subprocess, forks, starts a multiprocessing

@@ -144,6 +144,7 @@ class Prefetcher:
         self._queue: list = []  # heap of (priority, count, spec, name)
         self._count = itertools.count()
         self._known: set[tuple[str, str]] = set()  # (spec.root, name) queued or being fetched
+        self._fetching: set[tuple[str, str]] = set()  # being fetched now
         self._ready: OrderedDict = OrderedDict()  # (spec.root, name) -> Pin
         self._latest_epoch = 0
         self._threads: list[threading.Thread] = []
@@ -169,9 +170,11 @@ class Prefetcher:
             self._cond.notify_all()
 
     def take(self, key: tuple[str, str]) -> cache.Pin | None:
-        """The pin on the prefetched shard `key` ((corpus cache directory, name)), now the caller's; None
-        when it was not prefetched."""
+        """The pin on the prefetched shard `key` ((corpus cache directory, name)), now the
+        caller's, after its download when one is under way (so that it is not downloaded
+        twice); None when it was not prefetched."""
         with self._cond:
+            self._cond.wait_for(lambda: key not in self._fetching)
             return self._ready.pop(key, None)
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
@@ -200,6 +203,7 @@ class Prefetcher:
                     self._known.discard(key)
                     self._cond.notify_all()
                     continue
+                self._fetching.add(key)
             pin = None
             try:
                 if self._over_half_the_limit(spec, name):
@@ -209,6 +213,7 @@ class Prefetcher:
                 pass
             with self._cond:
                 self._known.discard(key)
+                self._fetching.discard(key)
                 if pin is not None:
                     self._ready[key] = pin
                     while len(self._ready) > READY_SHARDS:
