@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -38,18 +39,29 @@ def moto_server():
     )
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(endpoint, timeout=1)
-                break
-            except OSError:
-                if process.poll() is not None:
-                    raise RuntimeError("moto_server exited at start") from None
-                time.sleep(0.1)
+        _wait_until_serving(endpoint, process)
         yield endpoint
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def _wait_until_serving(endpoint: str, process: subprocess.Popen, limit_s: float = 180) -> None:
+    """Return once `endpoint` answers HTTP (any status); raise if `process` exits first or
+    `limit_s` passes. A loaded machine takes tens of seconds to import moto's server."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            urllib.request.urlopen(endpoint, timeout=5)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError(f"moto's server exited at start ({process.returncode})") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"moto's server not serving {endpoint} after {limit_s} s") from None
+            time.sleep(0.1)
 
 
 def make_bucket(endpoint: str, bucket: str) -> None:
