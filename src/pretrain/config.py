@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pretrain.errors import ConfigError, require, require_unit_interval
-from pretrain.models.configs import KERNEL_IMPLS, ModelConfig, register_model_schemas
-from pretrain.objectives.configs import ObjectiveConfig, register_objective_schemas
+from pretrain.models.configs import KERNEL_IMPLS, MODEL_SCHEMAS, ModelConfig
+from pretrain.objectives.configs import OBJECTIVE_SCHEMAS, ObjectiveConfig
 from pretrain.runtime.batching import BatchPlan, batch_plan
 
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -774,8 +774,9 @@ def register_schemas() -> None:
     `${sweep_suffix:}` resolver."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    register_model_schemas()
-    register_objective_schemas()
+    for group, schemas in (("model", MODEL_SCHEMAS), ("objective", OBJECTIVE_SCHEMAS)):
+        for name, schema in schemas.items():
+            cs.store(group=f"schema/{group}", name=name, node=schema)
     OmegaConf.register_new_resolver("sweep_suffix", sweep_suffix, replace=True)
 
 

@@ -451,12 +451,3 @@ MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {
     "gpt": GPTConfig,
     "seq2seq": EncoderDecoderConfig,
 }
-
-
-def register_model_schemas() -> None:
-    """Store `MODEL_SCHEMAS` in Hydra's ConfigStore under `schema/model/`."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    for name, schema in MODEL_SCHEMAS.items():
-        store.store(group="schema/model", name=name, node=schema)

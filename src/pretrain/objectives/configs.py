@@ -522,12 +522,3 @@ OBJECTIVE_SCHEMAS: dict[str, type[ObjectiveConfig]] = {
     "mass": MassConfig,
     "unilm": UniLMConfig,
 }
-
-
-def register_objective_schemas() -> None:
-    """Store `OBJECTIVE_SCHEMAS` in Hydra's ConfigStore under `schema/objective/`."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    for name, schema in OBJECTIVE_SCHEMAS.items():
-        store.store(group="schema/objective", name=name, node=schema)

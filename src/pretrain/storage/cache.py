@@ -137,22 +137,33 @@ def fetch(
         try:
             download(partial)
             check_download(partial, size, sha256)
+            pin = _pin_file(partial, path)  # pinned before eviction can see it
             sidecar = path.with_name(path.name + SIDECAR)
             sidecar.unlink(missing_ok=True)
             os.replace(partial, path)
             sidecar_partial = partial.with_name(partial.name + SIDECAR)
             sidecar_partial.write_text(sha256 + "\n")
             os.replace(sidecar_partial, sidecar)
+        except BaseException:
+            if pin is not None:
+                pin.close()
+            raise
         finally:
             partial.unlink(missing_ok=True)
             incoming.unlink(missing_ok=True)
         STATS.misses += 1
         STATS.bytes_downloaded += size
         log_download(path, size)
-        pin = _pin_if_valid(path, size, sha256)
-    if pin is None:  # evicted in the instant between: not while pinned from now on
-        return fetch(path, size, sha256, download, limit_bytes, prefetch)
     return pin
+
+
+def _pin_file(source: Path, path: Path) -> Pin:
+    """A Pin, for the entry at `path`, on the file now at `source` (renamed to `path` next):
+    the lock is the inode's, so eviction cannot take the new entry between its rename and
+    its reader's pin."""
+    fd = os.open(source, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return Pin(path, fd)
 
 
 def log_download(path: Path, size: int) -> None:
