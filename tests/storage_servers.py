@@ -58,9 +58,13 @@ def _wait_until_serving(endpoint: str, process: subprocess.Popen, limit_s: float
             return
         except OSError:
             if process.poll() is not None:
-                raise RuntimeError(f"moto's server exited at start ({process.returncode})") from None
+                raise RuntimeError(
+                    f"moto's server exited at start ({process.returncode})"
+                ) from None
             if time.monotonic() > deadline:
-                raise RuntimeError(f"moto's server not serving {endpoint} after {limit_s} s") from None
+                raise RuntimeError(
+                    f"moto's server not serving {endpoint} after {limit_s} s"
+                ) from None
             time.sleep(0.1)
 
 
