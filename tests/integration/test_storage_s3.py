@@ -181,3 +181,18 @@ def test_the_slurm_array_prepare_writes_to_s3(corpora, tmp_path, monkeypatch):
     assert [s["documents"] for s in remote["shards"]] == [50] * 6
     assert remote["counts"]["documents"] == 300
     assert not list(work.glob(".pretrain-staging/*"))  # the staging copy and slices removed
+
+
+def test_a_new_endpoint_in_the_environment_reaches_a_new_server(s3, monkeypatch):
+    """A process that read from one S3 endpoint reads from another once AWS_ENDPOINT_URL
+    names it (the filesystem is not the one made for the first endpoint, now stopped)."""
+    first = filesystem(f"s3://{BUCKET}/")
+    first.pipe_file(f"{BUCKET}/where", b"first")
+    with moto_server() as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        make_bucket(endpoint, BUCKET)
+        second = filesystem(f"s3://{BUCKET}/")
+        second.pipe_file(f"{BUCKET}/where", b"second")
+        assert second.cat_file(f"{BUCKET}/where") == b"second"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3)
+    assert filesystem(f"s3://{BUCKET}/").cat_file(f"{BUCKET}/where") == b"first"

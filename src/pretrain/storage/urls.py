@@ -3,6 +3,7 @@ URL, brace patterns, hiding credentials in messages, and the fsspec filesystem o
 (imported only when a URL is used, so the command line starts fast)."""
 
 import json
+import os
 import re
 from functools import lru_cache
 from typing import Any
@@ -87,16 +88,29 @@ def filesystem(url: str, storage_options: dict | str | None = None):
         if isinstance(storage_options, str)
         else json.dumps(storage_options or {}, sort_keys=True)
     )
-    return _filesystem(protocol(url) or "file", options)
+    return _filesystem(protocol(url) or "file", options, storage_environment())
+
+
+# Where the backends read endpoints and credentials from when no option names them.
+ENVIRONMENT_PREFIXES = ("AWS_", "BOTO_", "GOOGLE_", "GCS", "AZURE_", "HF_", "FSSPEC_")
+
+
+def storage_environment() -> tuple[tuple[str, str], ...]:
+    """The environment variables the storage backends read: a filesystem is made again when
+    they change (a new endpoint or credentials in a process that already made one)."""
+    return tuple(
+        sorted(item for item in os.environ.items() if item[0].startswith(ENVIRONMENT_PREFIXES))
+    )
 
 
 @lru_cache(maxsize=16)
-def _filesystem(scheme: str, options_json: str):
+def _filesystem(scheme: str, options_json: str, environment: tuple):
     import fsspec
 
     fs_protocol, extra = PROTOCOLS.get(scheme, (scheme, None))
-    try:
-        return fsspec.filesystem(fs_protocol, **json.loads(options_json))
+    try:  # fsspec's own instance cache does not know the environment
+        options = {**json.loads(options_json), "skip_instance_cache": True}
+        return fsspec.filesystem(fs_protocol, **options)
     except (ImportError, ModuleNotFoundError) as error:
         hint = f'pip install "pretrain[{extra}]"' if extra else f"install fsspec's {scheme} backend"
         raise ConfigError(f"{scheme}:// storage needs {hint} ({error})") from error
