@@ -3,8 +3,10 @@
 import io
 import multiprocessing.process
 import os
+import shutil
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +44,47 @@ def _refuse(what: str):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The files named in $PRETRAIN_TESTS_FIRST (the Makefile's LONGEST_FIRST) first, in that
-    order, the rest as collected: spread over pytest-xdist workers a file at a time, no long
-    file then starts last."""
+    order, the rest as collected, so that no long test starts last. Under pytest-xdist's
+    `--dist loadgroup` a test is sent to any worker, except that the tests of a file that
+    use one of its module- or class-scoped fixtures form one group, sent to one worker (the
+    fixture is built once)."""
     first = os.environ.get("PRETRAIN_TESTS_FIRST", "").split()
     if first:
         rank = {path: number for number, path in enumerate(first)}
         items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(first)))
+    for item in items:
+        definitions = getattr(item, "_fixtureinfo", None)
+        scopes = {
+            fixture.scope
+            for defs in (definitions.name2fixturedefs.values() if definitions else ())
+            for fixture in defs
+        }
+        if scopes & {"module", "class", "package"}:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(scope="session")
+def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable], Path]:
+    """`build_once(name, make)`: the directory `name`, made by `make(directory)` once per test
+    session and shared by its pytest-xdist workers (the first to ask builds it under a file
+    lock, the others wait for it and read it). Read-only to those who read it."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once"
+    root.mkdir(exist_ok=True)
+
+    def build(name: str, make: Callable[[Path], object]) -> Path:
+        path, done = root / name, root / f"{name}.done"
+        with FileLock(f"{path}.lock"):
+            if not done.exists():
+                shutil.rmtree(path, ignore_errors=True)
+                path.mkdir(parents=True)
+                make(path)
+                done.touch()
+        return path
+
+    return build
 
 
 @pytest.fixture(autouse=True)
@@ -118,12 +155,12 @@ def prepare_small_corpus(root: Path, **settings) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prepared_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def prepared_corpus(build_once) -> Path:
     """Shards dir of a prepared corpus: 300 short English documents (about 200 kB, Python's
     help topics) in 6 shards of 50, lower-cased WordPiece vocabulary of at most 1500 tokens,
     tokenizer in `<dir>/tokenizer`. Made once per session, in a couple of seconds. Read-only:
     copy it before changing anything."""
-    return prepare_small_corpus(tmp_path_factory.mktemp("prepared_corpus"))
+    return build_once("prepared_corpus", prepare_small_corpus) / "shards"
 
 
 def prepare_chinese_corpus(root: Path, **settings) -> Path:
@@ -146,24 +183,28 @@ def prepare_chinese_corpus(root: Path, **settings) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prepared_chinese_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def prepared_chinese_corpus(build_once) -> Path:
     """Shards dir of a small Chinese corpus (8 documents, 50 sentences, about 1,100 tokens,
     tests/data/chinese_prose.txt) in 4 shards: every CJK character a token, word starts from
     jieba, phrase and entity spans (`<block>.phrases.npy`, lexicon in `<dir>/phrases.txt`).
     Made once per session in about a second. Read-only: copy it before changing anything."""
-    return prepare_chinese_corpus(tmp_path_factory.mktemp("prepared_chinese_corpus"))
+    return build_once("prepared_chinese_corpus", prepare_chinese_corpus) / "shards"
 
 
 @pytest.fixture(scope="session")
-def prepared_annotated_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def prepared_annotated_corpus(build_once) -> Path:
     """The small English corpus of `prepared_corpus` with ERNIE span annotations: phrases
     (min_count 5, npmi >= 0.5) and the entities of tests/data/entities_en.txt. Made once per
     session in a few seconds. Read-only."""
-    return prepare_small_corpus(
-        tmp_path_factory.mktemp("prepared_annotated_corpus"),
-        phrases=PhraseSettings(enabled=True),
-        entities=EntitySettings(path=str(ENGLISH_ENTITIES)),
-    )
+
+    def make(root: Path) -> None:
+        prepare_small_corpus(
+            root,
+            phrases=PhraseSettings(enabled=True),
+            entities=EntitySettings(path=str(ENGLISH_ENTITIES)),
+        )
+
+    return build_once("prepared_annotated_corpus", make) / "shards"
 
 
 def cpu_run_overrides(

@@ -99,110 +99,121 @@ def merge_batches(first: dict, second: dict, pad_id: int) -> dict:
     return merged
 
 
-@pytest.fixture(scope="module")
-def runs(prepared_corpus, tmp_path_factory):
-    """The 2-process runs (DDP, ZeRO-2, ZeRO-3, and ZeRO-3 resumed from its step-3
-    checkpoint) and the single-process reference: {name: (run_dir, records)}."""
-    root = tmp_path_factory.mktemp("distributed")
-    results = {}
-    for name, extra in (("ddp", ["strategy=ddp"]), ("zero2", ["strategy=deepspeed_zero2"])):
-        results[name] = (
-            root / name,
-            launch(prepared_corpus, root / name, root / f"{name}-rec", *extra),
-        )
-    z3 = root / "zero3"
-    results["zero3"] = (
-        z3,
-        launch(prepared_corpus, z3, root / "zero3-rec", "strategy=deepspeed_zero3"),
-    )
-    step3 = z3 / "checkpoints" / "step-0000003.ckpt"  # same config, continued from step 3
-    resumed = launch(
-        prepared_corpus,
-        root / "zero3-resumed",
-        root / "resumed-rec",
-        "strategy=deepspeed_zero3",
-        f"resume={step3}",
-    )
-    results["zero3-resumed"] = (root / "zero3-resumed", resumed)
-    results["single"] = (root / "single", single_process_reference(prepared_corpus, root))
-    return results
+RUNS = {  # name: the overrides of a 2-process run
+    "ddp": ("strategy=ddp",),
+    "zero2": ("strategy=deepspeed_zero2",),
+    "zero3": ("strategy=deepspeed_zero3",),
+    "zero3-resumed": ("strategy=deepspeed_zero3",),  # the same, continued from step 3
+}
 
 
-def single_process_reference(shards_dir: Path, root: Path) -> dict:
+@pytest.fixture(scope="session")
+def distributed_run(prepared_corpus, build_once):
+    """`distributed_run(name)`: (run_dir, records) of the 2-process run `name` (RUNS), or of
+    the single-process reference ("single"), each trained once per test session."""
+
+    def run(name: str) -> tuple[Path, dict]:
+        def make(root: Path) -> None:
+            if name == "single":
+                single_process_reference(prepared_corpus, root / "run", root / "records")
+                return
+            extra = RUNS[name]
+            if name == "zero3-resumed":
+                step3 = run("zero3")[0] / "checkpoints" / "step-0000003.ckpt"
+                extra = (*extra, f"resume={step3}")
+            launch(prepared_corpus, root / "run", root / "records", *extra)
+
+        root = build_once(f"distributed-{name}", make)
+        return root / "run", read_records(root / "records")
+
+    return run
+
+
+def single_process_reference(shards_dir: Path, run_dir: Path, record_dir: Path) -> None:
     """One process, global batch 8 = the two ranks' micro-batches of 4 merged, same seed."""
     from pretrain.runtime.run import prepare_run
     from pretrain.runtime.trainer import build_trainer
 
     sys.path.insert(0, str(TESTS_DIR))
     old_env = dict(os.environ)
-    os.environ.update(record_env(root / "single-rec") | {"PRETRAIN_TEST_NAN_RANK": "0"})
+    os.environ.update(record_env(record_dir) | {"PRETRAIN_TEST_NAN_RANK": "0"})
     try:
-        cfg = compose_config(overrides(shards_dir, root / "single", "data.batch_size=8"))
+        cfg = compose_config(overrides(shards_dir, run_dir, "data.batch_size=8"))
         config, module, datamodule = prepare_run(cfg)
         spec = replace(datamodule.spec, batch_size=4, world_size=2)
         ranks = [iter(EpochStream(replace(spec, rank=r), epoch=0)) for r in (0, 1)]
         batches = [
             merge_batches(next(ranks[0]), next(ranks[1]), spec.vocab.pad) for _ in range(STEPS)
         ]
-        trainer = build_trainer(config, root / "single")
+        trainer = build_trainer(config, run_dir)
         trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
     finally:
         os.environ.clear()
         os.environ.update(old_env)
-    return read_records(root / "single-rec")
 
 
 @pytest.mark.slow
-def test_ranks_read_different_samples(runs):
-    for name in ("ddp", "zero2", "zero3"):
-        records = runs[name][1]
-        keys = {
-            rank: [k for e in entries if "keys" in e for k in e["keys"]]
-            for rank, entries in records.items()
-        }
-        assert sorted(keys) == [0, 1]
-        for rank_keys in keys.values():
-            assert len(rank_keys) >= 4 * 3 and len(set(rank_keys)) == len(rank_keys), name
-        assert not set(keys[0]) & set(keys[1]), f"{name}: a sample was read by both ranks"
+@pytest.mark.parametrize("name", ["ddp", "zero2", "zero3"])
+def test_ranks_read_different_samples(distributed_run, name):
+    records = distributed_run(name)[1]
+    keys = {
+        rank: [k for e in entries if "keys" in e for k in e["keys"]]
+        for rank, entries in records.items()
+    }
+    assert sorted(keys) == [0, 1]
+    for rank_keys in keys.values():
+        assert len(rank_keys) >= 4 * 3 and len(set(rank_keys)) == len(rank_keys), name
+    assert not set(keys[0]) & set(keys[1]), f"{name}: a sample was read by both ranks"
+
+
+def mean_curve(records: dict) -> dict[int, float]:
+    """{step: the mean of the two ranks' losses} of every step but the NaN one."""
+    per_rank = [step_losses(records[r]) for r in (0, 1)]
+    return {s: (per_rank[0][s] + per_rank[1][s]) / 2 for s in per_rank[0] if s != NAN_STEP}
 
 
 @pytest.mark.slow
-def test_loss_curves_match_the_single_process_run(runs):
-    single = step_losses(runs["single"][1][0])
+def test_the_ddp_curve_matches_the_single_process_run(distributed_run):
+    single = step_losses(distributed_run("single")[1][0])
     assert single[NAN_STEP - 1] < single[0] - 0.2, (
         single
     )  # it learns: the tolerance means something
-    curves = {}
-    for name in ("ddp", "zero2", "zero3", "zero3-resumed"):
-        records = runs[name][1]
-        per_rank = [step_losses(records[r]) for r in (0, 1)]
-        curves[name] = {
-            s: (per_rank[0][s] + per_rank[1][s]) / 2 for s in per_rank[0] if s != NAN_STEP
-        }
-    assert sorted(curves["zero3-resumed"]) == list(range(3, NAN_STEP))
+    ddp = mean_curve(distributed_run("ddp")[1])
     for step in range(NAN_STEP):
-        assert curves["ddp"][step] == pytest.approx(single[step], abs=0.05), step
-        assert curves["zero2"][step] == pytest.approx(curves["ddp"][step], abs=2e-3), step
-        assert curves["zero3"][step] == pytest.approx(curves["ddp"][step], abs=2e-3), step
-        if step >= 3:  # resumed from the step-3 ZeRO-3 checkpoint as if never stopped
-            resumed = curves["zero3-resumed"][step]
-            assert resumed == pytest.approx(curves["zero3"][step], abs=1e-4), step
+        assert ddp[step] == pytest.approx(single[step], abs=0.05), step
 
 
 @pytest.mark.slow
-def test_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(runs):
-    for name in ("ddp", "zero2", "zero3", "zero3-resumed", "single"):
-        records = runs[name][1]
-        ends = [end_state(entries) for entries in records.values()]
-        for end in ends:
-            assert end["skipped_steps"] == 1, (name, end)
-            assert end["scheduler_steps"] == STEPS - 1, (name, end)  # schedule: applied steps only
-    ddp_ends = [end_state(runs["ddp"][1][r]) for r in (0, 1)]
-    assert ddp_ends[0]["param_checksum"] == ddp_ends[1]["param_checksum"]  # ranks stay in step
+@pytest.mark.parametrize("name", ["zero2", "zero3"])
+def test_zero_curves_match_ddp(distributed_run, name):
+    zero, ddp = mean_curve(distributed_run(name)[1]), mean_curve(distributed_run("ddp")[1])
+    for step in range(NAN_STEP):
+        assert zero[step] == pytest.approx(ddp[step], abs=2e-3), step
 
 
 @pytest.mark.slow
-def test_zero_checkpoints_consolidate_resume_and_export(runs, tmp_path, monkeypatch):
+def test_zero3_resumed_from_step_3_continues_as_if_never_stopped(distributed_run):
+    zero3 = mean_curve(distributed_run("zero3")[1])
+    resumed = mean_curve(distributed_run("zero3-resumed")[1])
+    assert sorted(resumed) == list(range(3, NAN_STEP))
+    for step in resumed:
+        assert resumed[step] == pytest.approx(zero3[step], abs=1e-4), step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*RUNS, "single"])
+def test_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(distributed_run, name):
+    records = distributed_run(name)[1]
+    for end in [end_state(entries) for entries in records.values()]:
+        assert end["skipped_steps"] == 1, (name, end)
+        assert end["scheduler_steps"] == STEPS - 1, (name, end)  # schedule: applied steps only
+    if name == "ddp":
+        ends = [end_state(records[r]) for r in (0, 1)]
+        assert ends[0]["param_checksum"] == ends[1]["param_checksum"]  # ranks stay in step
+
+
+@pytest.mark.slow
+def test_zero_checkpoints_consolidate_resume_and_export(distributed_run, tmp_path, monkeypatch):
     import transformers
 
     from pretrain.checkpoint import safety as checkpoint_safety
@@ -215,7 +226,7 @@ def test_zero_checkpoints_consolidate_resume_and_export(runs, tmp_path, monkeypa
     from pretrain.export.checkpoint import read_checkpoint
     from pretrain.export.cli import main as export_main
 
-    ddp_dir, zero2_dir, zero3_dir = (runs[name][0] for name in ("ddp", "zero2", "zero3"))
+    ddp_dir, zero2_dir, zero3_dir = (distributed_run(name)[0] for name in ("ddp", "zero2", "zero3"))
     for run_dir in (zero2_dir, zero3_dir):
         last = Path(find_resume_checkpoint(run_dir, "auto"))
         assert last.name == "last.ckpt" and (last / "latest").is_file()
@@ -326,7 +337,7 @@ def test_bad_deepspeed_values_fail_at_composition_naming_the_strategy():
 
 @pytest.mark.slow
 def test_zero3_with_optimizer_and_parameter_offload_trains_like_ddp(
-    runs, prepared_corpus, tmp_path
+    distributed_run, prepared_corpus, tmp_path
 ):
     """Offload keeps the configured optimizer (zero_force_ds_cpu_optimizer off), so it runs on
     CPU without compiled ops; warm-up is 2 steps, so the first updates match the 6-step runs."""
@@ -337,7 +348,7 @@ def test_zero3_with_optimizer_and_parameter_offload_trains_like_ddp(
         "strategy=deepspeed_zero3_offload_params",
         "trainer.max_steps=3",
     )
-    ddp = runs["ddp"][1]
+    ddp = distributed_run("ddp")[1]
     for rank in (0, 1):
         got, want = step_losses(offload[rank]), step_losses(ddp[rank])
         assert sorted(got) == [0, 1, 2]

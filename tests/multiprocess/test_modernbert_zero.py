@@ -31,8 +31,8 @@ MODERNBERT = (
 )
 
 
-def launch(shards_dir: Path, run_dir: Path, *extra: str) -> dict[int, dict[int, float]]:
-    """Train on 2 CPU processes; returns {rank: {step: loss}} of what each rank trained."""
+def launch(shards_dir: Path, run_dir: Path, *extra: str) -> None:
+    """Train on 2 CPU processes, recording to `<run_dir>-records`."""
     records = Path(f"{run_dir}-records")
     records.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)}
@@ -49,24 +49,48 @@ def launch(shards_dir: Path, run_dir: Path, *extra: str) -> dict[int, dict[int, 
         timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+
+@pytest.fixture(scope="session")
+def modernbert_run(prepared_corpus, build_once):
+    """`modernbert_run(name)`: the {rank: {step: loss}} of the 2-process run `name` (ddp,
+    deepspeed_zero2, deepspeed_zero3, or "resumed": ZeRO-3 from its step-2 checkpoint),
+    trained once per test session."""
+
+    def run_dir(name: str) -> Path:
+        def make(root: Path) -> None:
+            extra = [f"strategy={name}"]
+            if name == "resumed":
+                step2 = run_dir("deepspeed_zero3") / "checkpoints" / "step-0000002.ckpt"
+                extra = ["strategy=deepspeed_zero3", f"resume={step2}"]
+            launch(prepared_corpus, root / "run", *extra)
+
+        return build_once(f"modernbert-{name}", make) / "run"
+
+    return lambda name: step_losses(run_dir(name))
+
+
+def step_losses(run_dir: Path) -> dict[int, dict[int, float]]:
+    """{rank: {step: loss}} of what each rank of the run in `run_dir` trained."""
     return {
         rank: {e["step"]: e["loss"] for e in entries if "step" in e}
-        for rank, entries in read_records(records).items()
+        for rank, entries in read_records(Path(f"{run_dir}-records")).items()
     }
 
 
 @pytest.mark.slow
-def test_ddp_zero2_and_zero3_train_the_same_steps_and_zero3_resumes(prepared_corpus, tmp_path):
-    ddp = launch(prepared_corpus, tmp_path / "ddp", "strategy=ddp")
+@pytest.mark.parametrize("strategy", ["deepspeed_zero2", "deepspeed_zero3"])
+def test_zero_trains_the_steps_of_ddp(modernbert_run, strategy):
+    got = modernbert_run(strategy)  # its own run first: the tests train theirs side by side
+    ddp = modernbert_run("ddp")
     assert sorted(ddp[0]) == list(range(STEPS))
-    for strategy in ("deepspeed_zero2", "deepspeed_zero3"):
-        got = launch(prepared_corpus, tmp_path / strategy, f"strategy={strategy}")
-        for rank in (0, 1):
-            assert got[rank] == pytest.approx(ddp[rank], abs=2e-3), (strategy, rank)
-    step2 = tmp_path / "deepspeed_zero3" / "checkpoints" / "step-0000002.ckpt"
-    resumed = launch(
-        prepared_corpus, tmp_path / "resumed", "strategy=deepspeed_zero3", f"resume={step2}"
-    )
+    for rank in (0, 1):
+        assert got[rank] == pytest.approx(ddp[rank], abs=2e-3), (strategy, rank)
+
+
+@pytest.mark.slow
+def test_zero3_resumed_from_step_2_continues_the_ddp_steps(modernbert_run):
+    resumed, ddp = modernbert_run("resumed"), modernbert_run("ddp")
     for rank in (0, 1):
         assert sorted(resumed[rank]) == [2, 3]
         assert resumed[rank] == pytest.approx({s: ddp[rank][s] for s in (2, 3)}, abs=2e-3)
