@@ -3,10 +3,12 @@ or `RecordingXLNet`, `RecordingUniLM`, with `tests/` on PYTHONPATH): an objectiv
 of every micro-batch and, at the end, its skipped steps, learning-rate scheduler steps, epoch
 tails and a checksum of its parameters; it can inject faults at one optimizer step of one rank.
 
-Environment: PRETRAIN_TEST_RECORD_DIR (where rank<r>.jsonl files go); faults, each at step
-PRETRAIN_TEST_<FAULT>_STEP of rank PRETRAIN_TEST_<FAULT>_RANK (default 0): NAN (the loss is
-multiplied by NaN), SIGTERM (the rank sends itself SIGTERM, as a preemption does), HANG (the
-rank sleeps for an hour, as a stuck rank would)."""
+Environment: PRETRAIN_TEST_RECORD_DIR (where rank<r>.jsonl files go); faults, each at the
+steps PRETRAIN_TEST_<FAULT>_STEP (one, or several separated by commas) of rank
+PRETRAIN_TEST_<FAULT>_RANK (default 0): NAN (the loss is multiplied by NaN), SIGTERM (the rank
+sends itself SIGTERM, as a preemption does), HANG (the rank sleeps for an hour, as a stuck
+rank would), HOLD (the rank waits until a preemption signal has come: a job that SLURM
+signals after a delay is still training then, whatever the machine's speed)."""
 
 import json
 import os
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import lightning as L
 
+from pretrain.cluster.preemption import PreemptionCheckpoint
 from pretrain.objectives.base import Losses
 from pretrain.objectives.mlm import MaskedLanguageModel
 from pretrain.objectives.unilm import UniLM
@@ -76,9 +79,16 @@ class Recording:
         object.__setattr__(self, "_task", task)  # not a submodule
 
     def _fault(self, name: str) -> bool:
-        step = int(os.environ.get(f"PRETRAIN_TEST_{name}_STEP", "-1"))
+        steps = os.environ.get(f"PRETRAIN_TEST_{name}_STEP", "-1").split(",")
         rank = int(os.environ.get(f"PRETRAIN_TEST_{name}_RANK", "0"))
-        return self._task.global_step == step and self._task.global_rank == rank
+        return str(self._task.global_step) in steps and self._task.global_rank == rank
+
+    def _hold_until_preempted(self) -> None:
+        preemption = next(
+            c for c in self._task.trainer.callbacks if isinstance(c, PreemptionCheckpoint)
+        )
+        while preemption.received is None:
+            time.sleep(0.05)  # polls the flag the signal handler sets
 
     def forward(self, batch: dict) -> Losses:
         losses = super().forward(batch)
@@ -92,6 +102,8 @@ class Recording:
             os.kill(os.getpid(), signal.SIGTERM)
         if self._fault("HANG"):
             time.sleep(3600)
+        if self._fault("HOLD"):
+            self._hold_until_preempted()
         _record(
             task.global_rank,
             {

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cpu_run_overrides, small_english_documents, write_text_corpus
+from dist_helpers import RECORDING_MLM
 from test_train import step_losses
 
 from data_pipelines.prepare import prepare
@@ -24,6 +25,7 @@ from pretrain.config import compose_config
 from pretrain.paths import REPO_ROOT
 from pretrain.runtime.run import train
 
+TESTS_DIR = Path(__file__).parent
 LOCAL_CONF = Path(os.environ.get("LOCAL_CLUSTER_DIR", "/tmp/pretrain-slurm")) / "slurm.conf"
 TERMINAL = (
     "COMPLETED",
@@ -215,16 +217,23 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
     `--signal=B:USR1@50` (the batch shell, i.e. srun, which forwards it) saves, requeues
     itself and, released with a longer limit, finishes. The per-step losses of the three
     launches are the uninterrupted run's."""
-    # About 40 s of training: the warning of a 1-minute limit comes within 40 s of the start
-    # (often at once: SLURM checks time limits every 30 s; a signal during start-up is held).
-    steps = 800
+    # The warning of a 1-minute limit comes 10 to 40 s after the start (SLURM checks time
+    # limits every 30 s; a signal during start-up is held): the jobs wait at steps 120 and
+    # 160 until a signal has come (dist_helpers' HOLD), so they are training when it comes
+    # however fast the machine is (the uninterrupted reference does not wait).
+    steps = 200
     overrides = tiny_run(
         prepared_corpus,
         tmp_path / "run",
+        *RECORDING_MLM,
         f"trainer.max_steps={steps}",
         "trainer.checkpoint_every_n_steps=10000",
         "data.num_workers=2",
     )
+    cluster = cluster | {
+        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), cluster.get("PYTHONPATH", "")]),
+        "PRETRAIN_TEST_HOLD_STEP": "120,160",
+    }
     log = tmp_path / "job.out"
     job = sbatch(cluster, "--ntasks=1", f"--output={log}", "slurm/train.sbatch", *overrides)
     wait_for_text(log, "Total params")  # training has begun (handlers are installed)

@@ -184,9 +184,11 @@ def test_a_preempted_two_node_job_requeues_and_resumes_exactly(prepared_corpus, 
     requeues the job, and the requeued job resumes on both nodes to max_steps with the
     per-step losses of an uninterrupted 2-node run, no traceback in the log."""
     env = slurm_env()
-    steps = 300
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
+    steps = 150
     job_args = ("--nodes=2", "--ntasks-per-node=1", "slurm/train.sbatch")
     settings = (
+        *RECORDING_MLM,
         "strategy=ddp",
         "trainer.num_nodes=2",
         "trainer.devices=1",
@@ -197,7 +199,9 @@ def test_a_preempted_two_node_job_requeues_and_resumes_exactly(prepared_corpus, 
     reference = tmp_path / "reference"
     job = sbatch(env, *job_args, *tiny_run(prepared_corpus, reference, *settings))
     run_dir = tmp_path / "run"
-    preempted = sbatch(env, *job_args, *tiny_run(prepared_corpus, run_dir, *settings))
+    # rank 0 waits at step 120 until the signal has come (rank 1 in the step's collective)
+    held = env | {"PRETRAIN_TEST_HOLD_STEP": "120"}
+    preempted = sbatch(held, *job_args, *tiny_run(prepared_corpus, run_dir, *settings))
     log = run_dir / f"slurm-{preempted}.out"
     wait_for_text(log, "Total params", 300)
     wait_for_steps(run_dir)  # trained steps: a save after step 0

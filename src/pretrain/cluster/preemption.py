@@ -152,6 +152,11 @@ class PreemptionCheckpoint(Callback):
         self.requeued = False
 
     @property
+    def received(self) -> signal.Signals | None:
+        """The preemption signal received so far (None before one came)."""
+        return self._received
+
+    @property
     def signals(self) -> tuple[signal.Signals, ...]:
         """The signals this callback handles."""
         if self.requeue_signal is None or self.requeue_signal == STOP_SIGNAL:
