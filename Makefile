@@ -135,15 +135,16 @@ demo-compress: $(STAMP) data/builtin/manifest.json
 # are made once for all workers (`build_once`). The background lane's output follows, and the
 # target fails if either lane fails.
 SLURM_TESTS = tests/multiprocess/test_slurm.py tests/multiprocess/test_slurm_nodes.py
-LONGEST_FIRST = tests/multiprocess/test_distributed.py tests/multiprocess/test_resume_matrix.py \
-	tests/integration/test_eval_margin.py tests/multiprocess/test_modernbert_zero.py \
-	tests/multiprocess/test_storage_ranks.py tests/multiprocess/test_epoch_ends.py \
-	tests/multiprocess/test_unilm_zero.py tests/multiprocess/test_killed_launcher.py \
-	tests/multiprocess/test_batch_warmup_ranks.py tests/integration/test_compress.py \
+LONGEST_FIRST = tests/integration/test_eval_margin.py tests/integration/test_compress.py \
+	tests/multiprocess/test_resume_matrix.py tests/multiprocess/test_distributed.py \
+	tests/multiprocess/test_epoch_ends.py tests/multiprocess/test_modernbert_zero.py \
+	tests/multiprocess/test_storage_ranks.py tests/multiprocess/test_unilm_zero.py \
+	tests/multiprocess/test_killed_launcher.py tests/multiprocess/test_batch_warmup_ranks.py \
 	tests/integration/test_compile.py tests/integration/test_gpu_check.py \
-	tests/integration/test_zero_compat.py tests/integration/test_objectives_train.py \
-	tests/integration/test_stream.py tests/integration/test_prepare.py \
-	tests/integration/test_xlnet_objective.py tests/integration/test_xlnet_memory_stream.py \
+	tests/integration/test_objectives_train.py tests/integration/test_storage_s3.py \
+	tests/faults/test_fault_processes.py tests/integration/test_checkpointing.py \
+	tests/integration/test_zero_compat.py tests/integration/test_stream.py \
+	tests/integration/test_prepare.py tests/integration/test_xlnet_objective.py \
 	tests/integration/test_install.py tests/integration/test_golden.py
 TEST_WORKERS ?= 3
 # Each run makes its own directory under TEST_TMP (mktemp), for the lanes' pytest temporary
