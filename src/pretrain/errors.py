@@ -112,6 +112,22 @@ def require_choice(config: Any, key: str, choices: Iterable[str], group: str = "
     require(value in choices, f"{group}.{key}", value, f"must be one of {', '.join(choices)}")
 
 
+ENCODER_SIZES = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+
+
+def require_encoder_sizes(config: Any, *more: str, group: str = "model") -> None:
+    """Check a Transformer's sizes (ENCODER_SIZES and `more`) are positive and its width a
+    multiple of its head count."""
+    require_positive(config, (*ENCODER_SIZES, *more), group)
+    require_divisible(config, "hidden_size", "num_attention_heads", group)
+
+
 def require_divisible(config: Any, key: str, by: str, group: str = "model") -> None:
     """Check that attribute `key` of `config` (a width) is a multiple of attribute `by` (a
     head count), as multi-head attention needs; the error names both keys."""

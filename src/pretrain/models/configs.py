@@ -12,6 +12,7 @@ from pretrain.errors import (
     require,
     require_choice,
     require_divisible,
+    require_encoder_sizes,
     require_positive,
     require_probabilities,
 )
@@ -114,18 +115,7 @@ class BertEncoderConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive(
-            self,
-            (
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "intermediate_size",
-                "max_position_embeddings",
-                "type_vocab_size",
-            ),
-        )
-        require_divisible(self, "hidden_size", "num_attention_heads")
+        require_encoder_sizes(self, "type_vocab_size")
         require_probabilities(self, ("hidden_dropout_prob", "attention_probs_dropout_prob"))
 
 
@@ -219,17 +209,7 @@ class DistilBertEncoderConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive(
-            self,
-            (
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "intermediate_size",
-                "max_position_embeddings",
-            ),
-        )
-        require_divisible(self, "hidden_size", "num_attention_heads")
+        require_encoder_sizes(self)
         require_probabilities(self, ("hidden_dropout_prob", "attention_probs_dropout_prob"))
         require(
             self.layer_norm_eps == DISTILBERT_LAYER_NORM_EPS,
@@ -269,19 +249,7 @@ class ModernBertEncoderConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive(
-            self,
-            (
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "intermediate_size",
-                "max_position_embeddings",
-                "local_attention",
-                "global_attn_every_n_layers",
-            ),
-        )
-        require_divisible(self, "hidden_size", "num_attention_heads")
+        require_encoder_sizes(self, "local_attention", "global_attn_every_n_layers")
         require_probabilities(self, ("embedding_dropout", "attention_dropout", "mlp_dropout"))
         for key, allowed in (
             ("hidden_activation", GLU_ACTIVATIONS),
