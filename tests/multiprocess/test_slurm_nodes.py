@@ -260,11 +260,11 @@ def test_a_time_limit_on_two_nodes_then_one_node_and_back_loses_no_sample(
     env = slurm_env()
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
 
-    def launch(run_dir: Path, nodes: int, max_steps: int, *options: str) -> str:
+    def launch(run_dir: Path, nodes: int, max_steps: int, *options: str, hold: str = "") -> str:
         records = Path(f"{run_dir}-records")
         records.mkdir(parents=True, exist_ok=True)
         return submit(
-            env | {"PRETRAIN_TEST_RECORD_DIR": str(records)},
+            env | {"PRETRAIN_TEST_RECORD_DIR": str(records), "PRETRAIN_TEST_HOLD_STEP": hold},
             prepared_corpus,
             run_dir,
             nodes,
@@ -279,8 +279,10 @@ def test_a_time_limit_on_two_nodes_then_one_node_and_back_loses_no_sample(
     # 30 s of the time asked for: 300 - 260 - 30 = 10 to 40 s after the start, when the tasks
     # hold the signal (until their first step, if they are still starting) and the batch shell
     # is srun. A loaded machine has minutes to save before the limit.
+    # Rank 0 waits at step 10 until the warning has come (HOLD; rank 1 in the collective),
+    # rather than training on meanwhile.
     options = ("--time=5", "--signal=B:USR1@260", f"--output={log}")
-    job = launch(run_dir, 2, 100000, *options)
+    job = launch(run_dir, 2, 100000, *options, hold="10")
     wait_for_text(log, "requeueing SLURM job", 600)
     deadline = time.monotonic() + 240  # a guard: both ranks save, rank 0 requeues, all exit
     while (state := job_field(env, job, "JobState")) != "PENDING":
