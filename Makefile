@@ -129,11 +129,11 @@ demo-compress: $(STAMP) data/builtin/manifest.json
 # Two lanes at once, each with its own log. In the background the SLURM jobs (SLURM_TESTS, one
 # after another: they share the local cluster's nodes and wait on SLURM's signals and time
 # limits, a core left idle meanwhile). In the foreground everything else, spread over
-# TEST_WORKERS pytest-xdist workers a test at a time (the tests of a file that share a
-# module-scoped fixture go to one worker: tests/conftest.py), the longest files first
-# (LONGEST_FIRST) so that no long test starts last; runs and corpora that several tests read
-# are made once for all workers (`build_once`). The background lane's output follows, and the
-# target fails if either lane fails.
+# TEST_WORKERS pytest-xdist workers a test at a time (--maxschedchunk 1: a worker gets its
+# next test when it is nearly done, so the long ones spread), the longest files first
+# (LONGEST_FIRST) so that no long test starts last; runs and corpora that several tests read are made once for
+# all workers (`build_once` in tests/conftest.py). The background lane's output follows, and
+# the target fails if either lane fails.
 SLURM_TESTS = tests/multiprocess/test_slurm.py tests/multiprocess/test_slurm_nodes.py
 LONGEST_FIRST = tests/integration/test_eval_margin.py tests/integration/test_compress.py \
 	tests/multiprocess/test_resume_matrix.py tests/multiprocess/test_distributed.py \
@@ -156,7 +156,7 @@ test: $(STAMP)
 	@tmp=$$(mktemp -d "$(TEST_TMP)/pretrain-tests.XXXXXX") || exit 1; \
 	$(PYTEST_LANE) --basetemp=$$tmp/slurm $(SLURM_TESTS) > $$tmp/slurm.log 2>&1 & lane=$$!; \
 	trap 'kill $$lane 2>/dev/null' INT TERM; \
-	PRETRAIN_TESTS_FIRST="$(LONGEST_FIRST)" $(PYTEST_LANE) -n $(TEST_WORKERS) --dist loadgroup \
+	PRETRAIN_TESTS_FIRST="$(LONGEST_FIRST)" $(PYTEST_LANE) -n $(TEST_WORKERS) --dist load --maxschedchunk 1 \
 		--basetemp=$$tmp/workers tests/unit tests/integration tests/faults tests/multiprocess \
 		$(addprefix --ignore=,$(SLURM_TESTS)); workers=$$?; \
 	wait $$lane; slurm=$$?; \

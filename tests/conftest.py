@@ -44,23 +44,13 @@ def _refuse(what: str):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The files named in $PRETRAIN_TESTS_FIRST (the Makefile's LONGEST_FIRST) first, in that
-    order, the rest as collected, so that no long test starts last. Under pytest-xdist's
-    `--dist loadgroup` a test is sent to any worker, except that the tests of a file that
-    use one of its module- or class-scoped fixtures form one group, sent to one worker (the
-    fixture is built once)."""
+    order, the rest as collected, so that no long test starts last on a pytest-xdist worker.
+    (A module-scoped fixture is then built once on each worker that runs one of its tests:
+    the long ones are `build_once` fixtures, built once for all workers.)"""
     first = os.environ.get("PRETRAIN_TESTS_FIRST", "").split()
     if first:
         rank = {path: number for number, path in enumerate(first)}
         items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(first)))
-    for item in items:
-        definitions = getattr(item, "_fixtureinfo", None)
-        scopes = {
-            fixture.scope
-            for defs in (definitions.name2fixturedefs.values() if definitions else ())
-            for fixture in defs
-        }
-        if scopes & {"module", "class", "package"}:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")

@@ -62,39 +62,47 @@ PRETRAINING = (  # a 64-wide, 2-layer BERT: 1200 MLM steps of 32 x 64 tokens
 )
 
 
-@pytest.fixture(scope="module")
-def pretrained_export(prepared_corpus: Path, tmp_path_factory) -> Path:
+@pytest.fixture(scope="session")
+def pretrained_export(prepared_corpus: Path, build_once) -> Path:
     """The exported encoder of a short MLM pretraining on `prepared_corpus`: 400 steps,
-    then extended to 1200 (warmed up again over 20 steps, then decaying to 0)."""
-    from pretrain.export import export_checkpoint
-    from pretrain.runtime.run import train
+    then extended to 1200 (warmed up again over 20 steps, then decaying to 0); trained once
+    for all the tests' workers."""
 
-    run_dir = tmp_path_factory.mktemp("margin") / "run"
-    for steps in ("trainer.max_steps=400", "trainer.max_steps=1200 optim.extend=rewarm"):
-        overrides = cpu_run_overrides(prepared_corpus, run_dir, *PRETRAINING, *steps.split())
-        train(compose_config(overrides))
-    return export_checkpoint(run_dir / "checkpoints" / "last.ckpt", run_dir.parent / "hf")
+    def make(root: Path) -> None:
+        from pretrain.export import export_checkpoint
+        from pretrain.runtime.run import train
+
+        run_dir = root / "run"
+        for steps in ("trainer.max_steps=400", "trainer.max_steps=1200 optim.extend=rewarm"):
+            overrides = cpu_run_overrides(prepared_corpus, run_dir, *PRETRAINING, *steps.split())
+            train(compose_config(overrides))
+        export_checkpoint(run_dir / "checkpoints" / "last.ckpt", root / "hf")
+
+    return build_once("eval-margin-pretraining", make) / "hf"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task_name", MARGINS)
-def test_pretrained_beats_random_for_every_seed(pretrained_export, task_name):
+def test_pretrained_beats_random_for_every_seed(pretrained_export):
+    """Every task of MARGINS in one test (one worker: the pretraining is trained once)."""
     from pretrain.eval.encoder import load_encoder
     from pretrain.eval.run import fit_and_score, load_task
 
-    metric, margin = MARGINS[task_name]
-    scores = {}
-    for seed in SEEDS:
-        cfg = compose_config(
-            [f"eval={task_name}", f"eval.seed={seed}", f"eval.task.seed={seed}"], "evaluate"
-        )
-        run = OmegaConf.to_object(cfg)
-        task = load_task(run.eval.task)
-        scores[seed] = tuple(
-            fit_and_score(load_encoder(pretrained_export, init, seed), task, run.eval)["metrics"][
-                metric
-            ]
-            for init in ("pretrained", "random")
-        )
-    print(f"{task_name} {metric} (pretrained, random) per seed:", scores)
-    assert all(pretrained - random >= margin for pretrained, random in scores.values()), scores
+    short = {}
+    for task_name, (metric, margin) in MARGINS.items():
+        scores = {}
+        for seed in SEEDS:
+            cfg = compose_config(
+                [f"eval={task_name}", f"eval.seed={seed}", f"eval.task.seed={seed}"], "evaluate"
+            )
+            run = OmegaConf.to_object(cfg)
+            task = load_task(run.eval.task)
+            scores[seed] = tuple(
+                fit_and_score(load_encoder(pretrained_export, init, seed), task, run.eval)[
+                    "metrics"
+                ][metric]
+                for init in ("pretrained", "random")
+            )
+        print(f"{task_name} {metric} (pretrained, random) per seed:", scores)
+        if not all(pretrained - random >= margin for pretrained, random in scores.values()):
+            short[task_name] = scores
+    assert not short, f"pretrained not ahead by the margin on: {short}"

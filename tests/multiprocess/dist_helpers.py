@@ -8,7 +8,8 @@ steps PRETRAIN_TEST_<FAULT>_STEP (one, or several separated by commas) of rank
 PRETRAIN_TEST_<FAULT>_RANK (default 0): NAN (the loss is multiplied by NaN), SIGTERM (the rank
 sends itself SIGTERM, as a preemption does), HANG (the rank sleeps for an hour, as a stuck
 rank would), HOLD (the rank waits until a preemption signal has come: a job that SLURM
-signals after a delay is still training then, whatever the machine's speed)."""
+signals after a delay is still training then, whatever the machine's speed; not in a
+requeued SLURM job, SLURM_RESTART_COUNT > 0, which gets no further signal)."""
 
 import json
 import os
@@ -102,7 +103,7 @@ class Recording:
             os.kill(os.getpid(), signal.SIGTERM)
         if self._fault("HANG"):
             time.sleep(3600)
-        if self._fault("HOLD"):
+        if self._fault("HOLD") and int(os.environ.get("SLURM_RESTART_COUNT") or 0) == 0:
             self._hold_until_preempted()
         _record(
             task.global_rank,
