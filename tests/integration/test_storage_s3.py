@@ -25,26 +25,33 @@ PREPARE = ("tokenizer.vocab_size=1500", "tokenizer.min_frequency=2", "docs_per_s
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """The endpoint of a moto S3 server with bucket `corpora`, reached the standard way
-    (AWS_ENDPOINT_URL and the AWS_* credentials in the environment) for the module."""
-    saved = dict(os.environ)
+def s3():
+    """The endpoint of a moto S3 server with bucket `corpora`, for the module."""
     with moto_server() as endpoint:
-        os.environ.update(S3_ENV)
-        os.environ["AWS_ENDPOINT_URL"] = endpoint
         make_bucket(endpoint, BUCKET)
-        try:
-            yield endpoint
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        yield endpoint
 
 
-def pretrain_data(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+@pytest.fixture(autouse=True)
+def s3_environment(s3, monkeypatch):
+    """Each test reaches the module's server the standard way: AWS_ENDPOINT_URL and the AWS_*
+    credentials in the environment, set for the test alone (the module's tests may run on
+    several workers, between other modules' tests)."""
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3}.items():
+        monkeypatch.setenv(key, value)
+
+
+def pretrain_data(
+    *args: str, cwd: Path, endpoint: str | None = None
+) -> subprocess.CompletedProcess:
+    """`pretrain-data` in a subprocess; `endpoint`: the S3 server (default: the environment's)."""
+    env = os.environ | {"TMPDIR": str(cwd)}
+    if endpoint is not None:
+        env |= {**S3_ENV, "AWS_ENDPOINT_URL": endpoint}
     return subprocess.run(
         [sys.executable, "-m", "data_pipelines.cli", *args],
         cwd=cwd,
-        env=os.environ | {"TMPDIR": str(cwd)},
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -60,7 +67,7 @@ def corpora(s3, tmp_path_factory):
     url, local = f"s3://{BUCKET}/small", work / "local"
     for out_dir in (url, local):
         result = pretrain_data(
-            "prepare", f"inputs=[{source}]", f"out_dir={out_dir}", *PREPARE, cwd=work
+            "prepare", f"inputs=[{source}]", f"out_dir={out_dir}", *PREPARE, cwd=work, endpoint=s3
         )
         assert result.returncode == 0, result.stderr[-3000:]
     return url, local
@@ -140,9 +147,8 @@ def test_losses_from_s3_equal_those_from_the_local_copy(corpora, tmp_path):
     ).read_bytes()
 
 
-def test_storage_options_reach_the_filesystem(corpora, tmp_path, monkeypatch):
-    url, _ = corpora
-    endpoint = os.environ.pop("AWS_ENDPOINT_URL")
+def test_storage_options_reach_the_filesystem(s3, corpora, tmp_path, monkeypatch):
+    url, endpoint = corpora[0], s3
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     overrides = cpu_run_overrides(
         url,
@@ -152,7 +158,6 @@ def test_storage_options_reach_the_filesystem(corpora, tmp_path, monkeypatch):
     )
     spec = build_stream(compose_config(overrides))[1]
     assert spec.storage.url == url and endpoint in spec.storage.options_json
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
 
 
 def test_the_slurm_array_prepare_writes_to_s3(corpora, tmp_path, monkeypatch):
