@@ -134,6 +134,7 @@ def fetch(
         if not make_room(path.parent.parent, size, limit_bytes, incoming, prefetch) and prefetch:
             raise NoRoom(f"{path.name}: {size} bytes do not fit within the cache limit now")
         partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        pin = None
         try:
             download(partial)
             check_download(partial, size, sha256)

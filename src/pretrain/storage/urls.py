@@ -105,6 +105,7 @@ def storage_environment() -> tuple[tuple[str, str], ...]:
 
 @lru_cache(maxsize=16)
 def _filesystem(scheme: str, options_json: str, environment: tuple):
+    """(`environment`, from `storage_environment`, is part of the cache key only.)"""
     import fsspec
 
     fs_protocol, extra = PROTOCOLS.get(scheme, (scheme, None))
