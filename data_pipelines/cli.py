@@ -15,6 +15,7 @@ pretrain-data merge [overrides...]               slices -> out_dir, one manifest
 
 import sys
 
+from pretrain.cli.process_exit import exit_after
 from pretrain.errors import filesystem_error, report_error
 
 USAGE = __doc__.split("\n", 1)[1]
@@ -268,5 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def console_main() -> None:
+    """`pretrain-data`: `main`, then the process ends without the interpreter's teardown
+    (`pretrain.cli.process_exit`)."""
+    exit_after(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

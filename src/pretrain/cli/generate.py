@@ -12,13 +12,13 @@ directory names its objective by config.json's `model_type` (`HF_OBJECTIVES`).
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 from hydra.utils import get_class
 from tokenizers import Tokenizer
 
+from pretrain.cli.process_exit import exit_after
 from pretrain.config import component_config
 from pretrain.data.vocab import load_vocabulary
 from pretrain.errors import report_error
@@ -134,5 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def console_main() -> None:
+    """`pretrain-generate`: `main`, then the process ends without the interpreter's teardown
+    (`pretrain.cli.process_exit`)."""
+    exit_after(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

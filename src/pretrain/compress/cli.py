@@ -15,6 +15,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pretrain.cli.process_exit import exit_after
 from pretrain.compress.config import register_compress_schema
 from pretrain.errors import ConfigError
 from pretrain.paths import CONF_DIR
@@ -63,5 +64,11 @@ def main() -> None:
     hydra_main()
 
 
+def console_main() -> None:
+    """`pretrain-compress`: `main`, then the process ends without the interpreter's teardown
+    (`pretrain.cli.process_exit`)."""
+    exit_after(main)
+
+
 if __name__ == "__main__":
-    main()
+    console_main()

@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import pretrain.config  # noqa: F401  (the ${sweep_suffix:} resolver)
 from pretrain.cli.help import print_app_help, wants_help
+from pretrain.cli.process_exit import exit_after
 from pretrain.errors import ConfigError
 from pretrain.eval.config import register_eval_schema
 from pretrain.paths import CONF_DIR
@@ -65,5 +66,11 @@ def main() -> None:
     hydra_main()
 
 
+def console_main() -> None:
+    """`pretrain-eval`: `main`, then the process ends without the interpreter's teardown
+    (`pretrain.cli.process_exit`)."""
+    exit_after(main)
+
+
 if __name__ == "__main__":
-    main()
+    console_main()

@@ -1,8 +1,8 @@
 """`pretrain-export <checkpoint> <out_dir> [--overwrite]`: a checkpoint -> a Hugging Face directory."""
 
 import argparse
-import sys
 
+from pretrain.cli.process_exit import exit_after
 from pretrain.errors import report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import export_checkpoint
@@ -37,5 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def console_main() -> None:
+    """`pretrain-export`: `main`, then the process ends without the interpreter's teardown
+    (`pretrain.cli.process_exit`)."""
+    exit_after(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -1,6 +1,7 @@
 """Lightning strategies of a run, built from the `strategy` config group.
 
-`ddp` is Lightning's DDPStrategy. `deepspeed` is Lightning's DeepSpeedStrategy with a DeepSpeed
+`ddp` is Lightning's DDPStrategy (`LocalDDPStrategy`: on CPU its local ranks are forked,
+`pretrain.runtime.fork_launcher`). `deepspeed` is Lightning's DeepSpeedStrategy with a DeepSpeed
 JSON generated from the run config (`deepspeed_config`) and checked by DeepSpeed's own parser
 when the config is validated, so a bad value fails before a job is queued. On a CPU
 accelerator, `CPUDeepSpeedStrategy` runs ZeRO 1-3 with the gloo backend (Lightning's strategy
@@ -19,9 +20,11 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 from pretrain.checkpoint.atomic import PARTIAL_SUFFIX, replace_directory
 from pretrain.errors import ConfigError
+from pretrain.runtime.fork_launcher import ForkLauncher
 
 
 def _deep_merge(base: dict, extra: Mapping) -> dict:
@@ -96,10 +99,30 @@ def check_strategy(config: Any) -> None:
     check_deepspeed_config(deepspeed_config(config), config.batch_plan.accumulate_grad_batches)
 
 
-class PretrainDeepSpeedStrategy(DeepSpeedStrategy):
+class ForkedLocalRanks:
+    """Strategy mixin (before a DDPStrategy): the local ranks Lightning would start by running
+    the command line again are forked where that is safe (`ForkLauncher`)."""
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if type(self._launcher) is _SubprocessScriptLauncher:
+            self._launcher = ForkLauncher(
+                self.cluster_environment,
+                self.num_processes,
+                self.num_nodes,
+                devices=list(self.parallel_devices or []),
+            )
+
+
+class LocalDDPStrategy(ForkedLocalRanks, DDPStrategy):
+    """Lightning's DDPStrategy, its local ranks forked on CPU (`ForkedLocalRanks`)."""
+
+
+class PretrainDeepSpeedStrategy(ForkedLocalRanks, DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy, but a checkpoint directory is written aside
     (`NAME.partial/`) and renamed into place after every rank has written its shard
-    (DeepSpeed's save ends with a barrier), so a half-written one is never resumed from."""
+    (DeepSpeed's save ends with a barrier), so a half-written one is never resumed from;
+    local ranks on CPU are forked (`ForkedLocalRanks`)."""
 
     def save_checkpoint(
         self, checkpoint: dict, filepath: Any, storage_options: Any | None = None
@@ -196,7 +219,7 @@ def build_strategy(config: Any) -> Strategy | str:
     if name == "auto":
         return "auto"
     if name == "ddp":
-        return DDPStrategy(
+        return LocalDDPStrategy(
             process_group_backend=backend,
             find_unused_parameters=strategy.find_unused_parameters,
             timeout=timeout,
