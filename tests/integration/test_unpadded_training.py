@@ -23,7 +23,7 @@ def test_unpadded_run_has_the_padded_runs_losses(prepared_corpus, tmp_path, caps
             "model.hidden_dropout_prob=0",
             "model.attention_probs_dropout_prob=0",
             "optim.warmup_steps=2",
-            "optim.optimizer.lr=1e-3",
+            "optim.optimizer.lr=3e-3",
             "trainer.max_steps=6",
             "trainer.log_every_n_steps=1",
         )
