@@ -2,12 +2,13 @@
 of the `pretrain` console process) train what ranks started by running the command line
 again train (`PRETRAIN_FORK_RANKS=0`, Lightning's way): every micro-batch's samples and loss
 on each rank, the weights at the end, and each rank's own log file in the run directory.
-Also: `ForkedRank` reports a forked child's exit status and signal as `subprocess.Popen`
+Also: `ForkedRank` reports a child's exit status and signal as `subprocess.Popen`
 does."""
 
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 from dist_helpers import RECORDING_MLM, read_records
@@ -48,20 +49,17 @@ def test_forked_ranks_train_what_ranks_started_anew_train(prepared_corpus, tmp_p
         )
 
 
-def forked_child(status: int | None = None) -> ForkedRank:
-    """A forked child that exits with `status`, or waits to be signalled (None)."""
-    pid = os.fork()
-    if pid == 0:
-        if status is None:
-            signal.pause()
-        os._exit(status or 0)
-    return ForkedRank(pid)
+def child(code: str) -> ForkedRank:
+    """A child process of this one running `code` in a new interpreter (posix_spawn: no Popen
+    to reap it behind ForkedRank's back, and no handler of this process's signals inherited,
+    as a fork of a test process holding SLURM's signals would inherit them)."""
+    return ForkedRank(os.posix_spawn(sys.executable, [sys.executable, "-c", code], os.environ))
 
 
-def test_a_forked_rank_reports_its_exit_as_popen_does():
-    done = forked_child(75)
+def test_a_rank_reports_its_exit_as_popen_does():
+    done = child("import sys; sys.exit(75)")
     assert done.wait() == 75 and done.poll() == 75 and done.returncode == 75
-    waiting = forked_child()
+    waiting = child("import signal; signal.pause()")
     assert waiting.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
         waiting.wait(timeout=0.2)
