@@ -15,7 +15,7 @@ pretrain-data merge [overrides...]               slices -> out_dir, one manifest
 
 import sys
 
-from pretrain.cli.process_exit import exit_after
+from pretrain.cli.process_exit import console_script
 from pretrain.errors import filesystem_error, report_error
 
 USAGE = __doc__.split("\n", 1)[1]
@@ -269,10 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def console_main() -> None:
-    """`pretrain-data`: `main`, then the process ends without the interpreter's teardown
-    (`pretrain.cli.process_exit`)."""
-    exit_after(main)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import torch
 from hydra.utils import get_class
 from tokenizers import Tokenizer
 
-from pretrain.cli.process_exit import exit_after
+from pretrain.cli.process_exit import console_script
 from pretrain.config import component_config
 from pretrain.data.vocab import load_vocabulary
 from pretrain.errors import report_error
@@ -134,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def console_main() -> None:
-    """`pretrain-generate`: `main`, then the process ends without the interpreter's teardown
-    (`pretrain.cli.process_exit`)."""
-    exit_after(main)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ multiprocessing's finalizers: the forkserver and resource tracker, wandb's finis
 output and error are flushed, then `os._exit`. Nothing is written after `main` returns that
 the normal path would write, so the files a run leaves are the same.
 
-Only console scripts use it (`[project.scripts]`, `python -m ...`): `main` called in-process
+Only console scripts use it (`console_script`: `[project.scripts]`, `python -m ...`): `main` called in-process
 (tests, a launcher that imports the module) keeps raising `SystemExit` and returning.
 `ends_process()` says whether this process runs under `exit_after` (a forked local rank must
 never return into a caller's code: `pretrain.runtime.fork_launcher`). Imports only the standard
@@ -29,6 +29,12 @@ _ending = False  # set by `exit_after`: this process ends when `main` returns
 def ends_process() -> bool:
     """True when this process runs a console script's `main` under `exit_after`."""
     return _ending
+
+
+def console_script(main: Callable[[], int | None]) -> Callable[[], NoReturn]:
+    """The console script of a CLI module's `main` (`[project.scripts]`, its `__main__`):
+    `main` under `exit_after`; `main` itself stays callable in-process."""
+    return lambda: exit_after(main)
 
 
 def exit_after(main: Callable[[], int | None]) -> NoReturn:

@@ -30,7 +30,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 import pretrain.config  # noqa: E402, F401 - registers the schema train.yaml names
 from pretrain.cli.help import print_app_help, wants_help  # noqa: E402
-from pretrain.cli.process_exit import exit_after  # noqa: E402
+from pretrain.cli.process_exit import console_script  # noqa: E402
 from pretrain.cluster.local_ranks import follow_launcher  # noqa: E402
 from pretrain.errors import ConfigError, write_line  # noqa: E402
 from pretrain.paths import CONF_DIR  # noqa: E402
@@ -147,10 +147,7 @@ def one_line(message: str) -> str:
     return "; ".join(part.removesuffix(".") for part in parts)
 
 
-def console_main() -> None:
-    """`pretrain`: `main`, then the process ends without the interpreter's teardown
-    (`pretrain.cli.process_exit`)."""
-    exit_after(main)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pretrain.cli.process_exit import exit_after
+from pretrain.cli.process_exit import console_script
 from pretrain.compress.config import register_compress_schema
 from pretrain.errors import ConfigError
 from pretrain.paths import CONF_DIR
@@ -64,10 +64,7 @@ def main() -> None:
     hydra_main()
 
 
-def console_main() -> None:
-    """`pretrain-compress`: `main`, then the process ends without the interpreter's teardown
-    (`pretrain.cli.process_exit`)."""
-    exit_after(main)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
 
 
 if __name__ == "__main__":

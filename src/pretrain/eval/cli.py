@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import pretrain.config  # noqa: F401  (the ${sweep_suffix:} resolver)
 from pretrain.cli.help import print_app_help, wants_help
-from pretrain.cli.process_exit import exit_after
+from pretrain.cli.process_exit import console_script
 from pretrain.errors import ConfigError
 from pretrain.eval.config import register_eval_schema
 from pretrain.paths import CONF_DIR
@@ -66,10 +66,7 @@ def main() -> None:
     hydra_main()
 
 
-def console_main() -> None:
-    """`pretrain-eval`: `main`, then the process ends without the interpreter's teardown
-    (`pretrain.cli.process_exit`)."""
-    exit_after(main)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 import argparse
 
-from pretrain.cli.process_exit import exit_after
+from pretrain.cli.process_exit import console_script
 from pretrain.errors import report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import export_checkpoint
@@ -37,10 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def console_main() -> None:
-    """`pretrain-export`: `main`, then the process ends without the interpreter's teardown
-    (`pretrain.cli.process_exit`)."""
-    exit_after(main)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
 
 
 if __name__ == "__main__":
