@@ -213,14 +213,16 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
 ):
     """One run through SLURM's preemption paths, with 2 data-loader workers per task: an
     `scancel --full --signal=TERM` (every process of the job, workers included) saves and
-    exits 75 without requeueing; the same command submitted again with a 1-minute limit and
-    `--signal=B:USR1@50` (the batch shell, i.e. srun, which forwards it) saves, requeues
+    exits 75 without requeueing; the same command submitted again with a 3-minute limit and
+    `--signal=B:USR1@170` (the batch shell, i.e. srun, which forwards it) saves, requeues
     itself and, released with a longer limit, finishes. The per-step losses of the three
     launches are the uninterrupted run's."""
-    # The warning of a 1-minute limit comes 10 to 40 s after the start (SLURM checks time
-    # limits every 30 s; a signal during start-up is held): the jobs wait at steps 120 and
-    # 160 until a signal has come (dist_helpers' HOLD), so they are training when it comes
-    # however fast the machine is (the uninterrupted reference does not wait).
+    # The warning 170 s before a 3-minute limit comes 10 to 40 s after the start (SLURM checks
+    # time limits every 30 s; a signal during start-up is held until the first step), which
+    # leaves the job at least 140 s to start, save and exit: a start-up under CI load can take
+    # over a minute. The jobs wait at steps 120 and 160 until a signal has come (dist_helpers'
+    # HOLD), so they are training when it comes however fast the machine is (the uninterrupted
+    # reference does not wait).
     steps = 200
     overrides = tiny_run(
         prepared_corpus,
@@ -251,15 +253,15 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
     job = sbatch(
         cluster,
         "--ntasks=1",
-        "--time=1",
-        "--signal=B:USR1@50",
+        "--time=3",
+        "--signal=B:USR1@170",
         f"--output={log}",
         "slurm/train.sbatch",
         *overrides,
     )
     reference = tmp_path / "reference"  # the uninterrupted run, trained here meanwhile
     train(compose_config([*overrides, f"run_dir={reference}"]))
-    wait_for_text(log, "requeueing SLURM job", 150)
+    wait_for_text(log, "requeueing SLURM job", 300)
     deadline = time.monotonic() + 240  # a guard: the job saves, stops its workers and exits
     while (state := job_field(cluster, job, "JobState")) != "PENDING":
         assert time.monotonic() < deadline, f"the job was not requeued (state {state})"
