@@ -5,20 +5,18 @@ data.verify_shards=true finds it before training starts. The data is never touch
 import json
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import cpu_run_overrides, damage_first_shard, first_shard_read
+from zygote import run_pretrain
 
 from pretrain.config import compose_config
 from pretrain.data.datamodule import open_corpus
 from pretrain.data.shard_format import ShardError, read_documents
 from pretrain.data.stream import EpochStream
 from pretrain.runtime.run import build_stream
-
-PRETRAIN = str(Path(sys.executable).parent / "pretrain")
 
 
 @pytest.fixture
@@ -35,9 +33,7 @@ def damaged_corpus(prepared_corpus, tmp_path) -> tuple[Path, Path, set[str]]:
 
 def run_cli(corpus: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     overrides = cpu_run_overrides(corpus, run_dir, "data.num_workers=2", *extra)
-    return subprocess.run(
-        [PRETRAIN, *overrides], capture_output=True, text=True, timeout=300, cwd=run_dir.parent
-    )
+    return run_pretrain(overrides, run_dir.parent, timeout=300)
 
 
 def test_a_changed_shard_stops_the_run_with_one_line_naming_it(damaged_corpus, tmp_path):

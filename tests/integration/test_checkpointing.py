@@ -6,12 +6,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from test_train import tiny_overrides
+from zygote import run_pretrain
 
 from pretrain.checkpoint import atomic, resume
 from pretrain.checkpoint.atomic import AtomicCheckpointIO, replace_directory
@@ -263,12 +263,7 @@ def test_never_sets_the_old_checkpoints_aside(tmp_path):
 
 
 def pretrain_cli(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "pretrain"), *overrides],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_pretrain(list(overrides), Path.cwd(), timeout=300)
 
 
 @pytest.mark.slow

@@ -6,16 +6,14 @@ weights are held (lr 1e-12): the two shapes group a step's samples into micro-ba
 differently, and a micro-batch's loss is its mean over its own predicted tokens, which would
 change the updates (as in the XLNet reshape of test_resume_matrix.py)."""
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import cpu_run_overrides
 from dist_helpers import RECORDING_MLM, read_records
+from zygote import run_pretrain
 
-TESTS_DIR = Path(__file__).parent
 GUARD_S = 1800  # a launch that would hang fails the test after this long (a guard, not a timer)
 
 CONFIG = (
@@ -37,15 +35,14 @@ def launch(shards_dir: Path, run_dir: Path, steps: int, ranks: int) -> None:
     """`pretrain` for `steps` steps on `ranks` CPU processes; records go to `<run_dir>-records`."""
     records = Path(f"{run_dir}-records")
     records.mkdir(parents=True, exist_ok=True)
-    environment = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)}
-    environment["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
     overrides = cpu_run_overrides(shards_dir, run_dir, *CONFIG, f"trainer.max_steps={steps}")
-    command = [sys.executable, "-m", "pretrain.cli.train", *overrides, f"trainer.devices={ranks}"]
     try:
-        result = subprocess.run(
-            command, env=environment, cwd=run_dir.parent, capture_output=True, text=True,
+        result = run_pretrain(
+            [*overrides, f"trainer.devices={ranks}"],
+            run_dir.parent,
+            {"PRETRAIN_TEST_RECORD_DIR": str(records)},
             timeout=GUARD_S,
-        )  # fmt: skip
+        )
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"launch still running after {GUARD_S} s: it hangs\n{error.stdout}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]

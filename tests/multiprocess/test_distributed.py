@@ -12,7 +12,6 @@ the loss falls by more than 0.2. DDP, ZeRO-2 and ZeRO-3 do the same arithmetic o
 micro-batches, so they agree to 2e-3."""
 
 import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 from conftest import cpu_run_overrides
 from dist_helpers import RECORDING_MLM, read_records
 from torch.utils.data import DataLoader
+from zygote import run_pretrain
 
 from pretrain.checkpoint.resume import find_resume_checkpoint
 from pretrain.config import ConfigError, compose_config, validate
@@ -59,16 +59,10 @@ def record_env(record_dir: Path) -> dict[str, str]:
 
 def launch(shards_dir: Path, run_dir: Path, record_dir: Path, *extra: str) -> dict:
     """Train with 2 CPU processes; returns the records of both ranks."""
-    env = os.environ | record_env(record_dir)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "pretrain.cli.train", *overrides(shards_dir, run_dir, *extra)]
-    result = subprocess.run(
-        [*command, "trainer.devices=2"],
-        env=env,
-        cwd=run_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    result = run_pretrain(
+        [*overrides(shards_dir, run_dir, *extra), "trainer.devices=2"],
+        run_dir.parent,
+        record_env(record_dir),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return read_records(record_dir)

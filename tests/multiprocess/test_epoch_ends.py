@@ -4,21 +4,19 @@ completed epoch is trained by exactly one rank, except the logged tail; a stuck 
 shard fails the run instead of hanging it; a run resumed on 2 ranks continues the 1-rank order.
 (Preemption and resume across epoch ends, DDP and ZeRO-2: test_resume_matrix.py.)"""
 
-import os
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import cpu_run_overrides, damage_first_shard
 from dist_helpers import RECORDING_MLM, read_records
+from zygote import run_pretrain
 
 from pretrain.config import compose_config
 from pretrain.data.stream import EpochStream
 
-TESTS_DIR = Path(__file__).parent
 GUARD_S = 900  # a run that would hang fails the test after this long (a guard, not a speed check)
 
 
@@ -40,16 +38,11 @@ def launch(
     """`pretrain` with `ranks` CPU processes; records go to `<run_dir>-records`."""
     records = Path(f"{run_dir}-records")
     records.mkdir(parents=True, exist_ok=True)
-    environment = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {})
-    environment["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "pretrain.cli.train", *overrides(shards_dir, run_dir, *extra)]
     try:
-        return subprocess.run(
-            [*command, f"trainer.devices={ranks}"],
-            env=environment,
-            cwd=run_dir.parent,
-            capture_output=True,
-            text=True,
+        return run_pretrain(
+            [*overrides(shards_dir, run_dir, *extra), f"trainer.devices={ranks}"],
+            run_dir.parent,
+            {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {}),
             timeout=GUARD_S,
         )
     except subprocess.TimeoutExpired as error:

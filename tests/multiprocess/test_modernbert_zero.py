@@ -5,16 +5,13 @@ each parameter's update by its own RMS, and ZeRO hands the optimizer flat partit
 many parameters, so under ZeRO-3 its clipping (and the losses, by 0.007 at step 2 here)
 differ from DDP's (benchmarks/RESULTS.md)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import cpu_run_overrides
 from dist_helpers import read_records
+from zygote import run_pretrain
 
-TESTS_DIR = Path(__file__).parent
 STEPS = 4
 MODERNBERT = (
     "model=modernbert_tiny",
@@ -35,18 +32,13 @@ def launch(shards_dir: Path, run_dir: Path, *extra: str) -> None:
     """Train on 2 CPU processes, recording to `<run_dir>-records`."""
     records = Path(f"{run_dir}-records")
     records.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)}
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
     overrides = cpu_run_overrides(
         shards_dir, run_dir, *MODERNBERT, f"trainer.max_steps={STEPS}", *extra, batch_size=4
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "pretrain.cli.train", *overrides, "trainer.devices=2"],
-        env=env,
-        cwd=run_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    result = run_pretrain(
+        [*overrides, "trainer.devices=2"],
+        run_dir.parent,
+        {"PRETRAIN_TEST_RECORD_DIR": str(records)},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 

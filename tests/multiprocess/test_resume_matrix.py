@@ -19,17 +19,15 @@ stream on DDP with accumulation (a signal inside an accumulation, then the epoch
 reshaped from 1 rank to 2 with the same global batch.
 """
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import cpu_run_overrides
 from dist_helpers import read_records
+from zygote import run_pretrain
 
-TESTS_DIR = Path(__file__).parent
 GUARD_S = 1800  # a launch that would hang fails the test after this long (a guard, not a timer)
 RANKS = 2
 
@@ -75,17 +73,12 @@ def launch(
     """`pretrain` on `ranks` CPU processes; records go to `<run_dir>-records`."""
     records = Path(f"{run_dir}-records")
     records.mkdir(parents=True, exist_ok=True)
-    environment = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {})
-    environment["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
     overrides = cpu_run_overrides(shards_dir, run_dir, *RECORDING, *extra)
-    command = [sys.executable, "-m", "pretrain.cli.train", *overrides, f"trainer.devices={ranks}"]
     try:
-        return subprocess.run(
-            command,
-            env=environment,
-            cwd=run_dir.parent,
-            capture_output=True,
-            text=True,
+        return run_pretrain(
+            [*overrides, f"trainer.devices={ranks}"],
+            run_dir.parent,
+            {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {}),
             timeout=GUARD_S,
         )
     except subprocess.TimeoutExpired as error:

@@ -3,16 +3,13 @@ within 2e-3: the same arithmetic on the same micro-batches, each row under its o
 mask), and a DDP checkpoint resumed on 1 process with 2 micro-batches a step (the
 same global batch, another job shape) trains each step on the samples the 2 ranks took."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import cpu_run_overrides
 from dist_helpers import read_records
+from zygote import run_pretrain
 
-TESTS_DIR = Path(__file__).parent
 STEPS = 4
 UNILM = (
     "model.hidden_dropout_prob=0",
@@ -31,18 +28,13 @@ def launch(shards_dir: Path, run_dir: Path, *extra: str, ranks: int = 2) -> dict
     """Train on `ranks` CPU processes; returns {rank: {step: [(keys, loss) per micro-batch]}}."""
     records = Path(f"{run_dir}-records")
     records.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"PRETRAIN_TEST_RECORD_DIR": str(records)}
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
     overrides = cpu_run_overrides(
         shards_dir, run_dir, *UNILM, f"trainer.max_steps={STEPS}", *extra, batch_size=4
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "pretrain.cli.train", *overrides, f"trainer.devices={ranks}"],
-        env=env,
-        cwd=run_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    result = run_pretrain(
+        [*overrides, f"trainer.devices={ranks}"],
+        run_dir.parent,
+        {"PRETRAIN_TEST_RECORD_DIR": str(records)},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return launch_steps(run_dir)

@@ -2,14 +2,11 @@
 the held-out batches and the sums are all-reduced, so `val/*` at a step equal a direct
 single-process computation on all the batches with that step's checkpoint."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from conftest import cpu_run_overrides
 from test_validation import direct_metrics, val_rows
+from zygote import run_pretrain
 
 from pretrain.checkpoint.compat import objective_state_dict
 from pretrain.config import compose_config
@@ -35,12 +32,10 @@ def test_val_metrics_under_ddp_reduce_over_ranks(prepared_corpus, tmp_path):
         "optim.optimizer.lr=1e-3",
         batch_size=4,
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "pretrain.cli.train", *overrides, "trainer.devices=2"],
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+    result = run_pretrain(
+        [*overrides, "trainer.devices=2"],
+        tmp_path,
+        {"OMP_NUM_THREADS": "1"},
         timeout=1800,  # a guard against a hang, not a speed check
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
