@@ -190,8 +190,15 @@ class CPUDeepSpeedStrategy(PretrainDeepSpeedStrategy):
         DDPStrategy.setup_environment(self)
 
     def setup_distributed(self) -> None:
+        import importlib
+
         from lightning.fabric.utilities.seed import reset_seed
 
+        # DeepSpeed's backend compiles a shared-memory all-reduce when it starts (a C++
+        # extension: 40 s and 75 s of CPU on 2 cores the first time on a machine, compiler
+        # probes on every start) that only `inference_all_reduce` calls; training's
+        # collectives are gloo's.
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
         reset_seed()
         self.set_world_ranks()
         self._init_deepspeed_distributed()
