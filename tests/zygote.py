@@ -23,6 +23,7 @@ threads could inherit held locks): `selectors` over the connections, children re
 
 import atexit
 import json
+import logging
 import os
 import selectors
 import shutil
@@ -183,8 +184,14 @@ def serve(address: str) -> None:
     parent = os.getppid()
     ready = os.fdopen(os.dup(1), "w")  # the client's pipe; what the imports print goes to stderr
     os.dup2(2, 1)
+    # Lightning gives its loggers a console handler of their own, and stops them propagating,
+    # when the root logger has none at its import; in a run Hydra has set up the root logger
+    # (the run's train.log) by then, so the imports here see one.
+    placeholder = logging.NullHandler()
+    logging.getLogger().addHandler(placeholder)
     for name in PRELOAD:
         importlib.import_module(name)
+    logging.getLogger().removeHandler(placeholder)
     if threading.active_count() != 1:
         raise RuntimeError(f"threads after the imports: {threading.enumerate()}")
     listener = socket.socket(socket.AF_UNIX)
