@@ -14,9 +14,10 @@ batches/s of one epoch (segment pairs of 128 tokens, batch 32, MLM corruption) r
 Prints batches/s (the median of `--repeats`), the ratio to local (the median of each
 repeat's ratio: local, cold and warm run side by side in each repeat; targets: warm >= 0.95,
 cold >= 0.8), the cache's hit rate and the bytes downloaded. Prepares a corpus of
-`--megabytes` of text first (about a minute per MB on 2 cores), unless a shards dir is given.
+`--megabytes` of text first (40 MB: about 3 minutes on 2 cores), cut at `prepare`'s default
+1000 documents a shard, unless a shards dir is given.
 
-    .venv/bin/python benchmarks/remote_stream.py [SHARDS_DIR] [--repeats 3] [--megabytes 6] [--docs-per-shard 200] \\
+    .venv/bin/python benchmarks/remote_stream.py [SHARDS_DIR] [--repeats 3] [--megabytes 40] [--docs-per-shard 1000] \\
         [--partitions 4] [--bounded-epochs 3] [--prefetch-shards 8]
 """
 
@@ -113,8 +114,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shards_dir", nargs="?")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--megabytes", type=float, default=6, help="of text to prepare")
-    parser.add_argument("--docs-per-shard", type=int, default=200)
+    parser.add_argument("--megabytes", type=float, default=40, help="of text to prepare")
+    parser.add_argument("--docs-per-shard", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=4, help="data.stream_partitions")
     parser.add_argument("--bounded-epochs", type=int, default=3)
     parser.add_argument("--prefetch-shards", type=int, default=8, help="data.prefetch_shards")
