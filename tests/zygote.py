@@ -161,7 +161,7 @@ def _child(request: dict) -> None:
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         sys.argv = ["-m", *request["args"]]
         runpy.run_module("pretrain.cli.train", run_name="__main__", alter_sys=True)
-        status = 0  # the console script ends the process itself; this is a module that did not
+        status = 0  # reached only if the module returned instead of ending the process
     except SystemExit as stop:
         status = stop.code if isinstance(stop.code, int) else 1
     except BaseException:
