@@ -125,6 +125,24 @@ def run_pretrain(
         return result
 
 
+def recorded_launch(
+    args: list[str], run_dir: Path, env: dict[str, str] | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """`run_pretrain(args)` from `run_dir`'s parent, with dist_helpers' recording objectives
+    writing to `<run_dir>-records`; a launch still running after `timeout` fails the test (it
+    hangs)."""
+    records = Path(f"{run_dir}-records")
+    records.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_pretrain(
+            args, run_dir.parent, {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {}), timeout
+        )
+    except subprocess.TimeoutExpired as error:
+        import pytest
+
+        pytest.fail(f"launch still running after {timeout} s: it hangs\n{error.stdout}")
+
+
 def _line(connection: socket.socket, buffer: bytearray) -> str:
     """The next line from `connection` ("" at its end); what follows it stays in `buffer`."""
     while b"\n" not in buffer:

@@ -6,13 +6,12 @@ weights are held (lr 1e-12): the two shapes group a step's samples into micro-ba
 differently, and a micro-batch's loss is its mean over its own predicted tokens, which would
 change the updates (as in the XLNet reshape of test_resume_matrix.py)."""
 
-import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import cpu_run_overrides
 from dist_helpers import RECORDING_MLM, read_records
-from zygote import run_pretrain
+from zygote import recorded_launch
 
 GUARD_S = 1800  # a launch that would hang fails the test after this long (a guard, not a timer)
 
@@ -33,18 +32,8 @@ STEP_SIZES = [8, 8, 16, 24, 32, 32]
 
 def launch(shards_dir: Path, run_dir: Path, steps: int, ranks: int) -> None:
     """`pretrain` for `steps` steps on `ranks` CPU processes; records go to `<run_dir>-records`."""
-    records = Path(f"{run_dir}-records")
-    records.mkdir(parents=True, exist_ok=True)
     overrides = cpu_run_overrides(shards_dir, run_dir, *CONFIG, f"trainer.max_steps={steps}")
-    try:
-        result = run_pretrain(
-            [*overrides, f"trainer.devices={ranks}"],
-            run_dir.parent,
-            {"PRETRAIN_TEST_RECORD_DIR": str(records)},
-            timeout=GUARD_S,
-        )
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"launch still running after {GUARD_S} s: it hangs\n{error.stdout}")
+    result = recorded_launch([*overrides, f"trainer.devices={ranks}"], run_dir, timeout=GUARD_S)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import cpu_run_overrides, damage_first_shard
 from dist_helpers import RECORDING_MLM, read_records
-from zygote import run_pretrain
+from zygote import recorded_launch
 
 from pretrain.config import compose_config
 from pretrain.data.stream import EpochStream
@@ -36,17 +36,8 @@ def launch(
     shards_dir: Path, run_dir: Path, ranks: int, *extra: str, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """`pretrain` with `ranks` CPU processes; records go to `<run_dir>-records`."""
-    records = Path(f"{run_dir}-records")
-    records.mkdir(parents=True, exist_ok=True)
-    try:
-        return run_pretrain(
-            [*overrides(shards_dir, run_dir, *extra), f"trainer.devices={ranks}"],
-            run_dir.parent,
-            {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {}),
-            timeout=GUARD_S,
-        )
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"{ranks}-rank run still running after {GUARD_S} s: it hangs\n{error.stdout}")
+    args = [*overrides(shards_dir, run_dir, *extra), f"trainer.devices={ranks}"]
+    return recorded_launch(args, run_dir, env, timeout=GUARD_S)
 
 
 def rank_streams(shards_dir: Path, ranks: int, epoch: int, *extra: str) -> dict[int, list[str]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import cpu_run_overrides
 from dist_helpers import read_records
-from zygote import run_pretrain
+from zygote import recorded_launch
 
 STEPS = 4
 MODERNBERT = (
@@ -30,16 +30,10 @@ MODERNBERT = (
 
 def launch(shards_dir: Path, run_dir: Path, *extra: str) -> None:
     """Train on 2 CPU processes, recording to `<run_dir>-records`."""
-    records = Path(f"{run_dir}-records")
-    records.mkdir(parents=True, exist_ok=True)
     overrides = cpu_run_overrides(
         shards_dir, run_dir, *MODERNBERT, f"trainer.max_steps={STEPS}", *extra, batch_size=4
     )
-    result = run_pretrain(
-        [*overrides, "trainer.devices=2"],
-        run_dir.parent,
-        {"PRETRAIN_TEST_RECORD_DIR": str(records)},
-    )
+    result = recorded_launch([*overrides, "trainer.devices=2"], run_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
 

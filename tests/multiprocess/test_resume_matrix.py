@@ -20,13 +20,12 @@ reshaped from 1 rank to 2 with the same global batch.
 """
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import cpu_run_overrides
 from dist_helpers import read_records
-from zygote import run_pretrain
+from zygote import recorded_launch
 
 GUARD_S = 1800  # a launch that would hang fails the test after this long (a guard, not a timer)
 RANKS = 2
@@ -71,18 +70,8 @@ def launch(
     shards_dir: Path, run_dir: Path, *extra: str, env: dict | None = None, ranks: int = RANKS
 ):
     """`pretrain` on `ranks` CPU processes; records go to `<run_dir>-records`."""
-    records = Path(f"{run_dir}-records")
-    records.mkdir(parents=True, exist_ok=True)
     overrides = cpu_run_overrides(shards_dir, run_dir, *RECORDING, *extra)
-    try:
-        return run_pretrain(
-            [*overrides, f"trainer.devices={ranks}"],
-            run_dir.parent,
-            {"PRETRAIN_TEST_RECORD_DIR": str(records)} | (env or {}),
-            timeout=GUARD_S,
-        )
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"launch still running after {GUARD_S} s: it hangs\n{error.stdout}")
+    return recorded_launch([*overrides, f"trainer.devices={ranks}"], run_dir, env, timeout=GUARD_S)
 
 
 def steps(records: dict[int, list[dict]]) -> dict[int, list[tuple[int, list[str], float]]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import cpu_run_overrides
 from dist_helpers import read_records
-from zygote import run_pretrain
+from zygote import recorded_launch
 
 STEPS = 4
 UNILM = (
@@ -26,16 +26,10 @@ UNILM = (
 
 def launch(shards_dir: Path, run_dir: Path, *extra: str, ranks: int = 2) -> dict[int, dict]:
     """Train on `ranks` CPU processes; returns {rank: {step: [(keys, loss) per micro-batch]}}."""
-    records = Path(f"{run_dir}-records")
-    records.mkdir(parents=True, exist_ok=True)
     overrides = cpu_run_overrides(
         shards_dir, run_dir, *UNILM, f"trainer.max_steps={STEPS}", *extra, batch_size=4
     )
-    result = run_pretrain(
-        [*overrides, f"trainer.devices={ranks}"],
-        run_dir.parent,
-        {"PRETRAIN_TEST_RECORD_DIR": str(records)},
-    )
+    result = recorded_launch([*overrides, f"trainer.devices={ranks}"], run_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return launch_steps(run_dir)
 
