@@ -675,7 +675,7 @@ class TrainConfig:
         # Derived once per launch and passed down (trainer, strategy, optimizer, log line);
         # not a field, so never part of the plain config. ConfigError naming the key when the
         # global batch cannot be made for the configured ranks.
-        self.batch_plan: BatchPlan = batch_plan(self)
+        self.batch_plan: BatchPlan = batch_plan(self.data, self.trainer)
         if warmup:  # the start must be whole micro-batches on every rank
             from pretrain.data.batch_warmup import batch_size_warmup
 

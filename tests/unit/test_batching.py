@@ -7,7 +7,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pretrain.config import ConfigError, TrainConfig, compose_config, run_config, validate
+from pretrain.config import (
+    ConfigError,
+    DataConfig,
+    TrainConfig,
+    TrainerConfig,
+    compose_config,
+    run_config,
+    validate,
+)
 from pretrain.runtime.batching import (
     batch_plan,
     count_devices,
@@ -33,19 +41,18 @@ def typed(config: dict) -> TrainConfig:
     [(256, 32, 1, 8), (256, 32, 2, 4), (256, 32, 8, 1), (8192, 32, 16, 16), (96, 4, 3, 8)],
 )
 def test_accumulation_is_derived_for_any_number_of_ranks(global_batch, micro, ranks, accumulation):
-    config = {
-        "data": {"batch_size": micro, "global_batch_size": global_batch},
-        "trainer": {"accumulate_grad_batches": 1, "devices": ranks, "num_nodes": 1},
-    }
-    plan = batch_plan(config | {"trainer": config["trainer"] | {"accelerator": "cpu"}})
+    plan = batch_plan(
+        DataConfig(batch_size=micro, global_batch_size=global_batch),
+        TrainerConfig(accelerator="cpu", devices=ranks),
+    )
     assert plan.accumulate_grad_batches == accumulation
     assert plan.micro_batch_size * plan.accumulate_grad_batches * plan.world_size == global_batch
 
 
 def test_ranks_count_devices_times_nodes():
-    trainer = {"accumulate_grad_batches": 1, "accelerator": "cpu", "num_nodes": 4}
     plan = batch_plan(
-        {"data": {"batch_size": 8, "global_batch_size": 256}, "trainer": trainer | {"devices": 2}}
+        DataConfig(batch_size=8, global_batch_size=256),
+        TrainerConfig(accelerator="cpu", num_nodes=4, devices=2),
     )
     assert (plan.world_size, plan.accumulate_grad_batches) == (8, 4)
     assert count_devices([0, 1, 3]) == 3
@@ -55,8 +62,8 @@ def test_ranks_count_devices_times_nodes():
 
 
 def test_null_global_batch_is_the_product_of_todays_keys():
-    config = plain("data.batch_size=16", "trainer.accumulate_grad_batches=3")
-    plan = batch_plan(config, ranks=2)
+    run = typed(plain("data.batch_size=16", "trainer.accumulate_grad_batches=3"))
+    plan = batch_plan(run.data, run.trainer, ranks=2)
     assert (plan.global_batch_size, plan.accumulate_grad_batches) == (96, 3)
 
 
@@ -173,7 +180,7 @@ def test_sweep_points_pair_batch_steps_and_lr_with_equal_samples(sweep, points):
     samples, run_dirs, groups = set(), set(), set()
     for point, (batch, steps, lr) in points.items():
         config = plain(f"+sweep={sweep}", f"+sweep_point={point}")
-        plan = batch_plan(config)
+        plan = typed(config).batch_plan
         assert (plan.global_batch_size, config["trainer"]["max_steps"]) == (batch, steps)
         assert config["optim"]["optimizer"]["lr"] == lr
         samples.add(round(batch * steps, -5))  # RoBERTa's 31K stands for 31.25K

@@ -6,6 +6,7 @@ read the policy without loading it."""
 
 from fnmatch import fnmatch
 
+from pretrain.config import DataConfig, TrainerConfig
 from pretrain.errors import ConfigError
 from pretrain.runtime.batching import batch_plan
 
@@ -103,8 +104,9 @@ def config_changes(saved: dict, current: dict, ignore: tuple[str, ...] = ("resum
 
 def _global_batch(config: dict) -> int | None:
     try:
-        return batch_plan(config).global_batch_size
-    except (ConfigError, KeyError, TypeError):
+        data, trainer = DataConfig(**config["data"]), TrainerConfig(**config["trainer"])
+        return batch_plan(data, trainer).global_batch_size
+    except (ConfigError, KeyError, TypeError):  # a section missing, or a key unknown here
         return None
 
 

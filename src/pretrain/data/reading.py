@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from pretrain.data.shard_format import (
 from pretrain.data.stages import PROGRESS_KEY, sample_progress_tokens
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import write_line
+
+if TYPE_CHECKING:  # the storage layer is imported only for a corpus at a URL
+    from pretrain.storage import StorageSpec
 
 Corruption = Callable[[dict, int], dict]
 UNITS_PER_READER = 32
@@ -72,7 +75,7 @@ class StreamSpec:
     tokens_per_batch: int | None = None  # a token budget per optimizer step (stream.py)
     document_masks: bool = False  # packed rows carry "document_ids" (data.document_masks)
     accumulation: int = 1  # micro-batches per optimizer step (with tokens_per_batch)
-    storage: Any = None  # pretrain.storage.StorageSpec of a corpus at a URL; None: local paths
+    storage: "StorageSpec | None" = None  # a corpus at a URL; None: local paths
 
     def mask_epoch(self, epoch: int) -> int:
         """The epoch that seeds the corruption's draws: the epoch itself (dynamic masking) or

@@ -14,11 +14,14 @@ samples so it covers the same data whatever the batch.
 """
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pretrain.errors import ConfigError
+
+if TYPE_CHECKING:  # pretrain.config imports this module when it validates
+    from pretrain.config import DataConfig, OptimConfig, TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -32,11 +35,7 @@ class BatchPlan:
     tokens_per_batch: int | None = None  # a token budget per step (then the sizes are nominal)
 
 
-def _get(section: Any, key: str) -> Any:
-    return section[key] if isinstance(section, Mapping) else getattr(section, key)
-
-
-def count_devices(devices: Any, accelerator: str = "auto") -> int:
+def count_devices(devices: int | str | Sequence[int], accelerator: str = "auto") -> int:
     """Processes per node for Lightning's `devices` value: an int, a list of indices, a string
     '0,1' or '2', or 'auto'/-1 (all devices of the accelerator: 1 on CPU, every GPU)."""
     if isinstance(devices, str):
@@ -60,25 +59,21 @@ def count_devices(devices: Any, accelerator: str = "auto") -> int:
     return devices
 
 
-def world_size(trainer: Any) -> int:
-    """Ranks of a run: devices per node x `trainer.num_nodes` (plain dict or TrainerConfig)."""
-    per_node = count_devices(_get(trainer, "devices"), _get(trainer, "accelerator"))
-    return per_node * _get(trainer, "num_nodes")
+def world_size(trainer: "TrainerConfig") -> int:
+    """Ranks of a run: devices per node x `trainer.num_nodes`."""
+    return count_devices(trainer.devices, trainer.accelerator) * trainer.num_nodes
 
 
-def batch_plan(config: Any, ranks: int | None = None) -> BatchPlan:
+def batch_plan(data: "DataConfig", trainer: "TrainerConfig", ranks: int | None = None) -> BatchPlan:
     """The run's `BatchPlan` from `data.global_batch_size`, `data.batch_size`,
     `trainer.accumulate_grad_batches` and the ranks (derived from `trainer` when not given).
     Raises ConfigError naming `data.global_batch_size` when it is not a multiple of
     batch_size x ranks, or contradicts an explicit trainer.accumulate_grad_batches."""
-    data, trainer = _get(config, "data"), _get(config, "trainer")
     ranks = world_size(trainer) if ranks is None else ranks
-    micro = _get(data, "batch_size")
-    accumulation = _get(trainer, "accumulate_grad_batches")
-    wanted = _get(data, "global_batch_size")
-    tokens = data.get("tokens_per_batch") if isinstance(data, Mapping) else data.tokens_per_batch
+    micro, accumulation = data.batch_size, trainer.accumulate_grad_batches
+    wanted, tokens = data.global_batch_size, data.tokens_per_batch
     if tokens:  # nominal sizes: the budget in sequences of data.max_seq_length tokens
-        full = max(1, tokens // _get(data, "max_seq_length"))
+        full = max(1, tokens // data.max_seq_length)
         micro = max(1, -(-full // (accumulation * ranks)))
         return BatchPlan(full, micro, accumulation, ranks, tokens)
     if wanted is None:
@@ -114,22 +109,21 @@ def lr_scale(scaling: str, global_batch_size: int, reference_batch_size: int) ->
     raise ConfigError(f"optim.lr_scaling = {scaling!r}: must be none, linear or sqrt")
 
 
-def learning_rate(optim: Any, plan: BatchPlan) -> float:
-    """The run's peak learning rate: `optim.optimizer["lr"]` scaled by `optim.lr_scaling`
-    (`optim`: the typed OptimConfig)."""
+def learning_rate(optim: "OptimConfig", plan: BatchPlan) -> float:
+    """The run's peak learning rate: `optim.optimizer["lr"]` scaled by `optim.lr_scaling`."""
     scale = lr_scale(optim.lr_scaling, plan.global_batch_size, optim.reference_batch_size)
     return optim.optimizer["lr"] * scale
 
 
-def warmup_steps(optim: Any, plan: BatchPlan) -> int:
+def warmup_steps(optim: "OptimConfig", plan: BatchPlan) -> int:
     """Warm-up in optimizer steps: ceil(optim.warmup_samples / global batch) when
-    warmup_samples is set, else optim.warmup_steps (`optim`: the typed OptimConfig)."""
+    warmup_samples is set, else optim.warmup_steps ."""
     if optim.warmup_samples is None:
         return optim.warmup_steps
     return math.ceil(optim.warmup_samples / plan.global_batch_size)
 
 
-def describe(optim: Any, plan: BatchPlan) -> str:
+def describe(optim: "OptimConfig", plan: BatchPlan) -> str:
     """One line for the log: the global batch, how it is made, and the learning rate."""
     lr = learning_rate(optim, plan)
     base = optim.optimizer["lr"]
