@@ -32,8 +32,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The built-in corpus (Python's help topics, 565k tokens) with a 2,000-token vocabulary: a
+# corpus this small leaves most of an 8,000-token vocabulary's embeddings nearly untrained
+# (conf/experiment/demo.yaml).
 data/builtin/manifest.json: | $(STAMP)
-	$(VENV)/bin/pretrain-data prepare inputs=[builtin] out_dir=data/builtin docs_per_shard=64
+	$(VENV)/bin/pretrain-data prepare inputs=[builtin] out_dir=data/builtin docs_per_shard=64 \
+		tokenizer.vocab_size=2000
 
 demo: $(STAMP) data/builtin/manifest.json
 	rm -rf $(DEMO_RUN)
@@ -131,9 +135,11 @@ demo-compress: $(STAMP) data/builtin/manifest.json
 # limits, a core left idle meanwhile). In the foreground everything else, spread over
 # TEST_WORKERS pytest-xdist workers a test at a time (--maxschedchunk 1: a worker gets its
 # next test when it is nearly done, so the long ones spread), the longest files first
-# (LONGEST_FIRST) so that no long test starts last; runs and corpora that several tests read are made once for
-# all workers (`build_once` in tests/conftest.py). The background lane's output follows, and
-# the target fails if either lane fails.
+# (LONGEST_FIRST) so that no long test starts last; runs and corpora that several tests read
+# are made once for all workers (`build_once` in tests/conftest.py). Four workers on 2 cores:
+# many tests wait (for a collective's timeout, a killed rank, a server), and three left the
+# cores a quarter idle. The background lane's output follows, and the target fails if either
+# lane fails.
 SLURM_TESTS = tests/multiprocess/test_slurm.py tests/multiprocess/test_slurm_nodes.py
 LONGEST_FIRST = tests/integration/test_eval_margin.py tests/integration/test_compress.py \
 	tests/multiprocess/test_resume_matrix.py tests/multiprocess/test_distributed.py \
@@ -146,7 +152,7 @@ LONGEST_FIRST = tests/integration/test_eval_margin.py tests/integration/test_com
 	tests/integration/test_zero_compat.py tests/integration/test_stream.py \
 	tests/integration/test_prepare.py tests/integration/test_xlnet_objective.py \
 	tests/integration/test_install.py tests/integration/test_golden.py
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 # Each run makes its own directory under TEST_TMP (mktemp), for the lanes' pytest temporary
 # directories and logs, so two `make test` at once never share or delete each other's files;
 # it is removed when every lane passed and kept, its path printed, when one failed.

@@ -1,9 +1,9 @@
-"""The corrupted-sentence task: a quarter of a sentence's words (at least one) replaced by
-other words of the corpus's vocabulary, the rest kept in place."""
+"""The built-in tasks' corruptions: a quarter of a sentence's words (at least one) replaced by
+other words of the corpus's vocabulary, the rest kept in place; a next sentence shuffled."""
 
 import numpy as np
 
-from pretrain.eval.builtin_tasks import corrupted_task
+from pretrain.eval.builtin_tasks import corrupted_task, shuffled_continuation_task
 
 DOCUMENTS = [["a b c d e f g h", "i j k l m n o p"], ["q r s t u v w x", "y z a b"]]
 
@@ -27,3 +27,16 @@ def test_corrupted_sentences_differ_in_a_quarter_of_their_words():
                 if len(s.split()) == len(words)
             )
             assert changed == max(1, round(0.25 * len(words)))
+
+
+def test_next_order_pairs_keep_the_next_sentence_or_its_shuffled_words():
+    """builtin_next_order: A is a sentence, B the one after it in its document, as written
+    (label 1) or with its words in another order (label 0); half of each."""
+    following = {a: b for document in DOCUMENTS for a, b in zip(document, document[1:])}
+    for seed in range(20):
+        examples = shuffled_continuation_task(np.random.default_rng(seed), DOCUMENTS, 2)
+        assert sorted(e.label for e in examples) == [0, 1]
+        for example in examples:
+            truth = following[example.text_a]
+            assert sorted(example.text_b.split()) == sorted(truth.split())
+            assert (example.text_b == truth) == (example.label == 1)

@@ -8,6 +8,7 @@ encoder knows better than a random one: word order, what follows what, where a p
     builtin_next      pair: does sentence B follow sentence A in the document?
     builtin_continuation pair: is B A's next sentence as written, or with half of its
                       words replaced by words drawn from the corpus's vocabulary?
+    builtin_next_order pair: is B A's next sentence as written, or with its words shuffled?
     builtin_overlap   regression: how many of A's words does B keep (0..1)?
     builtin_qa        extractive QA: which words follow the question's words in the context?
                       (a third of the questions have no answer: SQuAD v2 style)
@@ -73,6 +74,24 @@ def order_task(rng: np.random.Generator, documents: list[list[str]], count: int)
         text = " ".join(words if label else _shuffled(words, rng))
         examples.append(TextExample(text, None, label))
     return [examples[i] for i in rng.permutation(len(examples))]
+
+
+def shuffled_continuation_task(
+    rng: np.random.Generator, documents: list[list[str]], count: int
+) -> list:
+    """(A, B) pairs: B the sentence after A in its topic, as written (label 1) or with its
+    words shuffled (label 0), alternating, pairs in a random order: word order read across
+    a sentence pair; the words of both are those of the document."""
+    pairs = [(d, i) for d, sentences in enumerate(documents) for i in range(len(sentences) - 1)]
+    examples = []
+    for position, index in enumerate(rng.permutation(len(pairs))[:count]):
+        doc, i = pairs[index]
+        words = documents[doc][i + 1].split()
+        label = position % 2
+        examples.append(
+            TextExample(documents[doc][i], " ".join(words if label else _shuffled(words, rng)), label)
+        )
+    return examples
 
 
 def corrupted_task(
@@ -260,6 +279,7 @@ BUILTIN_TASKS: dict[str, tuple[str, tuple[str, ...], Callable]] = {
     "builtin_corrupted": ("classification", ("corrupted", "original"), corrupted_task),
     "builtin_next": ("pair", ("random", "next"), next_task),
     "builtin_continuation": ("pair", ("corrupted", "next"), continuation_task),
+    "builtin_next_order": ("pair", ("shuffled", "next"), shuffled_continuation_task),
     "builtin_overlap": ("regression", (), overlap_task),
     "builtin_qa": ("qa", (), qa_task),
     "builtin_replaced_qa": ("qa", (), replaced_qa_task),
