@@ -32,7 +32,9 @@ def test_corrupted_sentences_differ_in_a_quarter_of_their_words():
 def test_next_order_pairs_keep_the_next_sentence_or_its_shuffled_words():
     """builtin_next_order: A is a sentence, B the one after it in its document, as written
     (label 1) or with its words in another order (label 0); half of each."""
-    following = {a: b for document in DOCUMENTS for a, b in zip(document, document[1:])}
+    following = {
+        a: b for document in DOCUMENTS for a, b in zip(document, document[1:], strict=False)
+    }
     for seed in range(20):
         examples = shuffled_continuation_task(np.random.default_rng(seed), DOCUMENTS, 2)
         assert sorted(e.label for e in examples) == [0, 1]

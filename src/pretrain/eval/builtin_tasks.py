@@ -82,6 +82,17 @@ def shuffled_continuation_task(
     """(A, B) pairs: B the sentence after A in its topic, as written (label 1) or with its
     words shuffled (label 0), alternating, pairs in a random order: word order read across
     a sentence pair; the words of both are those of the document."""
+    return _next_sentence_pairs(rng, documents, count, lambda words: _shuffled(words, rng))
+
+
+def _next_sentence_pairs(
+    rng: np.random.Generator,
+    documents: list[list[str]],
+    count: int,
+    corrupt: Callable[[list[str]], list[str]],
+) -> list:
+    """`count` (A, B) pairs of consecutive sentences of a topic in a random order, B as
+    written (label 1) or `corrupt(B's words)` (label 0), alternating."""
     pairs = [(d, i) for d, sentences in enumerate(documents) for i in range(len(sentences) - 1)]
     examples = []
     for position, index in enumerate(rng.permutation(len(pairs))[:count]):
@@ -89,7 +100,7 @@ def shuffled_continuation_task(
         words = documents[doc][i + 1].split()
         label = position % 2
         examples.append(
-            TextExample(documents[doc][i], " ".join(words if label else _shuffled(words, rng)), label)
+            TextExample(documents[doc][i], " ".join(words if label else corrupt(words)), label)
         )
     return examples
 
@@ -148,16 +159,12 @@ def continuation_task(
     which a short pretraining barely learns, plays no part (a corrupted B keeps half of the
     true next sentence's words)."""
     vocabulary = _vocabulary(documents)
-    pairs = [(d, i) for d, sentences in enumerate(documents) for i in range(len(sentences) - 1)]
-    examples = []
-    for position, index in enumerate(rng.permutation(len(pairs))[:count]):
-        doc, i = pairs[index]
-        words = documents[doc][i + 1].split()
-        label = position % 2
-        if not label:
-            _replace_words(rng, words, vocabulary, max(1, round(fraction * len(words))))
-        examples.append(TextExample(documents[doc][i], " ".join(words), label))
-    return examples
+
+    def corrupt(words: list[str]) -> list[str]:
+        _replace_words(rng, words, vocabulary, max(1, round(fraction * len(words))))
+        return words
+
+    return _next_sentence_pairs(rng, documents, count, corrupt)
 
 
 def next_task(rng: np.random.Generator, documents: list[list[str]], count: int) -> list:
