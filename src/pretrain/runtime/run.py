@@ -170,10 +170,13 @@ def train(cfg: DictConfig) -> Path:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         finished = trainer.global_step >= run.trainer.max_steps
         state = "finished" if finished else "preempted" if saved_by_signal(trainer) else "failed"
-    except RuntimeError as error:
-        stuck = collective_failure(error, trainer, run.trainer.collective_timeout_s)
-        if stuck is not None:
-            raise stuck from error
+    except (RuntimeError, OSError) as error:
+        # OSError: a worker killed while the main process took its batch's shared memory
+        # surfaces as that connection's error (ConnectionResetError), not torch's own
+        if isinstance(error, RuntimeError):
+            stuck = collective_failure(error, trainer, run.trainer.collective_timeout_s)
+            if stuck is not None:
+                raise stuck from error
         died = dead_worker_message(error, datamodule)
         if died:  # killed: out of memory, or by hand
             raise RunEnvironmentError(
