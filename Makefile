@@ -106,8 +106,8 @@ demo-eval: $(STAMP)
 	$(DEMO_ENV) $(PY) -m pretrain.eval.demo encoder.path=$(DEMO_EXPORT) out_dir=$(DEMO_RUN)
 
 # Compress the `make demo` model every way (conf/compress/method/): TinyBERT distillation into a
-# 1-layer, 64-wide student (general, then also task-specific on builtin_order) and into a 2-layer
-# MobileBERT student (128-wide body, 32-wide bottleneck), int8 (post-training and
+# 1-layer, 32-wide student (general, then also task-specific on builtin_order) and into a 2-layer
+# MobileBERT student (64-wide body, 16-wide bottleneck), int8 (post-training and
 # quantization-aware), head pruning, magnitude and movement pruning to 50%; then
 # benchmarks/compression.py prints the table (and the PNG).
 # A few minutes on 2 CPU cores.
