@@ -26,12 +26,9 @@ samples after the first T_k / L), and every rank takes the same steps by constru
 from bisect import bisect_right
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Any
 
 from pretrain.errors import ConfigError
-
-if TYPE_CHECKING:  # pretrain.config imports this module when it validates
-    from pretrain.config import TrainConfig
 
 SKIPPED_BATCH_KEY = "skipped_micro_batch"  # a marker micro-batch of a warm-up step
 
@@ -90,8 +87,8 @@ class BatchSizeWarmup:
         return self.global_batch(step) // per_pass
 
 
-def batch_size_warmup(run: "TrainConfig") -> BatchSizeWarmup | None:
-    """The run's warm-up, or None when data.batch_size_warmup_tokens is
+def batch_size_warmup(run: Any) -> BatchSizeWarmup | None:
+    """The run's (a typed TrainConfig) warm-up, or None when data.batch_size_warmup_tokens is
     null. ConfigError naming data.batch_size_warmup_start when a micro-batch pass over all
     ranks (data.batch_size x ranks) does not divide it."""
     data, plan = run.data, run.batch_plan

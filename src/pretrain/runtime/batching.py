@@ -16,12 +16,12 @@ samples so it covers the same data whatever the batch.
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from pretrain.errors import ConfigError
 
-if TYPE_CHECKING:  # pretrain.config imports this module when it validates
-    from pretrain.config import DataConfig, OptimConfig, TrainerConfig
+# The config sections below are pretrain.config's DataConfig, TrainerConfig and OptimConfig,
+# named in docstrings: pretrain.config imports this module, so it cannot import them back.
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,13 @@ def count_devices(devices: int | str | Sequence[int], accelerator: str = "auto")
     return devices
 
 
-def world_size(trainer: "TrainerConfig") -> int:
-    """Ranks of a run: devices per node x `trainer.num_nodes`."""
+def world_size(trainer: Any) -> int:
+    """Ranks of a run (`trainer`: a TrainerConfig): devices per node x `trainer.num_nodes`."""
     return count_devices(trainer.devices, trainer.accelerator) * trainer.num_nodes
 
 
-def batch_plan(data: "DataConfig", trainer: "TrainerConfig", ranks: int | None = None) -> BatchPlan:
-    """The run's `BatchPlan` from `data.global_batch_size`, `data.batch_size`,
+def batch_plan(data: Any, trainer: Any, ranks: int | None = None) -> BatchPlan:
+    """The run's `BatchPlan` (`data`: a DataConfig, `trainer`: a TrainerConfig) from `data.global_batch_size`, `data.batch_size`,
     `trainer.accumulate_grad_batches` and the ranks (derived from `trainer` when not given).
     Raises ConfigError naming `data.global_batch_size` when it is not a multiple of
     batch_size x ranks, or contradicts an explicit trainer.accumulate_grad_batches."""
@@ -109,13 +109,13 @@ def lr_scale(scaling: str, global_batch_size: int, reference_batch_size: int) ->
     raise ConfigError(f"optim.lr_scaling = {scaling!r}: must be none, linear or sqrt")
 
 
-def learning_rate(optim: "OptimConfig", plan: BatchPlan) -> float:
+def learning_rate(optim: Any, plan: BatchPlan) -> float:
     """The run's peak learning rate: `optim.optimizer["lr"]` scaled by `optim.lr_scaling`."""
     scale = lr_scale(optim.lr_scaling, plan.global_batch_size, optim.reference_batch_size)
     return optim.optimizer["lr"] * scale
 
 
-def warmup_steps(optim: "OptimConfig", plan: BatchPlan) -> int:
+def warmup_steps(optim: Any, plan: BatchPlan) -> int:
     """Warm-up in optimizer steps: ceil(optim.warmup_samples / global batch) when
     warmup_samples is set, else optim.warmup_steps ."""
     if optim.warmup_samples is None:
@@ -123,7 +123,7 @@ def warmup_steps(optim: "OptimConfig", plan: BatchPlan) -> int:
     return math.ceil(optim.warmup_samples / plan.global_batch_size)
 
 
-def describe(optim: "OptimConfig", plan: BatchPlan) -> str:
+def describe(optim: Any, plan: BatchPlan) -> str:
     """One line for the log: the global batch, how it is made, and the learning rate."""
     lr = learning_rate(optim, plan)
     base = optim.optimizer["lr"]

@@ -16,7 +16,7 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
@@ -25,9 +25,6 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from pretrain.checkpoint.atomic import PARTIAL_SUFFIX, replace_directory
 from pretrain.errors import ConfigError
 from pretrain.runtime.fork_launcher import ForkLauncher
-
-if TYPE_CHECKING:  # pretrain.config imports this module when it validates
-    from pretrain.config import TrainConfig, TrainerConfig
 
 
 def _deep_merge(base: dict, extra: Mapping) -> dict:
@@ -40,7 +37,7 @@ def _deep_merge(base: dict, extra: Mapping) -> dict:
     return merged
 
 
-def deepspeed_config(config: "TrainConfig") -> dict:
+def deepspeed_config(config: Any) -> dict:
     """The DeepSpeed JSON of a run (the typed TrainConfig): micro-batch per rank (its batch
     plan), gradient clipping, precision and the ZeRO section from `strategy`, with
     `strategy.deepspeed` merged over it. Without `gradient_accumulation_steps`, which
@@ -94,7 +91,7 @@ def check_deepspeed_config(ds_config: dict, accumulation: int) -> None:
         ) from error
 
 
-def check_strategy(config: "TrainConfig") -> None:
+def check_strategy(config: Any) -> None:
     """Validation hook of TrainConfig (typed, with its batch plan): for DeepSpeed, build and
     parse the JSON now."""
     if config.strategy.name != "deepspeed":
@@ -211,14 +208,14 @@ class CPUDeepSpeedStrategy(PretrainDeepSpeedStrategy):
         return torch.device("cpu", self.local_rank)
 
 
-def is_cpu_run(trainer: "TrainerConfig") -> bool:
+def is_cpu_run(trainer: Any) -> bool:
     """True when the run's accelerator (of the typed TrainerConfig) is the CPU (`cpu`, or
     `auto` without CUDA)."""
     accelerator = trainer.accelerator
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
 
-def build_strategy(config: "TrainConfig") -> Strategy | str:
+def build_strategy(config: Any) -> Strategy | str:
     """The Lightning strategy of a run (the typed TrainConfig): 'auto', a DDPStrategy, or a
     DeepSpeed strategy (the CPU subclass when the accelerator is the CPU)."""
     strategy, trainer = config.strategy, config.trainer
