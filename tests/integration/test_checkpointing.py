@@ -194,6 +194,12 @@ def test_what_may_change_between_launches():
     ]
     fixed = {"data.global_batch_size": 16}
     assert refused_changes(plain(**fixed), plain(**fixed, **{"trainer.devices": 2})) == []
+    # a data key the schema no longer has (an older version's) does not hide the global batch
+    old = plain(**fixed)
+    old["data"]["retired_key"] = 1
+    assert refused_changes(old, plain(**fixed, **{"trainer.devices": 2})) == [
+        "data.retired_key: 1 -> '<unset>'"
+    ]
 
 
 def test_a_relaunch_may_move_the_corpus_to_a_copy_of_it(prepared_corpus, tmp_path):

@@ -5,8 +5,9 @@ refused on resume (`check_relaunch`) unless resume=force. Torch-free, so reports
 read the policy without loading it."""
 
 from fnmatch import fnmatch
+from types import SimpleNamespace
 
-from pretrain.config import DataConfig, TrainerConfig
+from pretrain.config import DataConfig, TrainerConfig, settings_from
 from pretrain.errors import ConfigError
 from pretrain.runtime.batching import batch_plan
 
@@ -104,9 +105,13 @@ def config_changes(saved: dict, current: dict, ignore: tuple[str, ...] = ("resum
 
 def _global_batch(config: dict) -> int | None:
     try:
-        data, trainer = DataConfig(**config["data"]), TrainerConfig(**config["trainer"])
+        # the schema's fields only: a key an older or newer version saved does not matter
+        data, trainer = (
+            settings_from(cls, SimpleNamespace(**config[name]))
+            for cls, name in ((DataConfig, "data"), (TrainerConfig, "trainer"))
+        )
         return batch_plan(data, trainer).global_batch_size
-    except (ConfigError, KeyError, TypeError):  # a section missing, or a key unknown here
+    except (ConfigError, KeyError, TypeError):  # a section missing, or a value refused
         return None
 
 

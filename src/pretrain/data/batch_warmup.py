@@ -88,7 +88,7 @@ class BatchSizeWarmup:
 
 
 def batch_size_warmup(run: Any) -> BatchSizeWarmup | None:
-    """The run's (a typed TrainConfig) warm-up, or None when data.batch_size_warmup_tokens is
+    """The run's (typed TrainConfig) warm-up, or None when data.batch_size_warmup_tokens is
     null. ConfigError naming data.batch_size_warmup_start when a micro-batch pass over all
     ranks (data.batch_size x ranks) does not divide it."""
     data, plan = run.data, run.batch_plan

@@ -65,8 +65,9 @@ def world_size(trainer: Any) -> int:
 
 
 def batch_plan(data: Any, trainer: Any, ranks: int | None = None) -> BatchPlan:
-    """The run's `BatchPlan` (`data`: a DataConfig, `trainer`: a TrainerConfig) from `data.global_batch_size`, `data.batch_size`,
-    `trainer.accumulate_grad_batches` and the ranks (derived from `trainer` when not given).
+    """The run's `BatchPlan` (`data`: a DataConfig, `trainer`: a TrainerConfig) from
+    `data.global_batch_size`, `data.batch_size`, `trainer.accumulate_grad_batches` and the
+    ranks (derived from `trainer` when not given).
     Raises ConfigError naming `data.global_batch_size` when it is not a multiple of
     batch_size x ranks, or contradicts an explicit trainer.accumulate_grad_batches."""
     ranks = world_size(trainer) if ranks is None else ranks
