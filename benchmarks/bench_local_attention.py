@@ -41,7 +41,7 @@ encoder = ModernBertEncoder(
     local_attention=128, global_attn_every_n_layers=args["every"],
     attention_backend=args["backend"], max_position_embeddings=8192,
 ).to(device, torch.bfloat16 if cuda else torch.float32)
-ids = torch.randint(1, 1000, (1, args["length"]), device=device)
+ids = torch.randint(1, 1000, (args["rows"], args["length"]), device=device)
 mask = torch.ones_like(ids)
 def step():
     if args["train"]:
@@ -75,6 +75,7 @@ def measure(backend: str, every: int, length: int, args) -> dict:
         layers=args.layers,
         heads=args.heads,
         repeats=args.repeats,
+        rows=args.rows,
         train=args.train,
         device=args.device,
     )
@@ -95,6 +96,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--rows", type=int, default=1, help="rows a batch (one row leaves a GPU host-bound)"
+    )
     parser.add_argument("--train", action="store_true", help="forward + backward (sdpa)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
@@ -107,7 +111,7 @@ def main() -> None:
         for length in args.lengths:
             local = measure(backend, 3, length, args)
             glob = measure(backend, 1, length, args)
-            lt, gt = (1e6 * r["seconds"] / length for r in (local, glob))
+            lt, gt = (1e6 * r["seconds"] / (length * args.rows) for r in (local, glob))
             lm, gm = (r["peak_kib"] / 1024 for r in (local, glob))
             memory = f"{lm / gm:.2f}" if gm > 0 else "—"
             print(

@@ -173,7 +173,7 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
                 loss.backward()
                 if step == args.nan_step:  # copies on the device: compared after the loop
                     grad = next(p.grad for p in module.parameters() if p.grad is not None)
-                    grad.view(-1)[0] = nan
+                    grad.view(-1)[:1].fill_(nan)  # a kernel: `[0] = nan` copies from the host
                     before = [p.detach().clone() for p in module.parameters()]
                 bad = nonfinite_flag(~torch.isfinite(loss.detach()), module.parameters(), device)
                 optimizer.found_inf = skips.record(bad.float())
@@ -182,13 +182,11 @@ def check(objective: str, args, scratch: Path, teacher: Path | None) -> str:
                 if step == args.nan_step:
                     after = [p.detach().clone() for p in module.parameters()]
         except RuntimeError as error:
-            frames = [
-                f"{Path(f.filename).name}:{f.lineno} {f.line}"
-                for f in traceback.extract_tb(error.__traceback__)
-                if "pretrain" in f.filename
-            ]
+            frames = traceback.extract_tb(error.__traceback__)
+            ours = [f for f in frames if "pretrain" in f.filename or f.filename == __file__]
+            shown = ours[-2:] + [f for f in frames[-2:] if f not in ours[-2:]]
             return f"SYNC at step {step}: {str(error).splitlines()[0]} | " + " <- ".join(
-                reversed(frames[-3:])
+                f"{Path(f.filename).name}:{f.lineno} {f.line}" for f in reversed(shown)
             )
     if device.type == "cuda":
         torch.cuda.synchronize()

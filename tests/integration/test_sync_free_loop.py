@@ -46,6 +46,8 @@ class SyncGuard(L.Callback):
     [
         ("objective=mlm_nsp", "data=segment_pair"),
         ("objective=mlm", "data=full_sentences", "data.global_batch_size=16"),  # accumulation
+        # bf16 autocast, as trainer=gpu: clipping with the fused AdamW (no gradient scaler)
+        ("objective=mlm", "data=full_sentences", "trainer.precision=bf16-mixed"),
         ("objective=span", "data=full_sentences"),
         ("objective=unilm", "data=segment_pair"),  # (batch, seq, seq) masks built on the device
         ("objective=electra", "model=electra_tiny", "data=segment_pair"),
@@ -60,7 +62,7 @@ class SyncGuard(L.Callback):
             "data=full_sentences",
         ),
     ],
-    ids=lambda overrides: overrides[0].split("=")[1],
+    ids=lambda overrides: "-".join(o.split("=")[1] for o in overrides if "global" not in o)[:40],
 )
 def test_steps_between_log_steps_never_wait_for_the_device(prepared_corpus, tmp_path, overrides):
     cfg = compose_config(

@@ -338,6 +338,24 @@ class PretrainingTask(L.LightningModule):
             self._on_skipped_step(None if isinstance(strategy, DeepSpeedStrategy) else bad_ranks)
         self.log("train/skipped_steps", float(self.skipped_steps))
 
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
+        """Clip per trainer.gradient_clip_val. Lightning's mixed-precision plugin refuses to
+        clip for an optimizer that unscales its own gradients (torch's fused AdamW, which GPU
+        runs use) even in bf16, where no gradient scaler exists and nothing is unscaled; there
+        the plugin's plain clipping runs. With fp16's scaler, Lightning's check stands."""
+        from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+        plugin = self.trainer.precision_plugin
+        if isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            algorithm = gradient_clip_algorithm or "norm"
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val or 0.0, algorithm)
+        else:
+            super().configure_gradient_clipping(
+                optimizer, gradient_clip_val, gradient_clip_algorithm
+            )
+
     def lr_scheduler_step(self, scheduler, metric=None) -> None:
         """The schedule advances once per applied optimizer step (Lightning also calls this
         when an epoch is ended by on_train_batch_start, where no step was taken)."""
