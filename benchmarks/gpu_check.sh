@@ -13,9 +13,10 @@
 #   3. DDP vs DeepSpeed ZeRO-2 on one device: short `pretrain` runs (trainer=gpu), their
 #      tokens/s and MFU as the run logs them;
 #   4. ModernBERT's local/global attention vs all-global (bench_local_attention.py): time and
-#      peak memory per token from 512 to 8,192 tokens, FlexAttention and SDPA, bf16 training.
-# Every check runs, each under its own time limit ($LIMIT seconds, default 240; $LIMIT_<name>
-# for one check: LIMIT_gpu_bench, LIMIT_sync_check, ...), so that one
+#      peak memory per token at 2,048 and 8,192 tokens (8 rows), FlexAttention and SDPA, bf16
+#      training.
+# Every check runs, each under its own time limit ($LIMIT seconds, default 240, 900 for
+# --smoke; $LIMIT_<name> for one check: LIMIT_gpu_bench, LIMIT_sync_check, ...), so that one
 # failure or hang does not cost the others on a short GPU lease; the script exits non-zero when
 # any failed and names them. $SHARDS: a prepared corpus (default data/builtin, prepared when
 # missing); $WORK: scratch (default a new temporary directory); $CHECKS: which to run (default
@@ -30,7 +31,7 @@ OUT=${OUT:-benchmarks/gpu_check.md}
 WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$WORK"
 SHARDS=${SHARDS:-data/builtin}
-LIMIT=${LIMIT:-240}
+LIMIT=${LIMIT:-$(if [ $SMOKE = 1 ]; then echo 900; else echo 240; fi)} # smoke: a loaded CPU
 FAILED=()
 CHECKS=" ${CHECKS:-sync_check gpu_bench strategies local_attention} "
 want() { [[ $CHECKS == *" $1 "* ]]; }

@@ -157,13 +157,19 @@ def test_features_mode_runs_the_encoder_once_per_example(
     assert sum(rows) == 3 * 48 + 16
 
 
-@pytest.mark.parametrize("kind", ["pair", "qa"])
-def test_cached_hidden_states_give_the_uncached_results(tiny_encoder_checkpoint, kind):
-    """Features mode runs the frozen encoder once per example, not once per epoch; the
-    head sees the same inputs, so predictions and metrics equal the per-batch path's."""
+@pytest.mark.parametrize(
+    "kind, layers, pooling",
+    [("pair", "scalar_mix", "mean"), ("pair", "concat_all", "cls"), ("qa", "scalar_mix", "mean")],
+)
+def test_cached_hidden_states_give_the_uncached_results(
+    tiny_encoder_checkpoint, kind, layers, pooling
+):
+    """Features mode runs the frozen encoder once per example, not once per epoch (a pair
+    task's states pooled before they are cached); the head sees the same vectors, so
+    predictions and metrics equal the per-batch path's."""
     name = {"pair": "builtin_continuation", "qa": "builtin_replaced_qa"}[kind]
     task = builtin_task(name, train_size=32, dev_size=16)
-    settings = small_settings(mode="features", layers="scalar_mix", pooling="mean", epochs=2)
+    settings = small_settings(mode="features", layers=layers, pooling=pooling, epochs=2)
     results = [
         fit_and_score(load_encoder(tiny_encoder_checkpoint), task, settings, cache_states=cache)
         for cache in (True, False)

@@ -213,16 +213,18 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
 ):
     """One run through SLURM's preemption paths, with 2 data-loader workers per task: an
     `scancel --full --signal=TERM` (every process of the job, workers included) saves and
-    exits 75 without requeueing; the same command submitted again with a 3-minute limit and
-    `--signal=B:USR1@170` (the batch shell, i.e. srun, which forwards it) saves, requeues
+    exits 75 without requeueing; the same command submitted again with a 4-minute limit and
+    `--signal=B:USR1@190` (the batch shell, i.e. srun, which forwards it) saves, requeues
     itself and, released with a longer limit, finishes. The per-step losses of the three
     launches are the uninterrupted run's."""
-    # The warning 170 s before a 3-minute limit comes 10 to 40 s after the start (SLURM checks
-    # time limits every 30 s; a signal during start-up is held until the first step), which
-    # leaves the job at least 140 s to start, save and exit: a start-up under CI load can take
-    # over a minute. The jobs wait at steps 120 and 160 until a signal has come (dist_helpers'
-    # HOLD), so they are training when it comes however fast the machine is (the uninterrupted
-    # reference does not wait).
+    # SLURM sends the warning at its first time-limit check (every 30 s) that finds the job
+    # within 190 + 30 s of its limit: with 4 minutes, 20 to 50 s after the start (a signal
+    # during start-up is held until the first step). With 3 minutes and @170 it could come at
+    # the start itself and end the batch shell before Python's handler existed (seen under
+    # load: the job ended by SIGUSR1 94 ms after it started). The job then has at least 190 s
+    # to save and exit: a start-up under CI load can take over a minute. The jobs wait at
+    # steps 120 and 160 until a signal has come (dist_helpers' HOLD), so they are training
+    # when it comes however fast the machine is (the uninterrupted reference does not wait).
     steps = 200
     overrides = tiny_run(
         prepared_corpus,
@@ -253,8 +255,8 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
     job = sbatch(
         cluster,
         "--ntasks=1",
-        "--time=3",
-        "--signal=B:USR1@170",
+        "--time=4",
+        "--signal=B:USR1@190",
         f"--output={log}",
         "slurm/train.sbatch",
         *overrides,

@@ -132,16 +132,38 @@ def load_encoder(path: str | Path, init: str = "pretrained", seed: int = 0) -> L
 
 
 @torch.no_grad()
-def with_hidden_states(encoder: HiddenStates, rows: TensorRows, batch_size: int) -> TensorRows:
+def with_hidden_states(
+    encoder: HiddenStates,
+    rows: TensorRows,
+    batch_size: int,
+    pooling: str | None = None,
+    last_token: bool = False,
+) -> TensorRows:
     """`rows` plus `hidden_states` (rows, num_layers + 1, seq, hidden): the frozen encoder's
     output for every row, computed once in eval mode (no dropout) in batches of `batch_size`
     rows, so that a features-mode head trains for every epoch without running the encoder
-    again (the results equal running it per batch, up to float rounding)."""
+    again (the results equal running it per batch, up to float rounding).
+
+    With `pooling` (a sequence-level task's `eval.pooling`; `last_token`: XLNet's summary
+    token), each state is pooled over its tokens first and kept as one position:
+    (rows, num_layers + 1, 1, hidden), the attention mask that one position. Every layer
+    choice is a selection, a concatenation or a weighted sum of the states, and pooling is a
+    selection or a mean over the tokens, so the head reads the same vector either way, from
+    seq times less memory and work per epoch."""
+    from pretrain.eval.heads import pool
+
     mode = encoder.training
     encoder.eval()
-    states = [
-        torch.stack(encoder(rows[start : start + batch_size]), dim=1)  # (batch, states, seq, h)
-        for start in range(0, len(rows), batch_size)
-    ]
+    states = []
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        layers = encoder(batch)  # num_layers + 1 of (batch, seq, hidden)
+        if pooling is not None:
+            mask = batch["attention_mask"]
+            layers = [pool(h, mask, pooling, last_token).unsqueeze(1) for h in layers]
+        states.append(torch.stack(layers, dim=1))  # (batch, states, seq or 1, hidden)
     encoder.train(mode)
-    return TensorRows({**rows.tensors, "hidden_states": torch.cat(states)})
+    tensors = {**rows.tensors, "hidden_states": torch.cat(states)}
+    if pooling is not None:
+        tensors["attention_mask"] = torch.ones(len(rows), 1, dtype=torch.long)
+    return TensorRows(tensors)

@@ -96,24 +96,28 @@ def fit_and_score(
     """Fit a head (and, in finetune mode, the encoder) on `task.train`; returns {metrics,
     predictions, references} on `task.dev` (QA: answer texts; tagging: per scored word).
     In features mode with `cache_states` the frozen encoder runs once per example, not once
-    per epoch: its hidden states are computed before training and the head reads them, when
-    those of the training and dev sets fit in CACHED_STATES_BYTES."""
+    per epoch: its hidden states are computed before training and the head reads them (a
+    sequence-level task's pooled over the tokens already), when those of the training and
+    dev sets fit in CACHED_STATES_BYTES."""
     import lightning as L
 
     L.seed_everything(settings.seed, verbose=False)
     train, dev = (_features(loaded, task, part, settings) for part in (task.train, task.dev))
     train_rows = train.rows if task.kind == "qa" else train
     dev_rows = dev.rows if task.kind == "qa" else dev
+    pooled = task.kind not in ("tagging", "qa")  # a sequence-level head: pooled states cached
     cached_bytes = (  # float32 hidden states of every layer, embeddings included
         4
         * (len(train_rows) + len(dev_rows))
         * (loaded.model.num_layers + 1)
-        * settings.max_seq_length
+        * (1 if pooled else settings.max_seq_length)
         * loaded.model.hidden_size
     )
     if settings.mode == "features" and cache_states and cached_bytes <= CACHED_STATES_BYTES:
+        pooling = settings.pooling if pooled else None
+        last_token = loaded.model_type == "xlnet"
         train_rows, dev_rows = (
-            with_hidden_states(loaded.model, rows, settings.batch_size)
+            with_hidden_states(loaded.model, rows, settings.batch_size, pooling, last_token)
             for rows in (train_rows, dev_rows)
         )
     loader = DataLoader(train_rows, batch_size=settings.batch_size, shuffle=True)
