@@ -262,12 +262,15 @@ def test_static_budget_gives_the_losses_of_boolean_indexing(case, request, tmp_p
             assert set(want) <= set(got), (case, sorted(want), sorted(got))
             tolerance = dict.fromkeys(want, 1e-6)
             if isinstance(module, ElectraModule):
-                # the detection loss is a mean over every real token (about 2,000), summed in
+                # the detection loss is a mean over every real token (hundreds), summed in
                 # another order than `detection[real]`'s (float32, in an order that depends on
-                # the tensors' alignment): 1e-6 plus that sum's rounding, sqrt(n) x 2^-23; the
-                # total weights it by 50, so it is checked as the sum of its parts
+                # the tensors' alignment): each sum of n positive terms is within (n - 1) x 2^-24
+                # of the exact one, relatively, so the two within n x 2^-23 of each other. (The
+                # typical sqrt(n) x 2^-23 was exceeded under load: 9.0e-6 against 3.5e-6 at 460
+                # tokens; a wrong token set moves the mean by about 1e-3.) The total weights it
+                # by 50, so it is checked as the sum of its parts
                 tokens = int(batch["attention_mask"].sum())
-                tolerance["discriminator_loss"] = 1e-6 + tokens**0.5 * 2**-23
+                tolerance["discriminator_loss"] = 1e-6 + tokens * 2**-23
                 weight = module.discriminator_weight
                 parts = got["mlm_loss"] + weight * got["discriminator_loss"]
                 torch.testing.assert_close(got.pop("loss"), parts, rtol=1e-6, atol=1e-6)
