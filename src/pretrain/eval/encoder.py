@@ -13,6 +13,7 @@ from torch import nn
 
 from pretrain.errors import ConfigError
 from pretrain.eval.features import TensorRows
+from pretrain.eval.heads import pool
 
 INITS = ("pretrained", "random")
 
@@ -150,8 +151,6 @@ def with_hidden_states(
     choice is a selection, a concatenation or a weighted sum of the states, and pooling is a
     selection or a mean over the tokens, so the head reads the same vector either way, from
     seq times less memory and work per epoch."""
-    from pretrain.eval.heads import pool
-
     mode = encoder.training
     encoder.eval()
     states = []

@@ -9,8 +9,12 @@ from torch import nn
 from pretrain.errors import ConfigError
 from pretrain.eval.config import LAYER_CHOICES, MODES, POOLINGS
 
+# Task kinds whose head reads every token; the others read one pooled vector per example
+PER_TOKEN_KINDS = ("tagging", "qa")
+
 __all__ = [
     "LAYER_CHOICES",
+    "PER_TOKEN_KINDS",
     "MODES",
     "POOLINGS",
     "LayerSelection",

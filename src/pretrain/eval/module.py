@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from pretrain.errors import ConfigError
 from pretrain.eval.encoder import HiddenStates
 from pretrain.eval.features import IGNORE_INDEX
-from pretrain.eval.heads import MODES, LayerSelection, pool
+from pretrain.eval.heads import MODES, PER_TOKEN_KINDS, LayerSelection, pool
 
 
 @dataclass
@@ -82,7 +82,7 @@ class DownstreamModule(L.LightningModule):
         else:
             states = self.encoder(batch)
         hidden = self.layers(states)  # (batch, seq, features)
-        if self.kind in ("tagging", "qa"):
+        if self.kind in PER_TOKEN_KINDS:
             return self.head(self.dropout(hidden))
         pooled = pool(
             hidden, batch["attention_mask"], self.settings.pooling, self.last_token_summary

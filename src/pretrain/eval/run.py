@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from pretrain.eval.config import EvalConfig, EvalRunConfig, TaskConfig
 from pretrain.eval.encoder import LoadedEncoder, load_encoder, with_hidden_states
 from pretrain.eval.features import IGNORE_INDEX, tagging_features, text_features, window_features
+from pretrain.eval.heads import PER_TOKEN_KINDS
 from pretrain.eval.metrics import (
     classification_metrics,
     decode_answers,
@@ -105,7 +106,7 @@ def fit_and_score(
     train, dev = (_features(loaded, task, part, settings) for part in (task.train, task.dev))
     train_rows = train.rows if task.kind == "qa" else train
     dev_rows = dev.rows if task.kind == "qa" else dev
-    pooled = task.kind not in ("tagging", "qa")  # a sequence-level head: pooled states cached
+    pooled = task.kind not in PER_TOKEN_KINDS  # a sequence-level head: pooled states cached
     cached_bytes = (  # float32 hidden states of every layer, embeddings included
         4
         * (len(train_rows) + len(dev_rows))

@@ -118,7 +118,7 @@ def learning_rate(optim: Any, plan: BatchPlan) -> float:
 
 def warmup_steps(optim: Any, plan: BatchPlan) -> int:
     """Warm-up in optimizer steps: ceil(optim.warmup_samples / global batch) when
-    warmup_samples is set, else optim.warmup_steps ."""
+    warmup_samples is set, else optim.warmup_steps."""
     if optim.warmup_samples is None:
         return optim.warmup_steps
     return math.ceil(optim.warmup_samples / plan.global_batch_size)
