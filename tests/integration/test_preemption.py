@@ -23,6 +23,7 @@ from pretrain.cluster.preemption import (
     Preempted,
     PreemptionCheckpoint,
     parse_signal,
+    requeue_slurm_job,
     slurm_job_id,
 )
 from pretrain.config import ConfigError, compose_config
@@ -261,3 +262,24 @@ def test_slurm_job_id_of_array_tasks(monkeypatch):
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "16")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
     assert slurm_job_id() == "16_1"
+
+
+@pytest.mark.parametrize(
+    ("script", "accepted"),
+    [
+        # SLURM cancels the job's steps as it requeues the job: the TERM reaches scontrol too,
+        # before it has read SLURM's answer.
+        ("kill -TERM $$; sleep 0.2; exit 0", True),
+        ("echo 'Invalid job id specified' >&2; exit 1", False),
+    ],
+)
+def test_requeue_takes_slurms_answer_even_when_the_requeue_signals_scontrol(
+    script, accepted, tmp_path, monkeypatch, capsys
+):
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"#!/bin/bash\n[ \"$1 $2\" = 'requeue 17' ] || exit 2\n{script}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert requeue_slurm_job("17") is accepted
+    error = capsys.readouterr().err
+    assert ("" if accepted else "scontrol requeue 17 failed (exit status 1): Invalid job") in error

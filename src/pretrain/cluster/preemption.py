@@ -107,16 +107,19 @@ def requeue_slurm_job(job_id: str) -> bool:
     """`scontrol requeue JOB_ID`; True when SLURM accepted it."""
     if not re.fullmatch(r"[0-9_]+", job_id):
         raise ValueError(f"SLURM job id {job_id!r}: expected digits (and _ for array tasks)")
+    # SLURM signals every process of the job's steps as it requeues the job, scontrol included,
+    # which can then die of SIGTERM before it reads SLURM's answer: it runs with SIGTERM ignored
+    # (a disposition that survives exec), so its exit status is SLURM's answer.
+    command = ["sh", "-c", 'trap "" TERM; exec scontrol requeue "$0"', job_id]
     try:
-        result = subprocess.run(
-            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
-        )
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
         print(f"preemption: scontrol requeue {job_id} failed: {error}", file=sys.stderr)
         return False
     if result.returncode != 0:
         print(
-            f"preemption: scontrol requeue {job_id} failed: {result.stderr.strip()}",
+            f"preemption: scontrol requeue {job_id} failed (exit status {result.returncode}): "
+            f"{result.stderr.strip()}",
             file=sys.stderr,
         )
     return result.returncode == 0
