@@ -22,10 +22,10 @@ from pretrain.cluster.preemption import (
     PREEMPTED_EXIT_STATUS,
     Preempted,
     PreemptionCheckpoint,
-    parse_signal,
     requeue_slurm_job,
     slurm_job_id,
 )
+from pretrain.cluster.signals import parse_signal
 from pretrain.config import ConfigError, compose_config
 from pretrain.data.worker_processes import worker_context
 from pretrain.runtime.run import run_or_exit, train
@@ -283,3 +283,21 @@ def test_requeue_takes_slurms_answer_even_when_the_requeue_signals_scontrol(
     assert requeue_slurm_job("17") is accepted
     error = capsys.readouterr().err
     assert ("" if accepted else "scontrol requeue 17 failed (exit status 1): Invalid job") in error
+
+
+def test_a_signal_the_batch_shell_noted_is_held_as_one_from_start_up(monkeypatch):
+    """slurm/train.sbatch hands a warning that came before Python over in PRETRAIN_HELD_SIGNAL:
+    holding takes it as received (and consumes it); a value that is no signal names the key."""
+    previous = {s: signal.getsignal(s) for s in job_signals.PREEMPTION_SIGNALS}
+    try:
+        job_signals.take_held()
+        monkeypatch.setenv(job_signals.HELD_SIGNAL_ENV, "USR1")
+        job_signals.hold_preemption_signals()
+        assert job_signals.take_held() == [signal.SIGUSR1]
+        assert job_signals.HELD_SIGNAL_ENV not in os.environ
+        monkeypatch.setenv(job_signals.HELD_SIGNAL_ENV, "USR9")
+        with pytest.raises(ConfigError, match="PRETRAIN_HELD_SIGNAL = 'USR9'"):
+            job_signals.hold_preemption_signals()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

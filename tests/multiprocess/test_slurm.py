@@ -290,6 +290,54 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
 
 @pytest.mark.slow
 @needs_slurm
+def test_a_warning_before_python_starts_is_handed_over_and_requeues(
+    cluster, prepared_corpus, tmp_path
+):
+    """A warning signal that reaches the batch shell while it is still before Python (here:
+    while it waits for its run-directory lookup, held at a gate) does not end the job: the
+    shell notes it, Python takes it over, saves at its first step and requeues the job."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    wrapper = tmp_path / "python"  # the project's Python, held at the gate on its first call
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        f'if [ "$1" = -c ] && [ ! -e {gate}/go ]; then\n'
+        f"  touch {gate}/waiting\n"
+        f"  while [ ! -e {gate}/go ]; do sleep 0.1; done\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    run_dir = tmp_path / "run"
+    overrides = tiny_run(prepared_corpus, run_dir, "trainer.max_steps=50", "data.num_workers=0")
+    job = sbatch(
+        cluster | {"PRETRAIN_PYTHON": str(wrapper)}, "--ntasks=1", "slurm/train.sbatch", *overrides
+    )
+    deadline = time.monotonic() + 300
+    while not (gate / "waiting").exists():
+        assert time.monotonic() < deadline, f"job {job} never reached its run-directory lookup"
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=cluster, check=True)
+    (gate / "go").touch()
+    log, deadline = run_dir / f"slurm-{job}.out", time.monotonic() + 300
+    try:
+        while "requeueing SLURM job" not in (text := log.read_text() if log.exists() else ""):
+            state = job_field(cluster, job, "JobState")
+            if state in TERMINAL:  # its log is where SLURM put it: the repository root
+                text = (REPO_ROOT / f"slurm-pretrain-{job}.out").read_text()
+                raise AssertionError(f"job {job} ended ({state}) unrequeued:\n{text[-3000:]}")
+            assert time.monotonic() < deadline, f"no requeue in {log}:\n{text[-3000:]}"
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["scancel", job], env=cluster)  # requeued: it would run again
+        (REPO_ROOT / f"slurm-pretrain-{job}.out").unlink(missing_ok=True)
+    assert "preemption: SIGUSR1 came during start-up" in text and "Traceback" not in text
+    assert saved_steps(text) == [1]
+    assert last_checkpoint(run_dir)["global_step"] == 1
+
+
+@pytest.mark.slow
+@needs_slurm
 def test_sweep_through_the_submitit_launcher(cluster, prepared_corpus, tmp_path):
     sweep = tmp_path / "sweep"
     result = subprocess.run(

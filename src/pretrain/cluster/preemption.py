@@ -46,8 +46,7 @@ import lightning as L
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from pretrain.cluster.signals import PREEMPTION_SIGNALS, is_holding, take_held
-from pretrain.errors import ConfigError
+from pretrain.cluster.signals import PREEMPTION_SIGNALS, is_holding, parse_signal, take_held
 
 STOP_SIGNAL = signal.SIGTERM
 SUBMITIT_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)  # submitit's timeout signal is USR2
@@ -77,21 +76,6 @@ class Preempted(Exception):
             f"preempted at step {step} of {max_steps}: saved {checkpoint}; not finished, "
             f"{then} (exit status {PREEMPTED_EXIT_STATUS})"
         )
-
-
-def parse_signal(name: str, key: str = "trainer.preemption_signal") -> signal.Signals:
-    """The signal named `name` ("USR1", "SIGUSR1" or a number as text); ConfigError naming
-    `key` otherwise."""
-    text = str(name).strip().upper()
-    try:
-        if text.isdigit():
-            return signal.Signals(int(text))
-        return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
-    except (KeyError, ValueError):
-        raise ConfigError(
-            f"{key} = {name!r}: not a signal name; use e.g. USR1, USR2 or TERM "
-            "(the one sbatch --signal or the launcher sends)"
-        ) from None
 
 
 def slurm_job_id() -> str | None:

@@ -10,7 +10,9 @@ keeps the signals from killing processes before it can:
 - `hold_preemption_signals`: from the first line of the entry point until the preemption
   callback installs its handlers, the signals are recorded, not fatal (Python's default for
   USR1/USR2/TERM ends the process). The callback takes the recorded one (`take_held`) and
-  saves at the first step boundary.
+  saves at the first step boundary. A signal that reached `slurm/train.sbatch` before it
+  started Python comes as the name in `PRETRAIN_HELD_SIGNAL` (HELD_SIGNAL_ENV) and is held
+  the same way.
 - `ignore_in_data_worker` (a DataLoader `worker_init_fn`): data-loader workers ignore them
   (SIGTERM only from other senders than their own main process); the main process stops
   the workers when it stops.
@@ -23,7 +25,10 @@ import signal
 import threading
 from types import FrameType
 
+from pretrain.errors import ConfigError
+
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+HELD_SIGNAL_ENV = "PRETRAIN_HELD_SIGNAL"
 _held: list[signal.Signals] = []
 
 
@@ -39,6 +44,24 @@ def hold_preemption_signals() -> None:
         return
     for signum in PREEMPTION_SIGNALS:
         signal.signal(signum, _record)
+    handed_over = os.environ.pop(HELD_SIGNAL_ENV, "")
+    if handed_over:
+        _held.append(parse_signal(handed_over, HELD_SIGNAL_ENV))
+
+
+def parse_signal(name: str, key: str = "trainer.preemption_signal") -> signal.Signals:
+    """The signal named `name` ("USR1", "SIGUSR1" or a number as text); ConfigError naming
+    `key` otherwise."""
+    text = str(name).strip().upper()
+    try:
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise ConfigError(
+            f"{key} = {name!r}: not a signal name; use e.g. USR1, USR2 or TERM "
+            "(the one sbatch --signal or the launcher sends)"
+        ) from None
 
 
 def is_holding(handler: object) -> bool:
