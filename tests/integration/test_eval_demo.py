@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.eval.demo import RECIPES, compare, table
+from pretrain.eval.demo import RECIPES, compare, main, table
 from pretrain.paths import REPO_ROOT
 
 pytest.importorskip("transformers")
@@ -52,3 +52,14 @@ def test_demo_model_and_random_encoder_side_by_side(demo_export, tmp_path, mode)
     assert printed.splitlines()[2].startswith(
         f"| builtin_order | accuracy | {mode} | {scores[0][0]:.3f} ± 0.000 |"
     )
+
+
+def test_a_refused_setting_is_one_line_not_a_traceback(demo_export, tmp_path, capsys):
+    argv = ["--tasks", "builtin_order", "--modes", "probe", "--seeds", "0"]
+    argv += [f"encoder.path={demo_export}", f"out_dir={tmp_path}", "eval.pooling=max"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[-1].startswith("pretrain.eval.demo: error: eval.pooling = 'max': must be one of")
+    assert not any(line.startswith("Traceback") for line in error)

@@ -43,8 +43,11 @@ def test_command_line_reads_lists_and_overrides_in_any_order():
         [0, 1, 2],
     )
     assert default.overrides == ["out_dir=x"]
-    with pytest.raises(SystemExit):
-        parse_arguments(["--modes", "linear"])
+    last = parse_arguments(["--seeds", "0", "encoder.path=x"])  # an override after --seeds
+    assert (last.seeds, last.overrides) == ([0], ["encoder.path=x"])
+    for wrong in (["--modes", "linear"], ["--seeds", "one"]):
+        with pytest.raises(SystemExit):
+            parse_arguments(wrong)
 
 
 def test_both_recipes_pool_the_same_way_and_only_the_probe_freezes():

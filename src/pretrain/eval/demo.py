@@ -11,10 +11,12 @@ encoder's run directory (`out_dir=` to change it)."""
 
 import argparse
 import statistics
+import sys
 
 from omegaconf import OmegaConf
 
 from pretrain.config import compose_config
+from pretrain.errors import ConfigError, report_error
 from pretrain.eval.config import register_eval_schema
 
 # Tasks a short pretraining helps with: word order (a sentence, or a sentence after its
@@ -119,15 +121,18 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(DEMO_TASKS))
     parser.add_argument("--modes", nargs="+", default=list(RECIPES), help=" | ".join(RECIPES))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", default=["0", "1", "2"])
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     overrides = args.overrides
-    for name in ("tasks", "modes"):  # overrides that followed a list option
+    for name in ("tasks", "modes", "seeds"):  # overrides that followed a list option
         values = getattr(args, name)
         overrides = [v for v in values if "=" in v] + overrides
         setattr(args, name, [v for v in values if "=" not in v])
     args.overrides = overrides
+    if not all(seed.isdigit() for seed in args.seeds):
+        parser.error(f"--seeds {' '.join(args.seeds)}: each must be a whole number")
+    args.seeds = [int(seed) for seed in args.seeds]
     unknown = sorted(set(args.modes) - set(RECIPES))
     if unknown:
         parser.error(f"--modes {' '.join(unknown)}: each must be one of {', '.join(RECIPES)}")
@@ -135,7 +140,18 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_arguments(argv)
+    """The table of every task, mode and seed asked for; a config refused (a bad override,
+    a layer choice the encoder cannot give) ends it as one line with exit status 2."""
+    try:
+        rows = compare_all(parse_arguments(argv))
+    except ConfigError as error:
+        report_error(error, "pretrain.eval.demo")
+        sys.exit(2)
+    print(table(rows))
+
+
+def compare_all(args: argparse.Namespace) -> list[tuple[str, str, str, list[float], list[float]]]:
+    """`table`'s rows for the parsed command line, one line printed per seed as it ends."""
     rows = []
     for task in args.tasks:
         for mode in args.modes:
@@ -153,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
             rows.append((task, metric, mode, scores["pretrained"], scores["random"]))
-    print(table(rows))
+    return rows
 
 
 if __name__ == "__main__":
