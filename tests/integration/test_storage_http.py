@@ -27,13 +27,13 @@ def server(prepared_corpus, tmp_path):
     served.stop()
 
 
-def stream_spec(shards_dir, tmp_path, *extra):
+def stream_spec(shards_dir, tmp_path, *extra, attempts: int = 6):
     cfg = compose_config(
         cpu_run_overrides(
             shards_dir,
             tmp_path / "run",
             f"data.cache_dir={tmp_path / 'cache'}",
-            "data.download_attempts=6",
+            f"data.download_attempts={attempts}",
             *extra,
         )
     )
@@ -77,7 +77,10 @@ def test_a_changed_object_is_never_used(prepared_corpus, server, tmp_path):
 
 def test_a_server_restarted_mid_read_is_waited_for(prepared_corpus, server, tmp_path):
     local = documents(stream_spec(prepared_corpus, tmp_path / "local"))
-    spec = stream_spec(server.url, tmp_path)
+    # 12 attempts: the backoff's jittered waits (up to 0.2 x 2^k s, at most 10) outlast the
+    # restart below with near certainty; with 6 they summed to under its 1.5 s once in a loaded
+    # CI-like run (the waits are drawn, their sum can be small).
+    spec = stream_spec(server.url, tmp_path, attempts=12)
     server.stop()  # down after the manifest was read, before any shard
 
     def restart():
@@ -89,7 +92,7 @@ def test_a_server_restarted_mid_read_is_waited_for(prepared_corpus, server, tmp_
 
 
 def test_a_server_gone_for_good_fails_naming_the_url_and_attempts(server, tmp_path):
-    spec = stream_spec(server.url, tmp_path, "data.download_attempts=3")
+    spec = stream_spec(server.url, tmp_path, attempts=3)
     server.stop()
     with pytest.raises(
         ShardError,
