@@ -79,14 +79,13 @@ def start_forkserver() -> None:
     meanwhile is delivered then). Starting the tracker unblocks SIGTERM (it blocks SIGINT
     and SIGTERM around its own start, then unblocks them), so they are blocked again before
     the forkserver starts."""
-    from multiprocessing import forkserver, resource_tracker
+    from multiprocessing import forkserver
 
-    from pretrain.cluster.resource_tracking import guard_resource_tracker
+    from pretrain.cluster.resource_tracking import start_resource_tracker
 
-    guard_resource_tracker()  # its death: one warning line, not a traceback per name
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)  # this thread's
     try:
-        resource_tracker.ensure_running()
+        start_resource_tracker()  # its death: one warning line, not a traceback per name
         signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
         forkserver.ensure_running()
     finally:
