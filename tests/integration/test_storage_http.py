@@ -4,8 +4,8 @@ local copy, under injected 500s, connections cut mid-body and a server restarted
 changed object is never used; a warm cache downloads nothing; WebDataset reads the shards."""
 
 import io
-import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ from pretrain.config import compose_config
 from pretrain.data.reading import read_split
 from pretrain.data.shard_format import ShardError, load_manifest
 from pretrain.runtime.run import build_stream
-from pretrain.storage import StorageError, expand_braces
+from pretrain.storage import StorageError, expand_braces, retry
 from pretrain.storage.cache import downloads
 
 
@@ -75,20 +75,21 @@ def test_a_changed_object_is_never_used(prepared_corpus, server, tmp_path):
     assert not list((tmp_path / "cache").glob(f"*/{name}"))
 
 
-def test_a_server_restarted_mid_read_is_waited_for(prepared_corpus, server, tmp_path):
+def test_a_server_restarted_mid_read_is_waited_for(prepared_corpus, server, tmp_path, monkeypatch):
     local = documents(stream_spec(prepared_corpus, tmp_path / "local"))
-    # 12 attempts: the backoff's jittered waits (up to 0.2 x 2^k s, at most 10) outlast the
-    # restart below with near certainty; with 6 they summed to under its 1.5 s once in a loaded
-    # CI-like run (the waits are drawn, their sum can be small).
-    spec = stream_spec(server.url, tmp_path, attempts=12)
+    spec = stream_spec(server.url, tmp_path)
     server.stop()  # down after the manifest was read, before any shard
+    waits = []
 
-    def restart():
-        time.sleep(1.5)
-        server.start()
+    def restart_then_wait(seconds: float) -> None:  # the server is back during the first wait
+        if not waits:
+            server.start()
+        waits.append(seconds)
+        time.sleep(seconds)
 
-    threading.Thread(target=restart).start()
+    monkeypatch.setattr(retry, "time", SimpleNamespace(sleep=restart_then_wait))
     assert documents(spec) == local
+    assert waits  # refused while down, then answered by the restarted server
 
 
 def test_a_server_gone_for_good_fails_naming_the_url_and_attempts(server, tmp_path):

@@ -78,14 +78,16 @@ def with_retries(
     url: str,
     policy: RetryPolicy,
     what: str = "download",
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
 ) -> T:
     """`action()`, attempted up to `policy.attempts` times while it fails transiently.
-    Raises StorageError naming `url` (credentials hidden), the attempts and the last error."""
+    Between attempts it waits the policy's backoff with `sleep` (default `time.sleep`, looked
+    up at each wait). Raises StorageError naming `url` (credentials hidden), the attempts and
+    the last error."""
     rng = random.Random()
     for attempt in range(policy.attempts):
         if attempt:
-            sleep(policy.delay_s(attempt, rng))
+            (sleep or time.sleep)(policy.delay_s(attempt, rng))
         try:
             return action()
         except Exception as error:  # noqa: BLE001 (classified below)
