@@ -437,6 +437,10 @@ class TrainerConfig:
     # Seconds a collective (all-reduce, barrier) may wait for the other ranks before the run
     # fails with an error naming the step, instead of hanging until the job's time limit.
     collective_timeout_s: float = 600.0
+    # Seconds the ranks wait for each other until they meet at a launch's first step (the
+    # rendezvous, loading a checkpoint, starting data-loader workers), when longer than
+    # collective_timeout_s: a node that starts late is waited for, a stuck rank is found soon.
+    startup_timeout_s: float = 600.0
     # Held-out evaluation (pretrain.runtime.validation) every this many optimizer steps and at the
     # last, when data.holdout_shards >= 1; null: none.
     val_check_interval: int | None = 500
@@ -496,12 +500,13 @@ class TrainerConfig:
             self.num_threads,
             "must be at least 1 (threads per process), or null (the cores available)",
         )
-        require(
-            self.collective_timeout_s > 0,
-            "trainer.collective_timeout_s",
-            self.collective_timeout_s,
-            "must be positive (seconds)",
-        )
+        for key in ("collective_timeout_s", "startup_timeout_s"):
+            require(
+                getattr(self, key) > 0,
+                f"trainer.{key}",
+                getattr(self, key),
+                "must be positive (seconds)",
+            )
         require(
             self.accumulate_grad_batches >= 1,
             "trainer.accumulate_grad_batches",

@@ -40,6 +40,7 @@ RELAUNCH_KEYS = (
     "trainer.keep_checkpoints",
     "trainer.preemption_signal",
     "trainer.collective_timeout_s",
+    "trainer.startup_timeout_s",
     "trainer.max_consecutive_skipped_steps",
     "trainer.max_skipped_steps",
     "trainer.peak_tflops",

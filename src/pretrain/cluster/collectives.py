@@ -1,9 +1,13 @@
 """Collectives the run itself makes (outside the strategy's gradient all-reduce), and what
 happens when one never completes.
 
-Every collective waits at most `trainer.collective_timeout_s` (the process group's timeout,
-given to Lightning's DDP and DeepSpeed strategies): a rank that is stuck or dead makes the
-others fail with a timeout instead of holding the job's nodes until its time limit.
+Every collective waits at most `trainer.collective_timeout_s` (the process group's timeout):
+a rank that is stuck or dead makes the others fail with a timeout instead of holding the
+job's nodes until its time limit. Until the ranks have met (the launch's first step agreed),
+they wait `trainer.startup_timeout_s` instead, when longer: the process group is made with
+it (given to Lightning's DDP and DeepSpeed strategies), and `ranks_met` sets the shorter
+wait on it and on the host group, so a rank that starts late on a loaded node is waited for
+while one stuck mid-run is found soon.
 `collective_failure` turns that into an error naming the step; `run_or_exit` exits with
 status 4, and the local ranks Lightning started are stopped with it (under SLURM, srun's
 --kill-on-bad-exit ends the job's other tasks).
@@ -20,34 +24,67 @@ _TIMEOUT = re.compile(r"timed out|timeout|connection closed|connection reset|bro
 
 
 class CollectiveTimeout(RuntimeError):
-    """A collective got no answer from the other ranks within trainer.collective_timeout_s."""
+    """A collective got no answer from the other ranks within the wait in force."""
 
 
 _HOST_GROUP: dict[str, object] = {}
+# The waits of this process's run (`use_timeouts`), and whether its ranks have met
+_TIMEOUTS: dict[str, float | bool] = {"startup_s": 600.0, "collective_s": 600.0, "met": False}
 
 
-def host_group(timeout_s: float) -> object | None:
+def use_timeouts(startup_s: float, collective_s: float) -> float:
+    """Record the run's waits (trainer.startup_timeout_s, trainer.collective_timeout_s); the
+    process group's timeout until the ranks meet: the longer of the two."""
+    _TIMEOUTS.update(startup_s=startup_s, collective_s=collective_s, met=False)
+    return max(startup_s, collective_s)
+
+
+def timeout_in_force() -> tuple[str, float]:
+    """(config key, seconds) of the wait a collective gets now."""
+    if _TIMEOUTS["met"] or _TIMEOUTS["collective_s"] >= _TIMEOUTS["startup_s"]:
+        return "trainer.collective_timeout_s", float(_TIMEOUTS["collective_s"])
+    return "trainer.startup_timeout_s", float(_TIMEOUTS["startup_s"])
+
+
+def ranks_met() -> None:
+    """Every rank has reached the launch's first step: from now on collectives wait
+    trainer.collective_timeout_s (the default group and the host group, where they exist)."""
+    if _TIMEOUTS["met"]:
+        return
+    _TIMEOUTS["met"] = True
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    timeout = datetime.timedelta(seconds=float(_TIMEOUTS["collective_s"]))
+    _set_pg_timeout(timeout)  # the default group
+    if "group" in _HOST_GROUP:
+        _set_pg_timeout(timeout, _HOST_GROUP["group"])
+
+
+def host_group() -> object | None:
     """A process group for host-side agreements: the default group when it is gloo, else a
-    gloo group made once (collectively, the first time every rank calls this)."""
+    gloo group made once (collectively, the first time every rank calls this), with the
+    wait in force."""
     if dist.get_backend() == "gloo":
         return None
     if "group" not in _HOST_GROUP:
-        timeout = datetime.timedelta(seconds=timeout_s)
+        timeout = datetime.timedelta(seconds=timeout_in_force()[1])
         _HOST_GROUP["group"] = dist.new_group(backend="gloo", timeout=timeout)
     return _HOST_GROUP["group"]
 
 
-def reduce_on_host(value: int, op: dist.ReduceOp, timeout_s: float) -> int:
+def reduce_on_host(value: int, op: dist.ReduceOp) -> int:
     """An integer reduced over all ranks (`op`: MIN, SUM), on the host; itself alone when
     the run has one process."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return value
     tensor = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(tensor, op=op, group=host_group(timeout_s))
+    dist.all_reduce(tensor, op=op, group=host_group())
     return int(tensor.item())
 
 
-def collective_failure(error: BaseException, trainer, timeout_s: float) -> CollectiveTimeout | None:
+def collective_failure(error: BaseException, trainer) -> CollectiveTimeout | None:
     """A `CollectiveTimeout` naming the step when `error` is a collective that timed out or
     lost its peers in a multi-rank run (the local ranks Lightning launched are killed, so
     none is left waiting), else None."""
@@ -58,9 +95,10 @@ def collective_failure(error: BaseException, trainer, timeout_s: float) -> Colle
     launcher = getattr(trainer.strategy, "launcher", None)
     if launcher is not None and hasattr(launcher, "kill"):
         launcher.kill(signal.SIGKILL)  # ranks started by this process (Lightning's launcher)
+    key, timeout_s = timeout_in_force()
     return CollectiveTimeout(
         f"rank {trainer.global_rank}: a collective got no answer from the other ranks within "
-        f"trainer.collective_timeout_s={timeout_s:g} s at step {trainer.global_step} (epoch "
+        f"{key}={timeout_s:g} s at step {trainer.global_step} (epoch "
         f"{trainer.current_epoch}); a rank is stuck or died (see its log). The run stops "
         f"instead of hanging; resume it from its last checkpoint ({type(error).__name__}: "
         f"{str(error).splitlines()[0][:200]})"

@@ -202,7 +202,6 @@ class PretrainingDataModule(L.LightningDataModule):
         self,
         spec: StreamSpec,
         num_workers: int = 0,
-        collective_timeout_s: float = 600,
         pin_memory: bool = False,  # page-locked batches (trainer.pin_memory, on CUDA)
         batch_warmup: BatchSizeWarmup | None = None,  # data.batch_size_warmup_* (steps' sizes)
     ):
@@ -211,7 +210,6 @@ class PretrainingDataModule(L.LightningDataModule):
         self.batch_warmup = batch_warmup
         self.num_workers = num_workers
         self.pin_memory = pin_memory
-        self.collective_timeout_s = collective_timeout_s
         self._resume: dict | None = None
         self._loader: StepAlignedLoader | None = None
         self._loader_epoch = -1
@@ -315,7 +313,7 @@ class PretrainingDataModule(L.LightningDataModule):
         positions = {}
         if aligned and self._loader_epoch == trainer.current_epoch:
             positions = loader.partition_positions(trained)
-        positions = gather_positions(positions, self.collective_timeout_s)
+        positions = gather_positions(positions)
         if self.spec.tokens_per_batch or self.batch_warmup or rows_per_sample(self.spec) > 1:
             samples = sum(position[0] for position in positions.values())  # the partitions'
         else:
@@ -359,7 +357,7 @@ def check_token_budget(spec: StreamSpec) -> None:
         )
 
 
-def gather_positions(positions: dict[int, list[int]], timeout_s: float) -> dict[int, list[int]]:
+def gather_positions(positions: dict[int, list[int]]) -> dict[int, list[int]]:
     """The partitions' positions of every rank (each knows those it read), merged: for each
     partition the furthest (most samples). Itself alone in a one-process run."""
     import torch.distributed as dist
@@ -369,7 +367,7 @@ def gather_positions(positions: dict[int, list[int]], timeout_s: float) -> dict[
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return positions
     gathered: list[dict | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, positions, group=host_group(timeout_s))
+    dist.all_gather_object(gathered, positions, group=host_group())
     merged: dict[int, list[int]] = {}
     for rank_positions in gathered:
         for partition, position in (rank_positions or {}).items():

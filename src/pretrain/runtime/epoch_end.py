@@ -23,17 +23,15 @@ class StepAgreement:
     dropped: int = 0
 
 
-def agree_on_step(
-    module: L.LightningModule, batch: dict, batch_idx: int, timeout_s: float
-) -> StepAgreement:
+def agree_on_step(module: L.LightningModule, batch: dict, batch_idx: int) -> StepAgreement:
     """Whether every rank has a whole optimizer step of batches (one all-reduce on the host,
-    `timeout_s` seconds at most); when not, counts, logs and prints the sequences the ranks'
+    within the wait in force: `collectives.timeout_in_force`); when not, counts, logs and prints the sequences the ranks'
     tails held. ShardError when a rank met a shard that failed its checks."""
 
-    agreed = reduce_on_host(step_flag(batch), dist.ReduceOp.MIN, timeout_s)
+    agreed = reduce_on_host(step_flag(batch), dist.ReduceOp.MIN)
     if agreed == 1:
         if STEP_LOSS_TOKENS_KEY in batch:  # token-budget batches: the step's tokens
-            total = reduce_on_host(batch.pop(STEP_LOSS_TOKENS_KEY), dist.ReduceOp.SUM, timeout_s)
+            total = reduce_on_host(batch.pop(STEP_LOSS_TOKENS_KEY), dist.ReduceOp.SUM)
             ranks_steps = module.trainer.world_size * module.trainer.accumulate_grad_batches
             return StepAgreement(True, loss_scale=ranks_steps / max(total, 1))
         return StepAgreement(True)
@@ -46,7 +44,7 @@ def agree_on_step(
         )
     loader = module.trainer.train_dataloader
     tail = loader.drain(batch_idx) if isinstance(loader, StepAlignedLoader) else 0
-    dropped = reduce_on_host(tail, dist.ReduceOp.SUM, timeout_s)
+    dropped = reduce_on_host(tail, dist.ReduceOp.SUM)
     if module.trainer.is_global_zero:  # the same number on every rank: written once
         for logger in module.loggers:
             logger.log_metrics({"train/epoch_dropped_samples": dropped}, module.global_step)

@@ -110,7 +110,6 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, Pretrain
     datamodule = PretrainingDataModule(
         spec,
         num_workers=run.data.num_workers,
-        collective_timeout_s=run.trainer.collective_timeout_s,
         pin_memory=run.trainer.pin_memory and torch.cuda.is_available(),
         batch_warmup=module.batch_warmup,
     )
@@ -174,7 +173,7 @@ def train(cfg: DictConfig) -> Path:
         # OSError: a worker killed while the main process took its batch's shared memory
         # surfaces as that connection's error (ConnectionResetError), not torch's own
         if isinstance(error, RuntimeError):
-            stuck = collective_failure(error, trainer, run.trainer.collective_timeout_s)
+            stuck = collective_failure(error, trainer)
             if stuck is not None:
                 raise stuck from error
         died = dead_worker_message(error, datamodule)

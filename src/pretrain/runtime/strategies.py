@@ -23,6 +23,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strateg
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 from pretrain.checkpoint.atomic import PARTIAL_SUFFIX, replace_directory
+from pretrain.cluster.collectives import use_timeouts
 from pretrain.errors import ConfigError
 from pretrain.runtime.fork_launcher import ForkLauncher
 
@@ -222,7 +223,9 @@ def build_strategy(config: Any) -> Strategy | str:
     name = strategy.name
     cpu = is_cpu_run(trainer)
     backend = strategy.process_group_backend or ("gloo" if cpu else None)
-    timeout = datetime.timedelta(seconds=trainer.collective_timeout_s)
+    # the longer wait until the ranks meet, then collective_timeout_s (`collectives.ranks_met`)
+    wait_s = use_timeouts(trainer.startup_timeout_s, trainer.collective_timeout_s)
+    timeout = datetime.timedelta(seconds=wait_s)
     if name == "auto":
         return "auto"
     if name == "ddp":

@@ -16,6 +16,7 @@ from hydra.utils import get_class
 from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.checkpoint.compat import task_state_dict
+from pretrain.cluster.collectives import ranks_met
 from pretrain.config import TrainConfig, run_config
 from pretrain.data.batch_warmup import batch_size_warmup, is_skipped_batch
 from pretrain.data.loader import LOSS_TOKENS_KEY
@@ -383,7 +384,8 @@ class PretrainingTask(L.LightningModule):
     def _epoch_continues(self, batch: dict, batch_idx: int) -> bool:
         """Whether every rank has a whole optimizer step of batches (`epoch_end.agree_on_step`);
         the step's loss scale of token-budget batches, and the epochs ended, kept."""
-        agreed = agree_on_step(self, batch, batch_idx, self.run.trainer.collective_timeout_s)
+        agreed = agree_on_step(self, batch, batch_idx)
+        ranks_met()  # every rank got here: from now on collectives wait collective_timeout_s
         if agreed.loss_scale is not None:
             self._loss_scale = agreed.loss_scale
         if not agreed.continues:
