@@ -279,6 +279,25 @@ def test_mlm_only_checkpoint_exports_masked_lm(tmp_path, tokenizer_dir):
     )
 
 
+@pytest.mark.parametrize("nsp", [True, False])
+def test_the_check_loads_the_class_the_export_names_and_fills_a_mask(tmp_path, tokenizer_dir, nsp):
+    """`python -m pretrain.export.check` (`make demo`'s last step): every weight of the
+    export is loaded, none made up (transformers reports none missing), a [MASK] filled."""
+    make_checkpoint(tmp_path / "a.ckpt", tokenizer_dir, nsp=nsp)
+    out = export_checkpoint(tmp_path / "a.ckpt", tmp_path / "hf")
+    done = subprocess.run(
+        [sys.executable, "-m", "pretrain.export.check", str(out), "a [MASK] b"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    name = "BertForPreTraining" if nsp else "BertForMaskedLM"
+    assert f"with transformers.{name} and AutoTokenizer" in done.stdout
+    assert "'a [MASK] b': [MASK] -> " in done.stdout
+    assert "MISSING" not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
 def test_bad_checkpoints_name_the_file_and_key(tmp_path, tokenizer_dir):
     with pytest.raises(ExportError, match="missing.ckpt.*not found"):
         export_checkpoint(tmp_path / "missing.ckpt", tmp_path / "out")

@@ -1,5 +1,7 @@
 """`python -m pretrain.export.check DIR [TEXT]`: load an exported directory with `transformers`
-and fill in the [MASK] of a sentence, to show the export works outside this project."""
+(the class its config.json names: BertForMaskedLM for masked LM alone, BertForPreTraining
+with NSP or SOP, ...) and fill in the [MASK] of a sentence, to show the export works outside
+this project."""
 
 import sys
 
@@ -8,24 +10,41 @@ import torch
 DEFAULT_TEXT = "The [MASK] statement imports a module into the current namespace."
 
 
-def fill_mask(export_dir: str, text: str = DEFAULT_TEXT, top_k: int = 5) -> list[str]:
-    """Top-k tokens that the exported BertForPreTraining predicts at the first [MASK] of text."""
-    from transformers import AutoTokenizer, BertForPreTraining
+def load_exported(export_dir: str) -> tuple[object, object]:
+    """(model in eval mode, tokenizer) of an exported directory, the model of the class its
+    config names (`architectures`), so that every weight it holds is loaded and none is
+    made up."""
+    import transformers
 
-    tokenizer = AutoTokenizer.from_pretrained(export_dir)
-    model = BertForPreTraining.from_pretrained(export_dir).eval()
+    config = transformers.AutoConfig.from_pretrained(export_dir)
+    name = (config.architectures or ["AutoModelForMaskedLM"])[0]
+    model_class = getattr(transformers, name, None)
+    if model_class is None:
+        raise SystemExit(
+            f"error: {export_dir}/config.json: architecture {name!r} is unknown to transformers"
+        )
+    model = model_class.from_pretrained(export_dir).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(export_dir)
+
+
+def fill_mask(model, tokenizer, text: str = DEFAULT_TEXT, top_k: int = 5) -> list[str]:
+    """Top-k tokens that an exported model (`load_exported`) predicts at the first [MASK] of
+    text."""
     inputs = tokenizer(text, return_tensors="pt")
     position = (inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero()[0, 0]
     with torch.no_grad():
-        logits = model(**inputs).prediction_logits[0, position]  # (vocab,)
+        output = model(**inputs)
+    logits = getattr(output, "prediction_logits", None)  # *ForPreTraining
+    logits = (output.logits if logits is None else logits)[0, position]  # (vocab,)
     return tokenizer.convert_ids_to_tokens(logits.topk(top_k).indices.tolist())
 
 
 def main() -> None:
     export_dir = sys.argv[1]
     text = sys.argv[2] if len(sys.argv) > 2 else DEFAULT_TEXT
-    predictions = fill_mask(export_dir, text)
-    print(f"Loaded {export_dir} with transformers.BertForPreTraining and AutoTokenizer.")
+    model, tokenizer = load_exported(export_dir)
+    predictions = fill_mask(model, tokenizer, text)
+    print(f"Loaded {export_dir} with transformers.{type(model).__name__} and AutoTokenizer.")
     print(f"{text!r}: [MASK] -> {', '.join(predictions)}")
 
 
