@@ -295,7 +295,8 @@ def test_the_check_loads_the_class_the_export_names_and_fills_a_mask(tmp_path, t
     name = "BertForPreTraining" if nsp else "BertForMaskedLM"
     assert f"with transformers.{name} and AutoTokenizer" in done.stdout
     assert "'a [MASK] b': [MASK] -> " in done.stdout
-    assert "MISSING" not in done.stdout + done.stderr, done.stdout + done.stderr
+    noise = ("MISSING", "Failed to load", "register_constant")  # transformers', torchao's
+    assert not [n for n in noise if n in done.stdout + done.stderr], done.stdout + done.stderr
 
 
 def test_bad_checkpoints_name_the_file_and_key(tmp_path, tokenizer_dir):

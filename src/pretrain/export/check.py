@@ -14,8 +14,16 @@ def load_exported(export_dir: str) -> tuple[object, object]:
     """(model in eval mode, tokenizer) of an exported directory, the model of the class its
     config names (`architectures`), so that every weight it holds is loaded and none is
     made up."""
+    import logging
+
     import transformers
 
+    from pretrain.compress.quantize import import_torchao
+
+    # transformers imports torchao when it is installed: its CUDA libraries a CPU build cannot
+    # load, and the enums it registers with torch, are noise here
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    import_torchao()
     config = transformers.AutoConfig.from_pretrained(export_dir)
     name = (config.architectures or ["AutoModelForMaskedLM"])[0]
     model_class = getattr(transformers, name, None)
