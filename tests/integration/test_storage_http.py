@@ -4,6 +4,7 @@ local copy, under injected 500s, connections cut mid-body and a server restarted
 changed object is never used; a warm cache downloads nothing; WebDataset reads the shards."""
 
 import io
+import threading
 import time
 from types import SimpleNamespace
 
@@ -79,12 +80,13 @@ def test_a_server_restarted_mid_read_is_waited_for(prepared_corpus, server, tmp_
     local = documents(stream_spec(prepared_corpus, tmp_path / "local"))
     spec = stream_spec(server.url, tmp_path)
     server.stop()  # down after the manifest was read, before any shard
-    waits = []
+    waits, first = [], threading.Lock()
 
     def restart_then_wait(seconds: float) -> None:  # the server is back during the first wait
-        if not waits:
-            server.start()
-        waits.append(seconds)
+        with first:  # the prefetcher's downloads wait too, in their own threads
+            if not waits:
+                server.start()
+            waits.append(seconds)
         time.sleep(seconds)
 
     monkeypatch.setattr(retry, "time", SimpleNamespace(sleep=restart_then_wait))
