@@ -299,6 +299,21 @@ def test_the_check_loads_the_class_the_export_names_and_fills_a_mask(tmp_path, t
     assert not [n for n in noise if n in done.stdout + done.stderr], done.stdout + done.stderr
 
 
+def test_the_check_refuses_an_architecture_transformers_lacks_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "architectures": ["Nope"]}')
+    done = subprocess.run(
+        [sys.executable, "-m", "pretrain.export.check", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"pretrain.export.check: error: {tmp_path}/config.json: architecture 'Nope' is unknown "
+        "to transformers"
+    )
+
+
 def test_bad_checkpoints_name_the_file_and_key(tmp_path, tokenizer_dir):
     with pytest.raises(ExportError, match="missing.ckpt.*not found"):
         export_checkpoint(tmp_path / "missing.ckpt", tmp_path / "out")

@@ -45,7 +45,8 @@ def _quietly(call, *args, again: bool = False) -> int | None:
                 call(*args)
     pid = getattr(_tracker(), "_pid", None)
     with _lock:
-        died, _known_pid = _known_pid not in (None, pid), pid if pid is not None else _known_pid
+        died = None not in (pid, _known_pid) and pid != _known_pid
+        _known_pid = pid if pid is not None else _known_pid
     if died:
         write_line(
             "warning: multiprocessing's resource tracker died; a new one is started "

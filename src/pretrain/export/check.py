@@ -7,6 +7,9 @@ import sys
 
 import torch
 
+from pretrain.errors import report_error
+from pretrain.export.checkpoint import ExportError
+
 DEFAULT_TEXT = "The [MASK] statement imports a module into the current namespace."
 
 
@@ -28,8 +31,8 @@ def load_exported(export_dir: str) -> tuple[object, object]:
     name = (config.architectures or ["AutoModelForMaskedLM"])[0]
     model_class = getattr(transformers, name, None)
     if model_class is None:
-        raise SystemExit(
-            f"error: {export_dir}/config.json: architecture {name!r} is unknown to transformers"
+        raise ExportError(
+            f"{export_dir}/config.json: architecture {name!r} is unknown to transformers"
         )
     model = model_class.from_pretrained(export_dir).eval()
     return model, transformers.AutoTokenizer.from_pretrained(export_dir)
@@ -47,14 +50,19 @@ def fill_mask(model, tokenizer, text: str = DEFAULT_TEXT, top_k: int = 5) -> lis
     return tokenizer.convert_ids_to_tokens(logits.topk(top_k).indices.tolist())
 
 
-def main() -> None:
+def main() -> int:
     export_dir = sys.argv[1]
     text = sys.argv[2] if len(sys.argv) > 2 else DEFAULT_TEXT
-    model, tokenizer = load_exported(export_dir)
+    try:
+        model, tokenizer = load_exported(export_dir)
+    except (ExportError, OSError) as error:  # OSError: transformers' "not a model directory"
+        report_error(error, "pretrain.export.check")
+        return 2
     predictions = fill_mask(model, tokenizer, text)
     print(f"Loaded {export_dir} with transformers.{type(model).__name__} and AutoTokenizer.")
     print(f"{text!r}: [MASK] -> {', '.join(predictions)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
