@@ -312,6 +312,17 @@ def test_the_check_refuses_an_architecture_transformers_lacks_in_one_line(tmp_pa
         f"pretrain.export.check: error: {tmp_path}/config.json: architecture 'Nope' is unknown "
         "to transformers"
     )
+    done = subprocess.run(
+        [sys.executable, "-m", "pretrain.export.check", str(tmp_path / "gone")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"pretrain.export.check: error: {tmp_path / 'gone'}: no config.json, not an exported "
+        "directory (pretrain-export CKPT DIR writes one)"
+    )
 
 
 def test_bad_checkpoints_name_the_file_and_key(tmp_path, tokenizer_dir):

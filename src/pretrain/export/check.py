@@ -18,7 +18,13 @@ def load_exported(export_dir: str) -> tuple[object, object]:
     config names (`architectures`), so that every weight it holds is loaded and none is
     made up."""
     import logging
+    import os
 
+    if not os.path.isfile(os.path.join(export_dir, "config.json")):
+        raise ExportError(
+            f"{export_dir}: no config.json, not an exported directory (pretrain-export CKPT DIR "
+            "writes one)"
+        )
     import transformers
 
     from pretrain.compress.quantize import import_torchao
@@ -55,7 +61,7 @@ def main() -> int:
     text = sys.argv[2] if len(sys.argv) > 2 else DEFAULT_TEXT
     try:
         model, tokenizer = load_exported(export_dir)
-    except (ExportError, OSError) as error:  # OSError: transformers' "not a model directory"
+    except (ExportError, OSError) as error:  # OSError: files transformers cannot read
         report_error(error, "pretrain.export.check")
         return 2
     predictions = fill_mask(model, tokenizer, text)
