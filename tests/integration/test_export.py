@@ -299,7 +299,7 @@ def test_the_check_loads_the_class_the_export_names_and_fills_a_mask(tmp_path, t
     assert not [n for n in noise if n in done.stdout + done.stderr], done.stdout + done.stderr
 
 
-def test_the_check_refuses_an_architecture_transformers_lacks_in_one_line(tmp_path):
+def test_the_check_refuses_what_is_not_an_export_in_one_line(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "bert", "architectures": ["Nope"]}')
     done = subprocess.run(
         [sys.executable, "-m", "pretrain.export.check", str(tmp_path)],
