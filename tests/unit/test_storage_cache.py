@@ -3,9 +3,9 @@ statistics and budget, and the node-shared shard cache (atomic, checked download
 download among concurrent fetchers, least-recently-used eviction that spares shards in use)."""
 
 import hashlib
+import itertools
 import random
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -85,10 +85,10 @@ def test_transient_failures_are_retried_within_the_budget_then_named():
     assert len(calls) == 1  # a missing object is not retried
 
 
-def _writer(data: bytes, counter: list, delay_s: float = 0.0):
+def _writer(data: bytes, counter: list, before=lambda: None):
     def download(partial: Path) -> None:
         counter.append(1)
-        time.sleep(delay_s)
+        before()
         partial.write_bytes(data)
 
     return download
@@ -98,14 +98,22 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_one_download_among_concurrent_fetchers_then_hits(tmp_path):
+def test_one_download_among_concurrent_fetchers_then_hits(tmp_path, monkeypatch):
     data, downloads = b"x" * 5000, []
     entry = tmp_path / "corpus" / "shard-000000.tar"
     pins, errors = [], []
+    # the download goes on once every fetcher has missed and gone for the entry's lock
+    missed, file_lock = threading.Semaphore(0), cache.file_lock
+    monkeypatch.setattr(cache, "file_lock", lambda path: missed.release() or file_lock(path))
+
+    def all_missed():
+        assert all(missed.acquire(timeout=120) for _ in range(4))
 
     def fetch():
         try:
-            pins.append(cache.fetch(entry, len(data), _sha(data), _writer(data, downloads, 0.2)))
+            pins.append(
+                cache.fetch(entry, len(data), _sha(data), _writer(data, downloads, all_missed))
+            )
         except Exception as error:  # noqa: BLE001
             errors.append(error)
 
@@ -130,7 +138,8 @@ def test_a_wrong_download_is_refused_and_leaves_nothing(tmp_path):
     assert sorted(p.name for p in entry.parent.iterdir()) == ["shard-000000.tar.lock"]
 
 
-def test_eviction_is_least_recently_used_and_spares_shards_in_use(tmp_path):
+def test_eviction_is_least_recently_used_and_spares_shards_in_use(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "clock_ns", itertools.count(1).__next__)  # a tick per use
     shards = {name: name.encode() * 1000 for name in ("a", "b", "c", "d")}  # 1000 bytes each
     root = tmp_path / "corpus"
 
@@ -139,18 +148,13 @@ def test_eviction_is_least_recently_used_and_spares_shards_in_use(tmp_path):
         return cache.fetch(root / name, len(data), _sha(data), _writer(data, []), 2500)
 
     get("a").close()
-    time.sleep(0.01)
     get("b").close()
-    time.sleep(0.01)
     get("a").close()  # a hit: now b is the least recently used
-    time.sleep(0.01)
     get("c").close()
     assert sorted(p.name for p in root.glob("?")) == ["a", "c"]
     held = get("a")  # in use while d arrives: c (older use) goes although a is the oldest
-    time.sleep(0.01)
     with held:
         get("c").close()
-        time.sleep(0.01)
         get("d").close()
     assert sorted(p.name for p in root.glob("?")) == ["a", "d"]
     stored = sum(p.stat().st_size for p in root.glob("?"))

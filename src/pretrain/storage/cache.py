@@ -92,11 +92,20 @@ def _pin_if_valid(path: Path, size: int, sha256: str) -> Pin | None:
         sidecar = path.with_name(path.name + SIDECAR)
         if stat.st_nlink == 0 or stat.st_size != size or sidecar.read_text().strip() != sha256:
             raise OSError("not a complete entry")
-        os.utime(sidecar)  # last use, for eviction
+        mark_used(sidecar)
     except OSError:
         os.close(fd)
         return None
     return Pin(path, fd)
+
+
+clock_ns = time.time_ns  # the last-use clock (a test's own clock orders uses without waiting)
+
+
+def mark_used(sidecar: Path) -> None:
+    """Record now as the entry's last use, for eviction: its sidecar's mtime."""
+    now = clock_ns()
+    os.utime(sidecar, ns=(now, now))
 
 
 def file_lock(path: Path):
@@ -145,6 +154,7 @@ def fetch(
             sidecar_partial = partial.with_name(partial.name + SIDECAR)
             sidecar_partial.write_text(sha256 + "\n")
             os.replace(sidecar_partial, sidecar)
+            mark_used(sidecar)
         except BaseException:
             if pin is not None:
                 pin.close()
