@@ -1,6 +1,7 @@
 """From a composed config to a trained, checkpointed run."""
 
 import sys
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -56,6 +57,12 @@ from pretrain.runtime.threads import set_training_threads
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
 from pretrain.storage import keep_copy, local_path
+
+# Lightning flattens each batch with torch's deprecated LeafSpec: a FutureWarning at every epoch
+# end (each `catch_warnings` resets Python's once-per-place record) about code not ours.
+warnings.filterwarnings(
+    "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+)
 
 
 def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objective]]:
