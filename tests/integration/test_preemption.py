@@ -3,6 +3,7 @@ boundary, the run stops as preempted (not finished: exit status 75), and resumin
 with the uninterrupted run's weights. Signals during start-up are held, data-loader workers
 ignore them."""
 
+import csv
 import multiprocessing
 import os
 import signal
@@ -119,7 +120,9 @@ def test_sigterm_during_accumulation_saves_after_the_optimizer_step_without_requ
         lambda config: [preemption, SignalMidAccumulation()],
     )
     run_dir = tmp_path / "run"
-    overrides = (*COMMON, "trainer.accumulate_grad_batches=2")
+    # rows on log steps (every 5th) and on the step the run stops at (index 2), which the
+    # preemption callback decides after the task has logged its own metrics of the step
+    overrides = (*COMMON, "trainer.accumulate_grad_batches=2", "trainer.log_every_n_steps=5")
     with pytest.raises(SystemExit) as stop:  # the console script's exit status
         run_or_exit(compose_config(tiny_overrides(prepared_corpus, run_dir, *overrides)))
     assert stop.value.code == PREEMPTED_EXIT_STATUS == 75
@@ -127,6 +130,10 @@ def test_sigterm_during_accumulation_saves_after_the_optimizer_step_without_requ
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 3
     assert checkpoint["PretrainingDataModule"]["samples"] == 6 * 8  # whole steps only
+    (metrics,) = run_dir.glob("csv/version_*/metrics.csv")
+    with open(metrics) as f:
+        (row,) = [row for row in csv.DictReader(f) if row.get("train/loss")]
+    assert row["step"] == "2" and row["train/lr"] and float(row["train/samples_seen"]) == 6 * 8
     assert requeued == []  # SIGTERM: cancelled or preempted by SLURM, never requeued by us
 
 

@@ -61,15 +61,11 @@ class ProgressLog(L.Callback):
             self._pending = None
         if self._launch is None:
             return
-        # every micro-batch (the same values within a step); Lightning writes them on log
-        # steps, in the row of the step's training metrics
-        pl_module.log_dict(
+        # in the row of the step's training metrics, which Lightning writes on log steps
+        pl_module.queue_log(
             {
                 "train/tokens_seen": self._launch[0] + self.tokens,
                 "train/samples_seen": self._launch[1] + self.samples,
                 "train/elapsed_s": self._elapsed(),
-            },
-            on_step=True,
-            on_epoch=False,
-            batch_size=1,
+            }
         )

@@ -67,6 +67,8 @@ class PretrainingTask(L.LightningModule):
         self.vocab = objective.vocab
         self._restored_rng: dict | None = None
         self._tokens_since_log = 0
+        self._row: dict[str, object] = {}  # this step's metrics for the logger (`queue_log`)
+        self._row_batch_size = 1
         self._flops_since_log = 0  # model FLOPs of the micro-batches since the last log step
         self._last_log_time = time.perf_counter()
         self.peak_tflops: float | None = None  # set when training starts (`set_peak_tflops`)
@@ -325,7 +327,8 @@ class PretrainingTask(L.LightningModule):
                 finally:
                     inner.__dict__.pop("found_inf", None)
                 self._last_step_applied = True  # as far as the host knows: see settle_skips
-                self.log("train/skipped_steps", float(self.skipped_steps))
+                self.queue_log({"train/skipped_steps": float(self.skipped_steps)})
+                self.flush_logs()
                 return
             bad_ranks = int(self._ranks_with_nonfinite().item())  # the host decides: a sync
             self._last_step_applied = bad_ranks == 0
@@ -337,7 +340,8 @@ class PretrainingTask(L.LightningModule):
             self.consecutive_skipped_steps = 0
         else:
             self._on_skipped_step(None if isinstance(strategy, DeepSpeedStrategy) else bad_ranks)
-        self.log("train/skipped_steps", float(self.skipped_steps))
+        self.queue_log({"train/skipped_steps": float(self.skipped_steps)})
+        self.flush_logs()
 
     def configure_gradient_clipping(
         self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
@@ -419,20 +423,57 @@ class PretrainingTask(L.LightningModule):
     def log_step(self, metrics: Mapping[str, torch.Tensor], batch: dict) -> None:
         """Log a micro-batch's loss and metrics (`Losses`) under train/ and count its
         non-padding input tokens and model FLOPs."""
-        batch_size = batch["input_ids"].shape[0]
-        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, batch_size=batch_size)
-        self.log("loss", metrics["loss"], prog_bar=True, logger=False, batch_size=batch_size)
+        self.queue_log({f"train/{k}": v for k, v in metrics.items()}, batch["input_ids"].shape[0])
         # device tensors, read back only on log steps: never a host sync per step
         self._tokens_since_log = self._tokens_since_log + batch["attention_mask"].sum()
         self._flops_since_log = self._flops_since_log + training_flops(self.objective, batch)
         self._last_summary_loss = metrics.get(self.objective.summary_metric)
+
+    def queue_log(self, metrics: Mapping[str, object], batch_size: int | None = None) -> None:
+        """Add `metrics` to this step's row: Lightning writes a step's values only on its log
+        steps (trainer.log_every_n_steps, and the step a run stops at), and each `self.log`
+        costs about 0.1 ms of its bookkeeping (a tenth of a 64-wide BERT's step on a CPU core:
+        benchmarks/RESULTS.md), so the row is handed to it only on the micro-batches whose row
+        it writes (`flush_logs`). Later values of a key replace earlier ones, as Lightning's
+        per-step values do; `batch_size` is the micro-batch's."""
+        self._row.update(metrics)
+        if batch_size is not None:
+            self._row_batch_size = batch_size
+
+    def flush_logs(self, batch_end: bool = False) -> None:
+        """Log the queued row (`queue_log`), the loss also to the progress bar, when Lightning
+        will write this micro-batch's row: the step's last micro-batch on a log step or on the
+        step a run stops at. Called after the optimizer step (the step's line reads the loss)
+        and at the batch's end (`batch_end`: after the callbacks, whose step counts join the
+        row and whose preemption check may stop the run at this step); a row still queued at
+        the end of a step Lightning does not write is dropped."""
+        trainer = self.trainer
+        if not self._row or trainer.fit_loop._should_accumulate():
+            return
+        if not (trainer._logger_connector.should_update_logs or trainer.fast_dev_run):
+            if batch_end:  # a row Lightning will not write
+                self._row = {}
+            return
+        row, self._row = self._row, {}
+        self.log_dict(row, batch_size=self._row_batch_size)
+        if "train/loss" in row:
+            self.log(
+                "loss",
+                row["train/loss"],
+                prog_bar=True,
+                logger=False,
+                batch_size=self._row_batch_size,
+            )
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        self.flush_logs(batch_end=True)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer step (after all accumulated micro-batches): the learning rate,
         and on log steps (and the launch's first step, for the summary) the summary loss
         (`summary_metric`), on log steps tokens/s since the last log and the run's memory
         (`pretrain.runtime.memory`, `sys/*`). Other steps read nothing back from the device."""
-        self.log("train/lr", optimizer.param_groups[0]["lr"])
+        self.queue_log({"train/lr": optimizer.param_groups[0]["lr"]})
         every = self.trainer.log_every_n_steps
         log_step = (self.global_step + 1) % every == 0
         if self._last_summary_loss is not None and (log_step or not self.loss_history):
@@ -442,10 +483,9 @@ class PretrainingTask(L.LightningModule):
             now = time.perf_counter()
             elapsed = max(now - self._last_log_time, 1e-9)
             rate = float(self._tokens_since_log) / elapsed
-            self.log("train/tokens_per_s", rate)
             flops = model_flops_metrics(float(self._flops_since_log) / elapsed, self.peak_tflops)
-            self.log_dict(flops)
+            self.queue_log({"train/tokens_per_s": rate, **flops})
             self.speed = {"train/tokens_per_s": rate, **flops}
             self._tokens_since_log, self._flops_since_log, self._last_log_time = 0, 0, now
             self.settle_skips()
-            self.log_dict(memory_metrics(self.device))
+            self.queue_log(memory_metrics(self.device))
