@@ -106,9 +106,8 @@ class DownstreamModule(L.LightningModule):
         return F.cross_entropy(logits, batch["labels"])
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self.loss(self(batch), batch)
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["attention_mask"]))
-        return loss
+        # not logged: the fit has no logger and no progress bar (pretrain.eval.run)
+        return self.loss(self(batch), batch)
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self(batch)
