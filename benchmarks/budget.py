@@ -138,11 +138,12 @@ def table(results: list[dict], budget_s: float, seed: int) -> str:
     columns = [f"{t} ({m})" for m in RECIPES for t in short]
     lines = [
         f"{budget_s:.0f} s of training per family on one thread (its steps from its measured "
-        "time per step); held out: the built-in corpus's last shard; downstream: dev accuracy "
+        "time per step; `trained s`: its logged training time, epoch ends and validation "
+        "included); held out: the built-in corpus's last shard; downstream: dev accuracy "
         f"points pretrained − random weights, seed {seed} (`make demo-eval`'s recipes).",
         "",
-        f"| family | steps | s/step | held-out MLM loss | {' | '.join(columns)} |",
-        "|---|---:|---:|---:|" + "---:|" * len(columns),
+        f"| family | steps | s/step | trained s | held-out MLM loss | {' | '.join(columns)} |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(columns),
     ]
     for r in results:
         cells = [
@@ -151,9 +152,8 @@ def table(results: list[dict], budget_s: float, seed: int) -> str:
             for p, q in (r["eval"][m][t] for t in DEMO_TASKS)
         ]
         lines.append(
-            f"| {r['name']} | {r['steps']} | {r['s_per_step']:.3f} | {r['mlm_loss']:.3f} | "
-            + " | ".join(cells)
-            + " |"
+            f"| {r['name']} | {r['steps']} | {r['s_per_step']:.3f} | {r['trained_s']:.0f} | "
+            f"{r['mlm_loss']:.3f} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines)
 
@@ -205,6 +205,7 @@ def main() -> None:
             "steps": steps,
             "s_per_step": s_per_step,
             "mlm_loss": last_value(log, "val/mlm_loss"),
+            "trained_s": last_value(log, "train/elapsed_s"),
             "eval": margins(encoder, args.seed),
         }
         results.append(result)
