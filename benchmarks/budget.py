@@ -24,14 +24,14 @@ table and a PNG (benchmarks/figures/budget.png) go into benchmarks/RESULTS.md be
 """
 
 import argparse
-import csv
 import json
-import os
 import re
+import shutil
 from pathlib import Path
 
 from pretrain.config import compose_config
-from pretrain.eval.demo import DEMO_TASKS, RECIPES, compare
+from pretrain.eval.compare import read_metrics
+from pretrain.eval.demo import DEMO_TASKS, INITS, RECIPES, compare
 from pretrain.runtime.run import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,23 +61,16 @@ WARM_STEPS, CALIBRATION_STEPS = 20, 60
 BEGIN, END = "<!-- budget:begin -->", "<!-- budget:end -->"
 
 
-def last_value(metrics_csv: Path, key: str) -> float:
-    """The last logged value of `key` in a Lightning CSV log."""
-    with open(metrics_csv) as f:
-        values = [row[key] for row in csv.DictReader(f) if row.get(key)]
+def last_value(run_dir: Path, key: str) -> float:
+    """The last logged value of `key` in a run's CSV logs."""
+    values = read_metrics(run_dir).get(key)
     if not values:
-        raise SystemExit(f"{metrics_csv}: no {key} logged")
-    return float(values[-1])
-
-
-def logged(run_dir: Path, key: str) -> dict[int, float]:
-    """{step: value} of `key` in a run's newest CSV log."""
-    (*_, path) = sorted((run_dir / "csv").glob("version_*/metrics.csv"))
-    with open(path) as f:
-        return {int(r["step"]): float(r[key]) for r in csv.DictReader(f) if r.get(key)}
+        raise SystemExit(f"{run_dir}: no {key} logged")
+    return values[max(values)]
 
 
 def family_config(objective: str, fmt: str, overrides: list[str], run_dir: Path, steps: int):
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's logs would join this one's
     return compose_config(
         [
             "experiment=demo",
@@ -92,6 +85,7 @@ def family_config(objective: str, fmt: str, overrides: list[str], run_dir: Path,
             f"trainer.val_check_interval={steps}",
             f"trainer.checkpoint_every_n_steps={steps}",
             "trainer.enable_progress_bar=false",
+            "trainer.num_threads=1",
             *overrides,
         ]
     )
@@ -107,7 +101,7 @@ def seconds_per_step(objective: str, fmt: str, overrides: list[str]) -> float:
             objective, fmt, [*overrides, "trainer.log_every_n_steps=20"], run_dir, total + 1
         )
     )
-    elapsed = logged(run_dir, "train/elapsed_s")
+    elapsed = read_metrics(run_dir)["train/elapsed_s"]
     first, last = WARM_STEPS - 1, total - 1
     return (elapsed[last] - elapsed[first]) / (last - first)
 
@@ -128,8 +122,7 @@ def margins(encoder: Path, seed: int) -> dict[str, dict[str, tuple[float, float]
         out[mode] = {}
         for task in DEMO_TASKS:
             results = compare(task, [f"encoder.path={encoder}", "wandb=never"], mode, seed)
-            pair = tuple(results[init]["metrics"]["accuracy"] for init in ("pretrained", "random"))
-            out[mode][task] = pair
+            out[mode][task] = tuple(results[init]["metrics"]["accuracy"] for init in INITS)
     return out
 
 
@@ -191,7 +184,6 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="the downstream fits' seed")
     args = parser.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = []
     for name, objective, fmt, overrides in FAMILIES:
         if args.only and objective not in args.only:
@@ -199,13 +191,12 @@ def main() -> None:
         s_per_step = seconds_per_step(objective, fmt, overrides)
         steps = max(WARM_STEPS, round(args.budget_s / s_per_step))
         encoder = pretrain_family(objective, fmt, overrides, steps)
-        log = sorted((RUNS / objective / "csv").glob("version_*/metrics.csv"))[-1]
         result = {
             "name": name,
             "steps": steps,
             "s_per_step": s_per_step,
-            "mlm_loss": last_value(log, "val/mlm_loss"),
-            "trained_s": last_value(log, "train/elapsed_s"),
+            "mlm_loss": last_value(RUNS / objective, "val/mlm_loss"),
+            "trained_s": last_value(RUNS / objective, "train/elapsed_s"),
             "eval": margins(encoder, args.seed),
         }
         results.append(result)

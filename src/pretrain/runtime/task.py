@@ -421,8 +421,8 @@ class PretrainingTask(L.LightningModule):
         return losses.loss
 
     def log_step(self, metrics: Mapping[str, torch.Tensor], batch: dict) -> None:
-        """Log a micro-batch's loss and metrics (`Losses`) under train/ and count its
-        non-padding input tokens and model FLOPs."""
+        """Queue a micro-batch's loss and metrics (`Losses`) under train/ for the step's row
+        (`queue_log`) and count its non-padding input tokens and model FLOPs."""
         self.queue_log({f"train/{k}": v for k, v in metrics.items()}, batch["input_ids"].shape[0])
         # device tensors, read back only on log steps: never a host sync per step
         self._tokens_since_log = self._tokens_since_log + batch["attention_mask"].sum()
