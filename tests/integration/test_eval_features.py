@@ -2,6 +2,7 @@
 reads: the last, second-to-last, last four or all layers, a learned scalar mix; [CLS],
 XLNet's last token or the mean over real tokens."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,34 @@ def test_finetune_mode_trains_the_encoder(tiny_encoder_checkpoint, order_task):
     after = encoder_weights(loaded)
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert any("encoder.layer.0" in k for k in changed) and any("embeddings" in k for k in changed)
+
+
+def test_finetune_after_a_probe_starts_from_the_probes_head(
+    tiny_encoder_checkpoint, order_task, monkeypatch
+):
+    """LP-FT (`probe_epochs`): the head is fitted on the frozen encoder first; fine-tuning
+    at a learning rate too small to move a weight then gives the probe's dev logits (a random
+    head does not), and at the usual rate it trains the encoder."""
+    import pretrain.eval.run as run
+
+    logits = []
+    score = run._score
+    monkeypatch.setattr(run, "_score", lambda *a: logits.append(a[2]) or score(*a))
+
+    def fit(settings, loaded=None):
+        fit_and_score(loaded or load_encoder(tiny_encoder_checkpoint), order_task, settings)
+        return logits[-1]
+
+    probe = small_settings(mode="features", layers="concat_all", pooling="mean", epochs=4)
+    probe = replace(probe, lr=3e-2, dropout=0.0)
+    lpft = replace(probe, mode="finetune", probe_epochs=4, probe_lr=3e-2, lr=1e-12)
+    probed = fit(probe)
+    torch.testing.assert_close(fit(lpft), probed, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(fit(replace(lpft, probe_epochs=0)), probed, atol=1e-3)
+    loaded = load_encoder(tiny_encoder_checkpoint)
+    before = encoder_weights(loaded)
+    fit(replace(lpft, lr=1e-3), loaded)
+    assert any(not torch.equal(before[k], v) for k, v in encoder_weights(loaded).items())
 
 
 def family_dir(tmp_path, tiny_encoder_checkpoint, config) -> Path:

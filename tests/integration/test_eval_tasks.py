@@ -57,6 +57,15 @@ def test_bad_encoder_paths_are_config_errors(tmp_path):
         load_encoder(tmp_path, init="zeros")
 
 
+def test_bad_probe_settings_name_their_key():
+    from pretrain.eval.config import EvalConfig
+
+    with pytest.raises(ConfigError, match="eval.probe_epochs"):
+        EvalConfig(probe_epochs=-1)
+    with pytest.raises(ConfigError, match="eval.probe_lr"):
+        EvalConfig(probe_lr=0)
+
+
 @pytest.mark.parametrize("name", sorted(BUILTIN_TASKS))
 def test_builtin_tasks_are_deterministic_and_well_formed(name):
     task = builtin_task(name, train_size=60, dev_size=30, seed=3)

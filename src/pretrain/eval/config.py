@@ -77,7 +77,10 @@ class EvalConfig:
     peak; `batch_size` examples (QA: windows) per step; `epochs` passes over the training
     set; `warmup_fraction` of all optimizer steps; `max_seq_length`, `doc_overlap_tokens`
     (QA windows: context tokens consecutive windows share) and `max_answer_tokens` in
-    tokens."""
+    tokens. `probe_epochs` (finetune mode): epochs of fitting the head alone on the frozen
+    encoder at `probe_lr` before every weight is trained (LP-FT: Kumar et al. 2022, a fitted
+    head distorts the pretrained features less than a random one); 0 (default) starts from
+    a random head."""
 
     task: TaskConfig = field(default_factory=TaskConfig)
     mode: str = "finetune"
@@ -86,6 +89,8 @@ class EvalConfig:
     lr: float = 5e-5
     batch_size: int = 32
     epochs: int = 3
+    probe_epochs: int = 0
+    probe_lr: float = 3e-2
     warmup_fraction: float = 0.1
     weight_decay: float = 0.01
     dropout: float = 0.1
@@ -109,8 +114,11 @@ class EvalConfig:
             f"must be one of {', '.join(POOLINGS)}",
         )
         require_positive(
-            self, ("lr", "batch_size", "epochs", "max_seq_length", "max_answer_tokens"), "eval"
+            self,
+            ("lr", "probe_lr", "batch_size", "epochs", "max_seq_length", "max_answer_tokens"),
+            "eval",
         )
+        require(self.probe_epochs >= 0, "eval.probe_epochs", self.probe_epochs, "must be >= 0")
         require_unit_interval("eval.warmup_fraction", self.warmup_fraction, open_low=False)
         require_unit_interval("eval.dropout", self.dropout, open_low=False)
         require(

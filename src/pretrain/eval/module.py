@@ -58,8 +58,7 @@ class DownstreamModule(L.LightningModule):
         self.dropout = nn.Dropout(settings.dropout)
         self.head = nn.Linear(self.layers.output_size, num_outputs)
         self.frozen = settings.mode == "features"
-        if self.frozen:
-            self.encoder.requires_grad_(False)
+        self.encoder.requires_grad_(not self.frozen)  # a probe's fit may have frozen it
 
     def on_train_start(self) -> None:
         # Lightning keeps the modes modules come in with; a loaded Hugging Face model is in

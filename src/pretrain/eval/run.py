@@ -2,6 +2,7 @@
 dev set, score it, and write `<run dir>/eval/<name>.json`."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -96,14 +97,44 @@ def fit_and_score(
 ) -> dict:
     """Fit a head (and, in finetune mode, the encoder) on `task.train`; returns {metrics,
     predictions, references} on `task.dev` (QA: answer texts; tagging: per scored word).
-    In features mode with `cache_states` the frozen encoder runs once per example, not once
-    per epoch: its hidden states are computed before training and the head reads them (a
-    sequence-level task's pooled over the tokens already), when those of the training and
-    dev sets fit in CACHED_STATES_BYTES."""
+    In finetune mode with `probe_epochs`, the head is first fitted alone on the frozen
+    encoder (LP-FT), then every weight is trained from there. In features mode with
+    `cache_states` the frozen encoder runs once per example, not once per epoch: its hidden
+    states are computed before training and the head reads them (a sequence-level task's
+    pooled over the tokens already), when those of the training and dev sets fit in
+    CACHED_STATES_BYTES."""
     import lightning as L
 
     L.seed_everything(settings.seed, verbose=False)
     train, dev = (_features(loaded, task, part, settings) for part in (task.train, task.dev))
+    start = None
+    if settings.mode == "finetune" and settings.probe_epochs:
+        probe = replace(  # a linear probe: no dropout
+            settings,
+            mode="features",
+            epochs=settings.probe_epochs,
+            lr=settings.probe_lr,
+            dropout=0.0,
+        )
+        start, _ = _fit(loaded, task, probe, train, dev, accelerator, cache_states)
+    _, logits = _fit(loaded, task, settings, train, dev, accelerator, cache_states, start)
+    return _score(task, settings, logits, dev)
+
+
+def _fit(
+    loaded: LoadedEncoder,
+    task: TaskData,
+    settings: EvalConfig,
+    train,
+    dev,
+    accelerator: str,
+    cache_states: bool,
+    start: DownstreamModule | None = None,
+) -> tuple[DownstreamModule, torch.Tensor]:
+    """(the fitted module, its logits on the dev set) of one fit with `settings`, the head
+    and layer mix starting from `start`'s when given."""
+    import lightning as L
+
     train_rows = train.rows if task.kind == "qa" else train
     dev_rows = dev.rows if task.kind == "qa" else dev
     pooled = task.kind not in PER_TOKEN_KINDS  # a sequence-level head: pooled states cached
@@ -135,6 +166,9 @@ def fit_and_score(
     module = DownstreamModule(
         loaded.model, task.kind, task.num_outputs, head, loaded.model_type == "xlnet"
     )
+    if start is not None:
+        module.head.load_state_dict(start.head.state_dict())
+        module.layers.load_state_dict(start.layers.state_dict())
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=1,
@@ -147,8 +181,7 @@ def fit_and_score(
     module.train()  # a loaded Hugging Face model comes in eval mode; Lightning keeps modes
     trainer.fit(module, loader)
     outputs = trainer.predict(module, DataLoader(dev_rows, batch_size=settings.batch_size))
-    logits = torch.cat(outputs).float().cpu()
-    return _score(task, settings, logits, dev)
+    return module, torch.cat(outputs).float().cpu()
 
 
 def evaluate(run: EvalRunConfig) -> tuple[dict[str, Any], Path]:
