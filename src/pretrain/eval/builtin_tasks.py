@@ -3,6 +3,8 @@ run offline. Each is deterministic given (seed, sizes), and each asks something 
 encoder knows better than a random one: word order, what follows what, where a phrase goes on.
 
     builtin_order     classification: is the sentence as written, or its words shuffled?
+    builtin_reversed  classification: is the sentence as written, or its words reversed
+                      (its closing punctuation kept at the end)?
     builtin_corrupted classification: is the sentence as written, or are a quarter of its
                       words replaced by words drawn from the corpus's vocabulary?
     builtin_next      pair: does sentence B follow sentence A in the document?
@@ -26,6 +28,7 @@ from pretrain.eval.tasks import SpanExample, TaggingExample, TaskData, TextExamp
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 MIN_WORDS, MAX_WORDS = 6, 24  # words of a sentence the tasks use
+_CLOSING = ".!?:;,)\"'"  # what a sentence's last word may end with
 
 
 def builtin_documents_sentences() -> list[list[str]]:
@@ -74,6 +77,30 @@ def order_task(rng: np.random.Generator, documents: list[list[str]], count: int)
         text = " ".join(words if label else _shuffled(words, rng))
         examples.append(TextExample(text, None, label))
     return [examples[i] for i in rng.permutation(len(examples))]
+
+
+def reversed_task(rng: np.random.Generator, documents: list[list[str]], count: int) -> list:
+    """Sentences as written (label 1) or with their words in reverse order (label 0, as
+    `_reversed`), alternating in a random order."""
+    sentences = [s for document in documents for s in document]
+    picks = rng.choice(len(sentences), size=min(count, len(sentences)), replace=False)
+    examples = []
+    for position, index in enumerate(picks):
+        words = sentences[index].split()
+        label = position % 2
+        examples.append(TextExample(" ".join(words if label else _reversed(words)), None, label))
+    return [examples[i] for i in rng.permutation(len(examples))]
+
+
+def _reversed(words: list[str]) -> list[str]:
+    """`words` in reverse order, the closing punctuation of the last kept at the end, so
+    that a reversed sentence does not give itself away by its first word ("module." of
+    "... the module."): what is left is the order of the words."""
+    stem = words[-1].rstrip(_CLOSING)
+    closing = words[-1][len(stem) :]
+    out = [*([stem] if stem else []), *reversed(words[:-1])]
+    out[-1] += closing
+    return out
 
 
 def shuffled_continuation_task(
@@ -283,6 +310,7 @@ def replaced_task(rng: np.random.Generator, documents: list[list[str]], count: i
 # name -> (kind, labels, generator)
 BUILTIN_TASKS: dict[str, tuple[str, tuple[str, ...], Callable]] = {
     "builtin_order": ("classification", ("shuffled", "original"), order_task),
+    "builtin_reversed": ("classification", ("reversed", "original"), reversed_task),
     "builtin_corrupted": ("classification", ("corrupted", "original"), corrupted_task),
     "builtin_next": ("pair", ("random", "next"), next_task),
     "builtin_continuation": ("pair", ("corrupted", "next"), continuation_task),
