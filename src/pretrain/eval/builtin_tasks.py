@@ -68,27 +68,30 @@ def _shuffled(words: list[str], rng: np.random.Generator) -> list[str]:
 def order_task(rng: np.random.Generator, documents: list[list[str]], count: int) -> list:
     """Sentences as written (label 1) or with their words shuffled (label 0), alternating in
     a random order."""
-    sentences = [s for document in documents for s in document]
-    picks = rng.choice(len(sentences), size=min(count, len(sentences)), replace=False)
-    examples = []
-    for position, index in enumerate(picks):
-        words = sentences[index].split()
-        label = position % 2
-        text = " ".join(words if label else _shuffled(words, rng))
-        examples.append(TextExample(text, None, label))
-    return [examples[i] for i in rng.permutation(len(examples))]
+    return _sentences(rng, documents, count, lambda words: _shuffled(words, rng))
 
 
 def reversed_task(rng: np.random.Generator, documents: list[list[str]], count: int) -> list:
     """Sentences as written (label 1) or with their words in reverse order (label 0, as
     `_reversed`), alternating in a random order."""
+    return _sentences(rng, documents, count, _reversed)
+
+
+def _sentences(
+    rng: np.random.Generator,
+    documents: list[list[str]],
+    count: int,
+    corrupt: Callable[[list[str]], list[str]],
+) -> list:
+    """`count` sentences drawn without replacement, as written (label 1) or `corrupt(their
+    words)` (label 0), alternating, then in a random order."""
     sentences = [s for document in documents for s in document]
     picks = rng.choice(len(sentences), size=min(count, len(sentences)), replace=False)
     examples = []
     for position, index in enumerate(picks):
         words = sentences[index].split()
         label = position % 2
-        examples.append(TextExample(" ".join(words if label else _reversed(words)), None, label))
+        examples.append(TextExample(" ".join(words if label else corrupt(words)), None, label))
     return [examples[i] for i in rng.permutation(len(examples))]
 
 
