@@ -104,12 +104,14 @@ def test_finetune_mode_trains_the_encoder(tiny_encoder_checkpoint, order_task):
     assert any("encoder.layer.0" in k for k in changed) and any("embeddings" in k for k in changed)
 
 
+@pytest.mark.parametrize("standardize", [False, True])
 def test_finetune_after_a_probe_starts_from_the_probes_head(
-    tiny_encoder_checkpoint, order_task, monkeypatch
+    tiny_encoder_checkpoint, order_task, monkeypatch, standardize
 ):
     """LP-FT (`probe_epochs`): the head is fitted on the frozen encoder first; fine-tuning
     at a learning rate too small to move a weight then gives the probe's dev logits (a random
-    head does not), and at the usual rate it trains the encoder."""
+    head does not; with `standardize`, the probe's standardization comes along), and at the
+    usual rate it trains the encoder."""
     import pretrain.eval.run as run
 
     logits = []
@@ -121,7 +123,7 @@ def test_finetune_after_a_probe_starts_from_the_probes_head(
         return logits[-1]
 
     probe = small_settings(mode="features", layers="concat_all", pooling="mean", epochs=4)
-    probe = replace(probe, lr=3e-2, dropout=0.0)
+    probe = replace(probe, lr=3e-2, dropout=0.0, standardize=standardize)
     lpft = replace(probe, mode="finetune", probe_epochs=4, probe_lr=3e-2, lr=1e-12)
     probed = fit(probe)
     torch.testing.assert_close(fit(lpft), probed, atol=1e-5, rtol=1e-4)
@@ -187,21 +189,52 @@ def test_features_mode_runs_the_encoder_once_per_example(
 
 
 @pytest.mark.parametrize(
-    "kind, layers, pooling",
-    [("pair", "scalar_mix", "mean"), ("pair", "concat_all", "cls"), ("qa", "scalar_mix", "mean")],
+    "kind, layers, pooling, standardize",
+    [
+        ("pair", "scalar_mix", "mean", False),
+        ("pair", "concat_all", "cls", False),
+        ("qa", "scalar_mix", "mean", False),
+        ("pair", "concat_all", "mean", True),
+        ("qa", "concat_all", "mean", True),
+    ],
 )
 def test_cached_hidden_states_give_the_uncached_results(
-    tiny_encoder_checkpoint, kind, layers, pooling
+    tiny_encoder_checkpoint, kind, layers, pooling, standardize
 ):
     """Features mode runs the frozen encoder once per example, not once per epoch (a pair
     task's states pooled before they are cached); the head sees the same vectors, so
     predictions and metrics equal the per-batch path's."""
     name = {"pair": "builtin_continuation", "qa": "builtin_replaced_qa"}[kind]
     task = builtin_task(name, train_size=32, dev_size=16)
-    settings = small_settings(mode="features", layers=layers, pooling=pooling, epochs=2)
+    settings = small_settings(
+        mode="features", layers=layers, pooling=pooling, epochs=2, standardize=standardize
+    )
     results = [
         fit_and_score(load_encoder(tiny_encoder_checkpoint), task, settings, cache_states=cache)
         for cache in (True, False)
     ]
     assert results[0]["predictions"] == results[1]["predictions"]
     assert results[0]["metrics"] == pytest.approx(results[1]["metrics"])
+
+
+@pytest.mark.parametrize("pooling", [None, "mean"])
+def test_feature_statistics_are_the_mean_and_deviation_of_what_the_head_reads(
+    tiny_encoder_checkpoint, pooling
+):
+    """Over real tokens only (padding left out) or over pooled vectors; from cached states
+    or from the encoder, the same."""
+    from pretrain.eval.encoder import feature_statistics, with_hidden_states
+    from pretrain.eval.features import text_features
+
+    loaded = load_encoder(tiny_encoder_checkpoint)
+    task = builtin_task("builtin_continuation", train_size=24, dev_size=8)
+    rows = text_features(loaded.tokenizer, task.train, 32)
+    cached = with_hidden_states(loaded.model, rows, 5, pooling)
+    states, mask = cached.tensors["hidden_states"], cached.tensors["attention_mask"].bool()
+    assert not mask.all() or pooling  # padding present to be left out
+    picked = states.permute(0, 2, 1, 3)[mask]  # (real tokens or rows, states, hidden)
+    mean, std = picked.mean(0), picked.std(0, unbiased=False)
+    for source in (cached, rows):
+        got = feature_statistics(loaded.model, source, 7, pooling)
+        torch.testing.assert_close(got[0], mean, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got[1], std, atol=1e-5, rtol=1e-4)

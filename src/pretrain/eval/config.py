@@ -80,7 +80,10 @@ class EvalConfig:
     tokens. `probe_epochs` (finetune mode): epochs of fitting the head alone on the frozen
     encoder at `probe_lr` before every weight is trained (LP-FT: Kumar et al. 2022, a fitted
     head distorts the pretrained features less than a random one); 0 (default) starts from
-    a random head."""
+    a random head. `standardize`: the head reads every layer's features standardized by
+    their mean and standard deviation over the training set (computed once, from the encoder
+    as it is before training; kept through LP-FT's fine-tuning), as a linear probe's inputs
+    usually are: the layers concatenated differ in scale."""
 
     task: TaskConfig = field(default_factory=TaskConfig)
     mode: str = "finetune"
@@ -91,6 +94,7 @@ class EvalConfig:
     epochs: int = 3
     probe_epochs: int = 0
     probe_lr: float = 3e-2
+    standardize: bool = False
     warmup_fraction: float = 0.1
     weight_decay: float = 0.01
     dropout: float = 0.1

@@ -166,3 +166,39 @@ def with_hidden_states(
     if pooling is not None:
         tensors["attention_mask"] = torch.ones(len(rows), 1, dtype=torch.long)
     return TensorRows(tensors)
+
+
+@torch.no_grad()
+def feature_statistics(
+    encoder: HiddenStates,
+    rows: TensorRows,
+    batch_size: int,
+    pooling: str | None = None,
+    last_token: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, standard deviation), each (num_layers + 1, hidden): every state's features over
+    the rows' real tokens, or with `pooling` over the rows' pooled vectors (what a
+    sequence-level head reads), from the rows' cached `hidden_states` (`with_hidden_states`)
+    where they have them, else from the encoder in eval mode. A feature that never varies
+    gets a deviation of 1e-6, not 0."""
+    total = square = count = 0.0
+    mode = encoder.training
+    encoder.eval()
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        mask = batch["attention_mask"]
+        if "hidden_states" in batch:
+            states = batch["hidden_states"]  # (batch, states, seq or 1, hidden)
+        else:
+            layers = encoder(batch)
+            if pooling is not None:
+                layers = [pool(h, mask, pooling, last_token).unsqueeze(1) for h in layers]
+                mask = torch.ones(len(mask), 1, dtype=mask.dtype)
+            states = torch.stack(layers, dim=1)
+        weights = mask[:, None, :, None].to(states.dtype)
+        total = total + (states * weights).sum((0, 2))
+        square = square + (states.square() * weights).sum((0, 2))
+        count = count + weights.sum((0, 2))
+    encoder.train(mode)
+    mean = total / count
+    return mean, (square / count - mean.square()).clamp_min(0).sqrt().clamp_min(1e-6)

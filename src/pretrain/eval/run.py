@@ -10,7 +10,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from pretrain.eval.config import EvalConfig, EvalRunConfig, TaskConfig
-from pretrain.eval.encoder import LoadedEncoder, load_encoder, with_hidden_states
+from pretrain.eval.encoder import (
+    LoadedEncoder,
+    feature_statistics,
+    load_encoder,
+    with_hidden_states,
+)
 from pretrain.eval.features import IGNORE_INDEX, tagging_features, text_features, window_features
 from pretrain.eval.heads import PER_TOKEN_KINDS
 from pretrain.eval.metrics import (
@@ -145,9 +150,9 @@ def _fit(
         * (1 if pooled else settings.max_seq_length)
         * loaded.model.hidden_size
     )
+    pooling = settings.pooling if pooled else None
+    last_token = loaded.model_type == "xlnet"
     if settings.mode == "features" and cache_states and cached_bytes <= CACHED_STATES_BYTES:
-        pooling = settings.pooling if pooled else None
-        last_token = loaded.model_type == "xlnet"
         train_rows, dev_rows = (
             with_hidden_states(loaded.model, rows, settings.batch_size, pooling, last_token)
             for rows in (train_rows, dev_rows)
@@ -166,9 +171,17 @@ def _fit(
     module = DownstreamModule(
         loaded.model, task.kind, task.num_outputs, head, loaded.model_type == "xlnet"
     )
-    if start is not None:
-        module.head.load_state_dict(start.head.state_dict())
-        module.layers.load_state_dict(start.layers.state_dict())
+    if start is not None:  # LP-FT: the probe's head, layer mix and standardization
+        module.load_state_dict(
+            {k: v for k, v in start.state_dict().items() if not k.startswith("encoder.")},
+            strict=False,
+        )
+    elif settings.standardize:
+        statistics = feature_statistics(
+            loaded.model, train_rows, settings.batch_size, pooling, last_token
+        )
+        module.shift.copy_(statistics[0])
+        module.scale.copy_(statistics[1])
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=1,
