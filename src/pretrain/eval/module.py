@@ -57,13 +57,14 @@ class DownstreamModule(L.LightningModule):
         self.layers = LayerSelection(settings.layers, encoder.num_layers + 1, encoder.hidden_size)
         self.dropout = nn.Dropout(settings.dropout)
         self.head = nn.Linear(self.layers.output_size, num_outputs)
-        # every state's features are read as (h - shift) / scale: the identity unless set
-        # (eval.standardize: the training set's mean and standard deviation)
-        states = (encoder.num_layers + 1, encoder.hidden_size)
-        self.register_buffer("shift", torch.zeros(states))
-        self.register_buffer("scale", torch.ones(states))
+        self.register_buffer("shift", None)  # set by `standardize`; None: features as they are
+        self.register_buffer("scale", None)
         self.frozen = settings.mode == "features"
         self.encoder.requires_grad_(not self.frozen)  # a probe's fit may have frozen it
+
+    def standardize(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        """Read every state's features as (h - mean) / std; each (num_states, hidden)."""
+        self.shift, self.scale = mean.clone(), std.clone()
 
     def on_train_start(self) -> None:
         # Lightning keeps the modes modules come in with; a loaded Hugging Face model is in
@@ -85,7 +86,10 @@ class DownstreamModule(L.LightningModule):
                 states = self.encoder(batch)
         else:
             states = self.encoder(batch)
-        states = tuple((h - m) / s for h, m, s in zip(states, self.shift, self.scale, strict=True))
+        if self.shift is not None:
+            states = tuple(
+                (h - m) / s for h, m, s in zip(states, self.shift, self.scale, strict=True)
+            )
         hidden = self.layers(states)  # (batch, seq, features)
         if self.kind in PER_TOKEN_KINDS:
             return self.head(self.dropout(hidden))

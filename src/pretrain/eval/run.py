@@ -172,16 +172,14 @@ def _fit(
         loaded.model, task.kind, task.num_outputs, head, loaded.model_type == "xlnet"
     )
     if start is not None:  # LP-FT: the probe's head, layer mix and standardization
-        module.load_state_dict(
-            {k: v for k, v in start.state_dict().items() if not k.startswith("encoder.")},
-            strict=False,
-        )
+        module.head.load_state_dict(start.head.state_dict())
+        module.layers.load_state_dict(start.layers.state_dict())
+        if start.shift is not None:
+            module.standardize(start.shift, start.scale)
     elif settings.standardize:
-        statistics = feature_statistics(
-            loaded.model, train_rows, settings.batch_size, pooling, last_token
+        module.standardize(
+            *feature_statistics(loaded.model, train_rows, settings.batch_size, pooling, last_token)
         )
-        module.shift.copy_(statistics[0])
-        module.scale.copy_(statistics[1])
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=1,
