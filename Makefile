@@ -24,10 +24,15 @@ CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.
 
 .PHONY: setup demo demo-ddp demo-chinese demo-families demo-sweep demo-compress test test-unit golden conf-tables lint clean
 
+# Byte code: pip compiles the installed modules one at a time; `--no-compile`, then compileall
+# on every core, writes the same files (setup on 2 cores: 52 s against 87). compileall's
+# status is ignored: a few of torch's test files are Python 3.12 syntax, as pip ignores them.
+SITE_PACKAGES = $$($(PY) -c "import sysconfig; print(sysconfig.get_path('purelib'))")
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-compile --upgrade pip
+	$(PY) -m pip install -q --no-compile -e ".[test]"
+	$(PY) -m compileall -q -j 0 $(SITE_PACKAGES) >/dev/null || true
 	touch $(STAMP)
 
 setup: $(STAMP)
