@@ -46,6 +46,11 @@ from pretrain.runtime.schedule import (
 )
 
 SKIP_WARNING_INTERVAL_S = 30.0  # at most one "step skipped" warning line per interval
+# The memory metrics are read at most every this many optimizer steps (on log steps): one read
+# costs about 10 ms of CPU per process (the kernel walks the ~1,100 mappings of a process that
+# imported torch for /proc/<pid>/smaps_rollup), which at trainer.log_every_n_steps=1 added a
+# fifth or more to a tiny CPU model's step; a leak shows over hundreds of steps.
+MEMORY_EVERY_N_STEPS = 50
 
 
 def objective_class(config: TrainConfig | Mapping) -> type[Objective]:
@@ -71,6 +76,7 @@ class PretrainingTask(L.LightningModule):
         self._row_batch_size = 1
         self._flops_since_log = 0  # model FLOPs of the micro-batches since the last log step
         self._last_log_time = time.perf_counter()
+        self._last_memory_step: int | None = None  # the step of this launch's last memory read
         self.peak_tflops: float | None = None  # set when training starts (`set_peak_tflops`)
         self.speed: dict[str, float] = {}  # the last log step's throughput, for the summary
         self._last_summary_loss: torch.Tensor | None = None
@@ -471,8 +477,10 @@ class PretrainingTask(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer step (after all accumulated micro-batches): the learning rate,
         and on log steps (and the launch's first step, for the summary) the summary loss
-        (`summary_metric`), on log steps tokens/s since the last log and the run's memory
-        (`pretrain.runtime.memory`, `sys/*`). Other steps read nothing back from the device."""
+        (`summary_metric`), on log steps tokens/s since the last log, and the run's memory
+        (`pretrain.runtime.memory`, `sys/*`) on the launch's first log step and then on log steps
+        at least MEMORY_EVERY_N_STEPS after the last read. Other steps read nothing back from
+        the device."""
         self.queue_log({"train/lr": optimizer.param_groups[0]["lr"]})
         every = self.trainer.log_every_n_steps
         log_step = (self.global_step + 1) % every == 0
@@ -488,4 +496,7 @@ class PretrainingTask(L.LightningModule):
             self.speed = {"train/tokens_per_s": rate, **flops}
             self._tokens_since_log, self._flops_since_log, self._last_log_time = 0, 0, now
             self.settle_skips()
-            self.queue_log(memory_metrics(self.device))
+            last = self._last_memory_step
+            if last is None or self.global_step - last >= MEMORY_EVERY_N_STEPS:
+                self.queue_log(memory_metrics(self.device))
+                self._last_memory_step = self.global_step
