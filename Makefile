@@ -141,9 +141,10 @@ demo-compress: $(STAMP) data/builtin/manifest.json
 # TEST_WORKERS pytest-xdist workers a test at a time (--maxschedchunk 1: a worker gets its
 # next test when it is nearly done, so the long ones spread), the longest files first
 # (LONGEST_FIRST) so that no long test starts last; runs and corpora that several tests read
-# are made once for all workers (`build_once` in tests/conftest.py); four workers took as long
-# as three (18:16 against 18:08: each test slower). The background lane's output follows, and
-# the target fails if either lane fails.
+# are made once for all workers (`build_once` in tests/conftest.py). The lanes keep both cores
+# busy (idle 2-4% of the time): three workers' lane took 11:04 to 12:20 on 2 quiet cores, four
+# 12:31 (each test slower), two 12:26 (both cores are not always busy). The background lane's
+# output follows, and the target fails if either lane fails.
 SLURM_TESTS = tests/multiprocess/test_slurm.py tests/multiprocess/test_slurm_nodes.py
 LONGEST_FIRST = tests/integration/test_eval_margin.py tests/integration/test_compress.py \
 	tests/multiprocess/test_resume_matrix.py tests/multiprocess/test_distributed.py \
