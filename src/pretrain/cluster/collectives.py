@@ -84,6 +84,18 @@ def reduce_on_host(value: int, op: dist.ReduceOp) -> int:
     return int(tensor.item())
 
 
+def group_timeout_s() -> float | None:
+    """The default process group's wait as the group holds it (what `ranks_met` set), in
+    seconds; None where it cannot be read (no group, or no CPU backend in it)."""
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    try:
+        backend = _get_default_group()._get_backend(torch.device("cpu"))
+        return backend.options._timeout.total_seconds()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
 def collective_failure(error: BaseException, trainer) -> CollectiveTimeout | None:
     """A `CollectiveTimeout` naming the step when `error` is a collective that timed out or
     lost its peers in a multi-rank run (the local ranks Lightning launched are killed, so
@@ -96,9 +108,11 @@ def collective_failure(error: BaseException, trainer) -> CollectiveTimeout | Non
     if launcher is not None and hasattr(launcher, "kill"):
         launcher.kill(signal.SIGKILL)  # ranks started by this process (Lightning's launcher)
     key, timeout_s = timeout_in_force()
+    held = group_timeout_s()
+    group = "" if held is None else f" (the process group's wait: {held:g} s)"
     return CollectiveTimeout(
         f"rank {trainer.global_rank}: a collective got no answer from the other ranks within "
-        f"{key}={timeout_s:g} s at step {trainer.global_step} (epoch "
+        f"{key}={timeout_s:g} s{group} at step {trainer.global_step} (epoch "
         f"{trainer.current_epoch}); a rank is stuck or died (see its log). The run stops "
         f"instead of hanging; resume it from its last checkpoint ({type(error).__name__}: "
         f"{str(error).splitlines()[0][:200]})"
