@@ -17,7 +17,7 @@ from test_train import step_losses
 
 from pretrain.config import compose_config
 from pretrain.runtime.run import build_stream, train
-from pretrain.storage import filesystem
+from pretrain.storage import filesystem, publish_corpus
 from pretrain.storage.cache import downloads
 
 BUCKET = "corpora"
@@ -58,23 +58,38 @@ def pretrain_data(
     )
 
 
+def prepare_corpus(
+    source: Path, out_dir: str | Path, cwd: Path, endpoint: str | None = None
+) -> None:
+    """`pretrain-data prepare` of the text file `source` into `out_dir` (local or S3)."""
+    result = pretrain_data(
+        "prepare", f"inputs=[{source}]", f"out_dir={out_dir}", *PREPARE, cwd=cwd, endpoint=endpoint
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
-def corpora(s3, tmp_path_factory):
-    """(URL, local copy) of the same corpus, prepared by `pretrain-data prepare` into S3 and
-    into a local directory from the same input and settings."""
-    work = tmp_path_factory.mktemp("s3_corpora")
-    source = write_text_corpus(work / "corpus.txt", small_english_documents())
-    url, local = f"s3://{BUCKET}/small", work / "local"
-    for out_dir in (url, local):
-        result = pretrain_data(
-            "prepare", f"inputs=[{source}]", f"out_dir={out_dir}", *PREPARE, cwd=work, endpoint=s3
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
+def corpora(s3, build_once):
+    """(URL, local copy) of the same corpus: prepared by `pretrain-data prepare` into a local
+    directory once for all workers, and published to the module's server."""
+
+    def make(root: Path) -> None:
+        source = write_text_corpus(root / "corpus.txt", small_english_documents())
+        prepare_corpus(source, root / "local", root)
+
+    local = build_once("s3-local-corpus", make) / "local"
+    url = f"s3://{BUCKET}/small"
+    with pytest.MonkeyPatch.context() as environment:  # before the tests' own (s3_environment)
+        for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3}.items():
+            environment.setenv(key, value)
+        publish_corpus(local, url)
     return url, local
 
 
-def test_prepare_writes_the_corpus_to_s3_and_info_verify_read_it(corpora, tmp_path):
-    url, local = corpora
+def test_prepare_writes_the_corpus_to_s3_and_info_verify_read_it(corpora, s3, tmp_path):
+    _, local = corpora
+    url = f"s3://{BUCKET}/prepared-here"
+    prepare_corpus(local.parent / "corpus.txt", url, tmp_path, endpoint=s3)  # the same input
     fs = filesystem(url)
     remote = json.loads(fs.cat_file(f"{url}/manifest.json"))
     assert remote == json.loads((local / "manifest.json").read_text())  # the same bytes
@@ -94,9 +109,7 @@ def test_a_changed_object_fails_verify_naming_it(corpora, tmp_path):
     url, local = corpora
     fs = filesystem(url)
     copy = f"s3://{BUCKET}/changed"
-    for path in sorted(local.rglob("*")):
-        if path.is_file():
-            fs.put_file(str(path), f"{copy}/{path.relative_to(local).as_posix()}")
+    publish_corpus(local, copy)
     data = bytearray((local / "shard-000003.tar").read_bytes())
     data[100] ^= 1
     fs.pipe_file(f"{copy}/shard-000003.tar", bytes(data))
