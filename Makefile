@@ -142,7 +142,7 @@ demo-compress: $(STAMP) data/builtin/manifest.json
 # next test when it is nearly done, so the long ones spread), the longest files first
 # (LONGEST_FIRST) so that no long test starts last; runs and corpora that several tests read
 # are made once for all workers (`build_once` in tests/conftest.py). The lanes keep both cores
-# busy (idle 2-4% of the time): three workers' lane took 11:04 to 12:20 on 2 quiet cores, four
+# busy (idle 2-4% of the time): three workers' lane took 10:38 to 12:20 on 2 quiet cores, four
 # 12:31 (each test slower), two 12:26 (both cores are not always busy). The background lane's
 # output follows, and the target fails if either lane fails.
 SLURM_TESTS = tests/multiprocess/test_slurm.py tests/multiprocess/test_slurm_nodes.py
