@@ -91,6 +91,30 @@ def job_field(env: dict, job_id: str, name: str) -> str:
     return match.group(1) if match else ""
 
 
+def release_requeued(env: dict, job_id: str, *updates: str, timeout_s: float = 240) -> None:
+    """Start a job that requeued itself now, not after SLURM's 2-minute hold (BeginTime), with
+    `updates` (e.g. "TimeLimit=10"): once it is PENDING and no node is still completing it,
+    from the next whole second. slurmd refuses a launch whose credential is not newer, in
+    whole seconds, than the revocation of the job's last run ("Job credential revoked": seen
+    once beside a loaded machine, when the release came in the second the node finished)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = job_field(env, job_id, "JobState")
+        nodes = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True
+        ).stdout
+        if state == "PENDING" and "completing" not in nodes:
+            break
+        assert time.monotonic() < deadline, f"job {job_id} not requeued (state {state}; {nodes})"
+        time.sleep(0.2)
+    done = time.time()
+    while int(time.time()) == int(done):  # the credential's time is in whole seconds
+        time.sleep(0.05)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job_id}", "StartTime=now", *updates], env=env, check=True
+    )
+
+
 def wait_for_job(env: dict, job_id: str, timeout_s: float = 600) -> str:
     """The job's final state (every task of an array done), polled each 0.5 s."""
     deadline = time.monotonic() + timeout_s
@@ -264,16 +288,7 @@ def test_preempted_by_scancel_and_the_time_limit_resumes_with_the_uninterrupted_
     reference = tmp_path / "reference"  # the uninterrupted run, trained here meanwhile
     train(compose_config([*overrides, f"run_dir={reference}"]))
     wait_for_text(log, "requeueing SLURM job", 300)
-    deadline = time.monotonic() + 240  # a guard: the job saves, stops its workers and exits
-    while (state := job_field(cluster, job, "JobState")) != "PENDING":
-        assert time.monotonic() < deadline, f"the job was not requeued (state {state})"
-        time.sleep(0.5)
-    # SLURM holds a requeued job for 2 minutes (BeginTime): release it with a longer limit.
-    subprocess.run(
-        ["scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=10"],
-        env=cluster,
-        check=True,
-    )
+    release_requeued(cluster, job, "TimeLimit=10")  # the job saves, stops its workers, exits
     assert wait_for_job(cluster, job, 600) == "COMPLETED", log.read_text()[-3000:]
     text = log.read_text()
     assert saved_steps(text)[0] == after_term

@@ -30,6 +30,7 @@ from dist_helpers import RECORDING_MLM, read_records
 from test_slurm import (
     job_field,
     last_checkpoint,
+    release_requeued,
     saved_steps,
     sbatch,
     show_job,
@@ -207,11 +208,7 @@ def test_a_preempted_two_node_job_requeues_and_resumes_exactly(prepared_corpus, 
     wait_for_steps(run_dir)  # trained steps: a save after step 0
     subprocess.run(["scancel", "--signal=USR1", preempted], env=env, check=True)
     wait_for_text(log, "requeueing SLURM job", 300)
-    deadline = time.monotonic() + 240
-    while (state := job_field(env, preempted, "JobState")) != "PENDING":
-        assert time.monotonic() < deadline, f"the job was not requeued (state {state})"
-        time.sleep(0.5)
-    subprocess.run(["scontrol", "update", f"JobId={preempted}", "StartTime=now"], env=env)
+    release_requeued(env, preempted)
     assert wait_for_job(env, preempted, 600) == "COMPLETED", log.read_text()[-3000:]
     assert wait_for_job(env, job, 600) == "COMPLETED"
     text = log.read_text()
