@@ -94,9 +94,9 @@ def job_field(env: dict, job_id: str, name: str) -> str:
 def release_requeued(env: dict, job_id: str, *updates: str, timeout_s: float = 240) -> None:
     """Start a job that requeued itself now, not after SLURM's 2-minute hold (BeginTime), with
     `updates` (e.g. "TimeLimit=10"): once it is PENDING and no node is still completing it,
-    from the next whole second. slurmd refuses a launch whose credential is not newer, in
-    whole seconds, than the revocation of the job's last run ("Job credential revoked": seen
-    once beside a loaded machine, when the release came in the second the node finished)."""
+    from the next whole second. slurmd refuses a launch whose credential is not newer than the
+    revocation of the job's last run, both in whole seconds ("Job credential revoked": seen
+    once on a loaded machine, the release 0.1 s after the requeue)."""
     deadline = time.monotonic() + timeout_s
     while True:
         state = job_field(env, job_id, "JobState")
