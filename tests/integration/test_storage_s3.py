@@ -32,13 +32,19 @@ def s3():
         yield endpoint
 
 
+def point_at(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    """AWS_ENDPOINT_URL and the AWS_* credentials of the server at `endpoint`, set through
+    `monkeypatch` (undone with it)."""
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(key, value)
+
+
 @pytest.fixture(autouse=True)
 def s3_environment(s3, monkeypatch):
     """Each test reaches the module's server the standard way: AWS_ENDPOINT_URL and the AWS_*
     credentials in the environment, set for the test alone (the module's tests may run on
     several workers, between other modules' tests)."""
-    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3}.items():
-        monkeypatch.setenv(key, value)
+    point_at(monkeypatch, s3)
 
 
 def pretrain_data(
@@ -80,8 +86,7 @@ def corpora(s3, build_once):
     local = build_once("s3-local-corpus", make) / "local"
     url = f"s3://{BUCKET}/small"
     with pytest.MonkeyPatch.context() as environment:  # before the tests' own (s3_environment)
-        for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3}.items():
-            environment.setenv(key, value)
+        point_at(environment, s3)
         publish_corpus(local, url)
     return url, local
 
