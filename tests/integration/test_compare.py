@@ -10,7 +10,14 @@ from pathlib import Path
 
 import yaml
 
-from pretrain.eval.compare import FIGURES, find_runs, read_metrics, write_report, x_values
+from pretrain.eval.compare import (
+    FIGURES,
+    LOSS_FIGURES,
+    find_runs,
+    read_metrics,
+    write_report,
+    x_values,
+)
 
 
 def write_run(run_dir: Path, lr: float, launches: list[list[dict]]) -> None:
@@ -131,14 +138,28 @@ def test_losses_of_different_objectives_get_their_own_axes_and_runs_their_state(
     assert [column for _, column in panels] == ["train/mlm_loss", "train/nsp_loss"]
     same = loss_panels(metrics, ["MaskedLanguageModel", "MaskedLanguageModel"])
     assert [column for _, column in same][0] == "train/loss"
-    _, drawn = write_report(runs, tmp_path / "report")
+    # an MLM-only run's total is its MLM loss: one axis, not two with the same line
+    alone = loss_panels(metrics[1:], ["MaskedLanguageModel"])
+    assert [column for _, column in alone] == ["train/mlm_loss"]
+    page, drawn = write_report(runs, tmp_path / "report")
     assert drawn["loss_vs_tokens.png"] == {
         "training mlm loss": ["bert", "roberta"],
         "training nsp loss": ["bert"],
     }
+    # figures of columns no run logged (throughput, learning rate) are left out, files too
+    assert set(drawn) == set(LOSS_FIGURES)
+    assert not (tmp_path / "report" / "lr.png").exists()
+    assert page.read_text().count("data:image/png;base64,") == len(LOSS_FIGURES)
+    # the differing config key has its own table, after the metrics'
+    metrics_table, settings_table = page.read_text().split("<table>")[1:]
+    assert "train/<wbr>mlm_loss" in metrics_table and "objective._target_" not in metrics_table
+    assert "objective._target_" in settings_table and "mlm_loss" not in settings_table
     with open(tmp_path / "report" / "summary.csv") as f:
         header, *rows = list(csv.reader(f))
     assert [row[1] for row in rows] == ["preempted (step 4 of 10)", "finished"]
+    assert header[2:5] == ["train/loss", "train/mlm_loss", "train/nsp_loss"]  # bert's total
+    mlm_only = {"train/loss": 2.0, "train/mlm_loss": 2.0, "step": 3.0}  # a total = its term
+    assert summary_table(["r"], ["finished"], [{}], [mlm_only])[0][2:] == ["train/mlm_loss", "step"]
     # logging and worker settings differ too, but do not change what is trained
     assert header[-1] == "objective._target_"
     assert "trainer.log_every_n_steps" not in header and "data.num_workers" not in header

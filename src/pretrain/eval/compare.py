@@ -4,17 +4,19 @@ Reads each run's CSV logs (`<run>/csv/version_*/metrics.csv`, every launch of a 
 config (the newest `hparams.yaml` beside them) and how its last launch ended
 (`run_state.json`, `pretrain.runtime.run_state`), and writes to `--out` (default:
 `<first dir>/report`) PNG figures (matplotlib, one line per run), `summary.csv` and
-`report.html`, a single self-contained page (figures embedded). Its table reads: the run and
-its state (finished, preempted or failed at step s of max), the final losses (training and
-held-out), the downstream results `pretrain-eval` wrote in the run (`<run>/eval/<name>.json`:
-a column `eval/<name>/<metric>` each), progress and throughput, then the config keys that
-differ between the runs and change what is trained (logging, checkpointing, kernel and
-worker settings, `checkpoint.relaunch.RELAUNCH_KEYS`, left out; a batch-size sweep reads like
-RoBERTa's Table 3). Figures: each kind of loss on its own axes (an MLM+NSP total is never
-drawn beside an MLM-only loss: the total is drawn only when every run has the same
-objective), against tokens seen and against wall-clock seconds; throughput (tokens/s, model
-TFLOP/s by the FLOP model of pretrain/runtime/flops.py, and MFU against the device peak),
-learning rate and skipped steps against tokens seen. Never needs wandb.
+`report.html`, a single self-contained page (figures embedded). Its first table reads: the
+run and its state (finished, preempted or failed at step s of max), the final losses
+(training and held-out), the downstream results `pretrain-eval` wrote in the run
+(`<run>/eval/<name>.json`: a column `eval/<name>/<metric>` each), progress and throughput;
+the second, the config keys that differ between the runs and change what is trained
+(logging, checkpointing, kernel and worker settings, `checkpoint.relaunch.RELAUNCH_KEYS`, left
+out; a batch-size sweep reads like RoBERTa's Table 3). `summary.csv` has both, in that order.
+Figures: each kind of loss on its own axes (an MLM+NSP total is never drawn beside an
+MLM-only loss: the total is drawn only when every run has the same objective, and not when
+it repeats a term, as an MLM-only run's does), against tokens seen and against wall-clock
+seconds; throughput (tokens/s, model TFLOP/s by the FLOP model of pretrain/runtime/flops.py,
+and MFU against the device peak where logged: not on CPU), learning rate and skipped steps
+against tokens seen. Never needs wandb.
 """
 
 import argparse
@@ -80,11 +82,21 @@ def loss_panels(metrics: list[dict], objectives: list[object]) -> list[tuple[str
     same_objective = len({repr(o) for o in objectives}) <= 1
     if not same_objective:
         columns = [c for c in columns if c.partition("/")[2] != "loss"]
+    columns = [c for c in columns if not total_repeats_a_term(c, columns, metrics)]
     names = {"train": "training", "val": "held-out"}
     order = sorted(columns, key=lambda c: (c.partition("/")[2] != "loss", c.partition("/")[2], c))
     return [
         (f"{names[c.partition('/')[0]]} {c.partition('/')[2].replace('_', ' ')}", c) for c in order
     ]
+
+
+def total_repeats_a_term(column: str, columns: list[str], metrics: list[dict]) -> bool:
+    """Whether `column` is a total (`train/loss`, `val/loss`) that equals, at every step of
+    every run, one of its terms (an MLM-only run's total is its MLM loss): a second axis
+    with the same lines."""
+    prefix, _, name = column.partition("/")
+    terms = [c for c in columns if c.startswith(prefix + "/") and c != column]
+    return name == "loss" and any(all(m.get(t) == m.get(column) for m in metrics) for t in terms)
 
 
 def natural_order(path: Path) -> list:
@@ -222,8 +234,9 @@ def plot_figures(
     runs: dict[str, dict], out: Path, losses: list[tuple[str, str]]
 ) -> dict[str, dict[str, list[str]]]:
     """Write the `FIGURES` PNGs for `runs` ({label: metrics}) to `out`, the loss figures with
-    the axes `losses` (`loss_panels`); returns {file: {axis title: labels of its lines}} (one
-    line per run that logged the column)."""
+    the axes `losses` (`loss_panels`), the others with the axes some run logged (no MFU axis
+    on CPU); returns {file: {axis title: labels of its lines}} (one line per run that logged
+    the column), without the figures no run logged anything for (their files removed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -231,8 +244,11 @@ def plot_figures(
 
     drawn: dict[str, dict[str, list[str]]] = {}
     for name, (title, x, panels) in FIGURES.items():
-        panels = losses if name in LOSS_FIGURES else panels
-        panels = panels or [("loss", "train/loss")]
+        logged = [p for p in panels if any(m.get(p[1]) for m in runs.values())]
+        panels = (losses or [("loss", "train/loss")]) if name in LOSS_FIGURES else logged
+        if not panels:
+            (out / name).unlink(missing_ok=True)
+            continue
         columns = min(len(panels), 3)
         rows = -(-len(panels) // columns)
         figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4 * rows), squeeze=False)
@@ -256,7 +272,8 @@ def plot_figures(
                 axis.text(0.5, 0.5, f"no {column} logged", ha="center", transform=axis.transAxes)
         for axis in list(axes.flat)[len(panels) :]:
             axis.set_visible(False)
-        figure.suptitle(title)
+        if len(panels) > 1:  # one axis has its own title
+            figure.suptitle(title)
         figure.tight_layout()
         figure.savefig(out / name, dpi=100)
         plt.close(figure)
@@ -272,11 +289,13 @@ def format_value(value: object) -> str:
 def summary_table(
     labels: list[str], statuses: list[str], configs: list[dict], finals: list[dict]
 ) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): run and state, the final losses (training, then held-out), downstream
+    """(header, rows): run and state, the final losses (training, then held-out; a total that
+    repeats a term left out, `total_repeats_a_term`), downstream
     results (`eval/*`), progress and throughput, other held-out metrics, then the differing
     config keys that change training (`differing_keys`); blank where a run lacks one."""
     present = sorted({k for f in finals for k in f})
     losses = sorted((k for k in present if is_loss(k)), key=lambda k: (k[:3] == "val", k))
+    losses = [k for k in losses if not total_repeats_a_term(k, losses, finals)]
     results = [k for k in present if k.startswith("eval/")]
     progress = [c for c in PROGRESS_COLUMNS if c in present]
     other = [k for k in present if k.startswith("val/") and not is_loss(k)]
@@ -295,6 +314,18 @@ def summary_table(
     return header, rows
 
 
+def html_table(header: list[str], rows: list[list[str]]) -> str:
+    """An HTML table of `header` and `rows`, every cell escaped; a header may break after a
+    `/` (`train/<wbr>tokens_seen`), so that a dozen columns fit a page's width."""
+    cells = lambda tag, row: "".join(f"<{tag}>{v}</{tag}>" for v in row)  # noqa: E731
+    names = [html.escape(name).replace("/", "/<wbr>") for name in header]
+    lines = [
+        f"<tr>{cells('th', names)}</tr>",
+        *(f"<tr>{cells('td', map(html.escape, row))}</tr>" for row in rows),
+    ]
+    return "<table>" + "\n".join(lines) + "</table>"
+
+
 def write_report(run_dirs: list[Path], out: Path) -> tuple[Path, dict[str, dict[str, list[str]]]]:
     """Figures, `summary.csv` and the self-contained `report.html` for `run_dirs` in `out`;
     returns the HTML's path and what each figure drew (`plot_figures`)."""
@@ -311,14 +342,14 @@ def write_report(run_dirs: list[Path], out: Path) -> tuple[Path, dict[str, dict[
     header, rows = summary_table(labels, statuses, configs, finals)
     with open(out / "summary.csv", "w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
-    cells = lambda tag, row: "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in row)  # noqa: E731
-    table = "\n".join(
-        [f"<tr>{cells('th', header)}</tr>", *(f"<tr>{cells('td', row)}</tr>" for row in rows)]
-    )
+    split = len(header) - len(differing_keys(configs))  # metrics, then config keys
+    settings = html_table(["run", *header[split:]], [[row[0], *row[split:]] for row in rows])
+    if split == len(header):
+        settings = "<p>None: the runs differ in no key that changes training.</p>"
     images = "\n".join(
         f'<h2>{html.escape(FIGURES[name][0])}</h2><img alt="{name}" src="data:image/png;base64,'
         f'{base64.b64encode((out / name).read_bytes()).decode()}">'
-        for name in FIGURES
+        for name in drawn
     )
     runs = "\n".join(
         f"<li><code>{html.escape(str(run))}</code>: {html.escape(status)}</li>"
@@ -327,10 +358,12 @@ def write_report(run_dirs: list[Path], out: Path) -> tuple[Path, dict[str, dict[
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>pretrain-compare: {len(run_dirs)} runs</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style>
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{white-space:nowrap}}img{{max-width:100%}}</style>
 </head><body><h1>{len(run_dirs)} runs</h1><ul>{runs}</ul>
-<h2>Final metrics (losses and results first, then the config keys that differ)</h2>
-<table>{table}</table>
+<h2>Final metrics (losses, downstream results, progress)</h2>
+{html_table(header[:split], [row[:split] for row in rows])}
+<h2>Config keys that differ (those that change what is trained)</h2>
+{settings}
 {images}
 </body></html>
 """
