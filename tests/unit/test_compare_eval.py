@@ -40,7 +40,7 @@ def test_eval_results_are_columns_after_the_losses(tmp_path):
     assert header[2:6] == ["train/loss", "val/loss", "eval/builtin_next/accuracy", "eval/qa/f1"]
     assert [row[4:6] for row in rows] == [["0.6123", "30.5"], ["0.5", ""]]  # blank: none
     assert header[-1] == "optim.lr"  # the config keys that differ come last
-    assert "eval/qa/f1" in (tmp_path / "report" / "report.html").read_text()
+    assert "eval/<wbr>qa/<wbr>f1" in (tmp_path / "report" / "report.html").read_text()
 
 
 def test_a_file_that_is_not_a_result_names_itself(tmp_path):
