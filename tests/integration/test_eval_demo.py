@@ -42,9 +42,11 @@ def test_demo_model_and_random_encoder_side_by_side(demo_export, tmp_path, mode)
         )
         assert written == result and written["init"] == init
         assert len(written["predictions"]) == 100
-        # the same recipe for both inits: the mode's, the seed given
+        # the same recipe for both inits: the mode's, the seed given, which also draws the
+        # task's examples
         assert written["settings"]["mode"] == RECIPES[mode][0].split("=")[1]
         assert written["settings"]["pooling"] == "mean" and written["settings"]["seed"] == 1
+        assert written["settings"]["task"]["seed"] == 1
     # the two encoders are different models: their dev predictions differ
     assert results["pretrained"]["predictions"] != results["random"]["predictions"]
     scores = [[results[i]["metrics"]["accuracy"]] for i in ("pretrained", "random")]

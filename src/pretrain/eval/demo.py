@@ -1,6 +1,8 @@
 """`make demo-eval`: the `make demo` model against a randomly initialised encoder of the same
 size on built-in tasks, fine-tuned and as a frozen probe, each over several seeds with the
-same recipe for both, as mean +- standard deviation side by side.
+same recipe for both, as mean +- standard deviation side by side. A seed draws everything
+random in a fit: the task's examples (so a seed's dev set is not one the recipes were chosen
+on), the random encoder's weights, the head and the batch order.
 
     python -m pretrain.eval.demo [--tasks builtin_order ...] [--modes finetune probe]
                                  [--seeds 0 1 2] [hydra overrides ...]
@@ -84,7 +86,8 @@ def compare(
 ) -> dict[str, dict]:
     """{init: result} of fitting the pretrained and a random encoder on the built-in `task`
     with the same config: `eval=<task>`, the `mode` recipe (RECIPES), SIZES, then
-    `overrides`; `seed` draws the random encoder's weights, the head and the batch order."""
+    `overrides`; `seed` draws the task's training and dev examples (`eval.task.seed`, unless
+    `overrides` set it), the random encoder's weights, the head and the batch order."""
     from pretrain.eval.run import evaluate
 
     register_eval_schema()
@@ -95,6 +98,7 @@ def compare(
                 f"eval={task}",
                 *RECIPES[mode],
                 *SIZES,
+                f"eval.task.seed={seed}",
                 *overrides,
                 f"encoder.init={init}",
                 f"eval.seed={seed}",
