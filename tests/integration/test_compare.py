@@ -164,5 +164,5 @@ def test_losses_of_different_objectives_get_their_own_axes_and_runs_their_state(
     assert header[-1] == "objective._target_"
     assert "trainer.log_every_n_steps" not in header and "data.num_workers" not in header
     finals = [{"step": 4.0}]
-    header, rows = summary_table(["x"], ["failed (step 4 of 10)"], [{}], finals)
-    assert rows == [["x", "failed (step 4 of 10)", "4"]]
+    header, rows, split = summary_table(["x"], ["failed (step 4 of 10)"], [{}], finals)
+    assert rows == [["x", "failed (step 4 of 10)", "4"]] and split == len(header)  # no config keys

@@ -288,11 +288,12 @@ def format_value(value: object) -> str:
 
 def summary_table(
     labels: list[str], statuses: list[str], configs: list[dict], finals: list[dict]
-) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): run and state, the final losses (training, then held-out; a total that
+) -> tuple[list[str], list[list[str]], int]:
+    """(header, rows, split): run and state, the final losses (training, then held-out; a total that
     repeats a term left out, `total_repeats_a_term`), downstream
     results (`eval/*`), progress and throughput, other held-out metrics, then the differing
-    config keys that change training (`differing_keys`); blank where a run lacks one."""
+    config keys that change training (`differing_keys`) from column `split` on; blank where a
+    run lacks one."""
     present = sorted({k for f in finals for k in f})
     losses = sorted((k for k in present if is_loss(k)), key=lambda k: (k[:3] == "val", k))
     losses = [k for k in losses if not total_repeats_a_term(k, losses, finals)]
@@ -311,7 +312,7 @@ def summary_table(
         ]
         for label, status, c, f in zip(labels, statuses, configs, finals, strict=True)
     ]
-    return header, rows
+    return header, rows, len(header) - len(keys)
 
 
 def html_table(header: list[str], rows: list[list[str]]) -> str:
@@ -339,10 +340,9 @@ def write_report(run_dirs: list[Path], out: Path) -> tuple[Path, dict[str, dict[
         final_metrics(m) | eval_results(run) for m, run in zip(metrics, run_dirs, strict=True)
     ]
     statuses = [run_status(run, f, c) for run, f, c in zip(run_dirs, finals, configs, strict=True)]
-    header, rows = summary_table(labels, statuses, configs, finals)
+    header, rows, split = summary_table(labels, statuses, configs, finals)
     with open(out / "summary.csv", "w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
-    split = len(header) - len(differing_keys(configs))  # metrics, then config keys
     settings = html_table(["run", *header[split:]], [[row[0], *row[split:]] for row in rows])
     if split == len(header):
         settings = "<p>None: the runs differ in no key that changes training.</p>"
