@@ -8,7 +8,7 @@ on), the random encoder's weights, the head and the batch order.
                                  [--seeds 0 1 2] [hydra overrides ...]
 
 Overrides apply to every run, after the recipe (e.g. `encoder.path=exports/demo-bert
-eval.epochs=5`). Results are written as `eval/<task>-<mode>-<init>-seed<seed>.json` under the
+eval.epochs=3`). Results are written as `eval/<task>-<mode>-<init>-seed<seed>.json` under the
 encoder's run directory (`out_dir=` to change it)."""
 
 import argparse
