@@ -105,7 +105,7 @@ demo-chinese: $(STAMP) data/chinese/manifest.json
 
 # Fine-tune and probe the `make demo` model and a same-size random encoder on built-in tasks
 # (the same recipe for both), 3 seeds each, and print mean +- std side by side
-# (pretrain.eval.demo). About 13 minutes on one idle core (60 fits, one after another).
+# (pretrain.eval.demo). About 9 minutes on one idle core (60 fits, one after another).
 demo-eval: $(STAMP)
 	test -f $(DEMO_EXPORT)/config.json || $(MAKE) demo
 	$(DEMO_ENV) $(PY) -m pretrain.eval.demo encoder.path=$(DEMO_EXPORT) out_dir=$(DEMO_RUN)
