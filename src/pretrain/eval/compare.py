@@ -289,11 +289,11 @@ def format_value(value: object) -> str:
 def summary_table(
     labels: list[str], statuses: list[str], configs: list[dict], finals: list[dict]
 ) -> tuple[list[str], list[list[str]], int]:
-    """(header, rows, split): run and state, the final losses (training, then held-out; a total that
-    repeats a term left out, `total_repeats_a_term`), downstream
-    results (`eval/*`), progress and throughput, other held-out metrics, then the differing
-    config keys that change training (`differing_keys`) from column `split` on; blank where a
-    run lacks one."""
+    """(header, rows, split): run and state, the final losses (training, then held-out; a
+    total that repeats a term left out, `total_repeats_a_term`), downstream results
+    (`eval/*`), progress and throughput, other held-out metrics, then, from column `split`
+    on, the differing config keys that change training (`differing_keys`); blank where a run
+    lacks one."""
     present = sorted({k for f in finals for k in f})
     losses = sorted((k for k in present if is_loss(k)), key=lambda k: (k[:3] == "val", k))
     losses = [k for k in losses if not total_repeats_a_term(k, losses, finals)]
