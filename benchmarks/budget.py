@@ -2,6 +2,7 @@
 of training time best buy, held out and downstream?
 
     .venv/bin/python benchmarks/budget.py [--budget-s 150] [--only mlm electra] [--seed 0]
+    .venv/bin/python benchmarks/budget.py --merge a.log b.log   # `--only` runs' output, joined
 
 Each family trains the `make demo` encoder size (64 features, 2 layers; ELECTRA's
 discriminator at the same sizes, its own encoder class) at the demo's batch, sequence length
@@ -19,7 +20,9 @@ generator too) trains half the steps. Scored:
 
 Measure on a quiet machine: a family calibrated while other work runs gets fewer steps. The
 table and a PNG (benchmarks/figures/budget.png) go into benchmarks/RESULTS.md between the
-`budget` markers. `compare_objectives.py` compares more masking variants at another recipe
+`budget` markers. On 2 cores, two processes of `--only` (two families each, one per core)
+take half the time; each prints a JSON line per family, and `--merge` writes the table and
+figure from their saved output. `compare_objectives.py` compares more masking variants at another recipe
 (MLM accuracy only); `bench_budget.py` is about the static prediction budget's step time.
 """
 
@@ -32,7 +35,6 @@ from pathlib import Path
 from pretrain.config import compose_config
 from pretrain.eval.compare import read_metrics
 from pretrain.eval.demo import DEMO_TASKS, INITS, RECIPES, compare
-from pretrain.runtime.run import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "data" / "builtin"
@@ -94,6 +96,8 @@ def family_config(objective: str, fmt: str, overrides: list[str], run_dir: Path,
 def seconds_per_step(objective: str, fmt: str, overrides: list[str]) -> float:
     """A family's training seconds per optimizer step, between its WARM_STEPS-th step and
     CALIBRATION_STEPS later (start-up, the first loader and validation left out)."""
+    from pretrain.runtime.run import train
+
     run_dir = RUNS / "calibration" / objective
     total = WARM_STEPS + CALIBRATION_STEPS
     train(
@@ -109,6 +113,7 @@ def seconds_per_step(objective: str, fmt: str, overrides: list[str]) -> float:
 def pretrain_family(objective: str, fmt: str, overrides: list[str], steps: int) -> Path:
     """Train one family for `steps` steps; returns its exported encoder's directory."""
     from pretrain.export import export_checkpoint
+    from pretrain.runtime.run import train
 
     run_dir = RUNS / objective
     train(family_config(objective, fmt, overrides, run_dir, steps))
@@ -183,7 +188,11 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=150.0, help="training seconds each")
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="the downstream fits' seed")
+    parser.add_argument("--merge", nargs="+", type=Path, help="`--only` runs' saved output")
     args = parser.parse_args()
+    if args.merge:
+        publish(*merged(args.merge))
+        return
     results = []
     for name, objective, fmt, overrides in FAMILIES:
         if args.only and objective not in args.only:
@@ -198,20 +207,52 @@ def main() -> None:
             "mlm_loss": last_value(RUNS / objective, "val/mlm_loss"),
             "trained_s": last_value(RUNS / objective, "train/elapsed_s"),
             "eval": margins(encoder, args.seed),
+            "budget_s": args.budget_s,
+            "seed": args.seed,
         }
         results.append(result)
         print(json.dumps(result), flush=True)
-    text = table(results, args.budget_s, args.seed)
+    if args.only:
+        print(table(results, args.budget_s, args.seed))
+    else:
+        publish(results, args.budget_s, args.seed)
+
+
+def publish(results: list[dict], budget_s: float, seed: int) -> None:
+    """Print the table, draw the figure and put both into RESULTS.md between the markers."""
+    text = table(results, budget_s, seed)
     print(text)
-    if not args.only:
-        figure(results, FIGURE)
-        path = ROOT / "benchmarks" / "RESULTS.md"
-        current = path.read_text()
-        block = f"{BEGIN}\n{text}\n\n![budget](figures/{FIGURE.name})\n{END}"
-        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-        path.write_text(
-            pattern.sub(block, current) if BEGIN in current else current + "\n" + block + "\n"
+    figure(results, FIGURE)
+    path = ROOT / "benchmarks" / "RESULTS.md"
+    current = path.read_text()
+    block = f"{BEGIN}\n{text}\n\n![budget](figures/{FIGURE.name})\n{END}"
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    path.write_text(
+        pattern.sub(block, current) if BEGIN in current else current + "\n" + block + "\n"
+    )
+
+
+def merged(logs: list[Path]) -> tuple[list[dict], float, int]:
+    """(results in FAMILIES' order, budget seconds, seed) from the JSON lines that `--only`
+    runs printed among their other output; refused when a family comes twice or the runs'
+    budgets or seeds differ."""
+    results = [
+        json.loads(line)
+        for log in logs
+        for line in log.read_text(encoding="utf-8").splitlines()
+        if line.startswith('{"name": ')
+    ]
+    names = [r["name"] for r in results]
+    order = [name for name, *_ in FAMILIES]
+    if not names or len(set(names)) < len(names) or not set(names) <= set(order):
+        raise SystemExit(f"--merge: families {names}: each must be one of {order}, once")
+    settings = {(r.get("budget_s"), r.get("seed")) for r in results}
+    if len(settings) != 1 or None in next(iter(settings)):
+        raise SystemExit(
+            f"--merge: the runs' (budget seconds, seed) must be given and equal: {settings}"
         )
+    budget_s, seed = settings.pop()
+    return sorted(results, key=lambda r: order.index(r["name"])), budget_s, seed
 
 
 if __name__ == "__main__":
