@@ -1,8 +1,8 @@
 """`make demo-eval`: the `make demo` model against a randomly initialised encoder of the same
 size on built-in tasks, fine-tuned and as a frozen probe, each over several seeds with the
 same recipe for both, as mean +- standard deviation side by side. A seed draws everything
-random in a fit: the task's examples (so a seed's dev set is not one the recipes were chosen
-on), the random encoder's weights, the head and the batch order.
+random in a fit: the task's examples (each seed another sample of the task), the random
+encoder's weights, the head and the batch order.
 
     python -m pretrain.eval.demo [--tasks builtin_order ...] [--modes finetune probe]
                                  [--seeds 0 1 2] [hydra overrides ...]
