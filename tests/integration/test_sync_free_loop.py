@@ -12,6 +12,7 @@ import pytest
 from conftest import cpu_run_overrides
 
 from pretrain.config import compose_config
+from pretrain.runtime.progress_log import is_log_step
 from pretrain.runtime.run import prepare_run
 from pretrain.runtime.trainer import build_trainer
 
@@ -23,14 +24,15 @@ STEPS, EVERY = 12, 5
 
 
 class SyncGuard(L.Callback):
-    """Every step but the first and the log steps runs under `HostSyncOps`."""
+    """Every step but the first and the log steps (the run's last included) runs under
+    `HostSyncOps`."""
 
     def __init__(self) -> None:
         self.mode, self.guarded = None, []
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         step = trainer.global_step
-        if step > 0 and (step + 1) % trainer.log_every_n_steps != 0:
+        if step > 0 and not is_log_step(step + 1, trainer.log_every_n_steps, trainer.max_steps):
             self.mode = HostSyncOps()
             self.mode.__enter__()
             self.guarded.append(step)
@@ -84,6 +86,7 @@ def test_steps_between_log_steps_never_wait_for_the_device(prepared_corpus, tmp_
     finally:
         guard.on_train_batch_end(trainer, module, None, None, 0)  # leave it, even on an error
     assert trainer.global_step == STEPS
-    guarded = [s for s in range(1, STEPS) if (s + 1) % EVERY != 0]  # micro-batches' steps
+    guarded = [s for s in range(1, STEPS - 1) if (s + 1) % EVERY != 0]  # micro-batches' steps
     assert guard.guarded == sorted(guarded * config.batch_plan.accumulate_grad_batches)
-    assert [step for step, _ in module.loss_history] == [0, 4, 9]  # first step, log steps
+    # the first step, the log steps and the last
+    assert [step for step, _ in module.loss_history] == [0, 4, 9, 11]

@@ -207,3 +207,22 @@ def test_wandb_logs_offline_without_an_api_key(prepared_corpus, tmp_path, monkey
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
     assert (run_dir / "csv").is_dir()  # CSV always
+
+
+def test_the_last_step_is_logged_and_in_the_summary(prepared_corpus, tmp_path, capsys):
+    """A run whose max_steps is no multiple of trainer.log_every_n_steps still writes its last
+    step's metrics row (after all of its micro-batches) and prints that step's loss (the step
+    line and the summary)."""
+    run_dir = tmp_path / "run"
+    overrides = ("trainer.max_steps=7", "trainer.log_every_n_steps=5")
+    cfg = compose_config(
+        tiny_overrides(prepared_corpus, run_dir, *overrides, "trainer.accumulate_grad_batches=2")
+    )
+    train(cfg)
+    assert sorted(step_losses(run_dir)) == [4, 6]  # Lightning's rows count steps from 0
+    with open(next(run_dir.glob("csv/version_*/metrics.csv"))) as f:
+        samples = [float(row["train/samples_seen"]) for row in csv.DictReader(f)]
+    assert samples == [5 * 2 * 8, 7 * 2 * 8]  # steps of 2 micro-batches of 8
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("step 7/7 (100%), loss ") for line in lines), lines
+    assert any(line.startswith("mlm loss:") and line.endswith("at step 6") for line in lines)

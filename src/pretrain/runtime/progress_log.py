@@ -69,3 +69,10 @@ class ProgressLog(L.Callback):
                 "train/elapsed_s": self._elapsed(),
             }
         )
+
+
+def is_log_step(steps_done: int, every: int, max_steps: int) -> bool:
+    """Whether the optimizer step that completes `steps_done` steps of the run is a log step:
+    every `every` steps (trainer.log_every_n_steps) and the run's last (trainer.max_steps),
+    whose metrics row, step line and summary loss are always written."""
+    return steps_done % every == 0 or steps_done >= max_steps

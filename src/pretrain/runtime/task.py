@@ -37,6 +37,7 @@ from pretrain.runtime.nonfinite import (
     skips_on_device,
 )
 from pretrain.runtime.optimizer_setup import build_optimizer, check_world_size, first_schedule
+from pretrain.runtime.progress_log import is_log_step
 from pretrain.runtime.random_state import rng_state, set_rng_state
 from pretrain.runtime.schedule import (
     LearningRateSchedule,
@@ -377,7 +378,9 @@ class PretrainingTask(L.LightningModule):
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> int | None:
         """Ends the epoch on every rank alike (returns -1) at the first optimizer step some
         rank lacks batches for (`pretrain.data.loader`); restores a resumed run's random
-        state at its first batch; then the objective's `start_batch`."""
+        state at its first batch; then the objective's `start_batch`. The last micro-batch of
+        the run's last step (trainer.max_steps) sets `trainer.should_stop`, so that step is
+        a log step (Lightning writes its row, `is_log_step`)."""
         if batch_idx % self.trainer.accumulate_grad_batches == 0 and not self._epoch_continues(
             batch, batch_idx
         ):
@@ -387,6 +390,10 @@ class PretrainingTask(L.LightningModule):
             self._restored_rng = None
         if not is_skipped_batch(batch):
             self.objective.start_batch(self, batch, batch_idx)
+        trainer = self.trainer
+        if self.global_step + 1 >= trainer.max_steps and not trainer.fit_loop._should_accumulate():
+            # the run's last step: a stopping step, whose row Lightning writes (should_update_logs)
+            trainer.should_stop = True
 
     def on_train_epoch_start(self) -> None:
         self.objective.start_epoch(self)
@@ -476,14 +483,15 @@ class PretrainingTask(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer step (after all accumulated micro-batches): the learning rate,
-        and on log steps (and the launch's first step, for the summary) the summary loss
-        (`summary_metric`), on log steps tokens/s since the last log, and the run's memory
-        (`pretrain.runtime.memory`, `sys/*`) on the launch's first log step and then on log steps
-        at least MEMORY_EVERY_N_STEPS after the last read. Other steps read nothing back from
-        the device."""
+        and on log steps (`is_log_step`: the run's last too; and the launch's first step, for
+        the summary) the summary loss (`summary_metric`), on log steps tokens/s since the last
+        log, and the run's memory (`pretrain.runtime.memory`, `sys/*`) on the launch's first
+        log step and then on log steps at least MEMORY_EVERY_N_STEPS after the last read. Other
+        steps read nothing back from the device."""
         self.queue_log({"train/lr": optimizer.param_groups[0]["lr"]})
-        every = self.trainer.log_every_n_steps
-        log_step = (self.global_step + 1) % every == 0
+        log_step = is_log_step(
+            self.global_step + 1, self.trainer.log_every_n_steps, self.trainer.max_steps
+        )
         if self._last_summary_loss is not None and (log_step or not self.loss_history):
             # the launch's first step and the log steps: the only steps that read the device
             self.loss_history.append((self.global_step, float(self._last_summary_loss.detach())))

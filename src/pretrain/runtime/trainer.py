@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from pretrain.checkpoint.atomic import AtomicCheckpointIO, checkpoint_dir
 from pretrain.cluster.preemption import preemption_callbacks, slurm_plugins
 from pretrain.errors import RunEnvironmentError
-from pretrain.runtime.progress_log import ProgressLog
+from pretrain.runtime.progress_log import ProgressLog, is_log_step
 from pretrain.runtime.strategies import build_strategy
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ class StepLines(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *_: object) -> None:
         step, total = trainer.global_step, max(trainer.max_steps, 1)
         stepped, self._seen_step = step != self._seen_step, step
-        log_step = step % trainer.log_every_n_steps == 0 or step >= total
+        log_step = is_log_step(step, trainer.log_every_n_steps, total)
         if not (trainer.is_global_zero and stepped and log_step):
             return
         now, tenth = time.monotonic(), step * 10 // total
