@@ -1,8 +1,11 @@
 """A missing corpus is reported before torch or Lightning load: the one error line and exit
-status 2 come in the time Hydra takes to compose, not after a minute of imports."""
+status 2 come in the time Hydra takes to compose, not after a minute of imports; so does an
+option a config group lacks, with the closest one it has."""
 
 import subprocess
 import sys
+
+import pytest
 
 CODE = """
 import sys
@@ -34,3 +37,25 @@ def test_a_missing_corpus_is_one_line_before_torch_loads(tmp_path):
     result = run(f"data.shards_dir={missing}", f"run_dir={tmp_path / 'run'}")
     assert "no manifest.json in it" in result.stderr
     assert result.stdout.strip() == "exit 2 loaded: none"
+
+
+@pytest.mark.parametrize(
+    ("override", "guess"),
+    [
+        ("model=bert_tinyy", "model=bert_tiny"),
+        ("objective=mlm_nps", "objective=mlm_nsp"),
+        ("hydra/launcher=slurmm", "hydra/launcher=slurm"),
+        ("optim=zzzzzz", None),  # nothing close: no guess
+    ],
+)
+def test_an_unknown_option_names_the_closest(override, guess, tmp_path):
+    result = run(override, f"run_dir={tmp_path / 'run'}")
+    assert result.stdout.strip() == "exit 2 loaded: none"
+    (line,) = result.stderr.splitlines()
+    group, name = override.split("=")
+    assert line.startswith("error: In '") and f"Could not find '{group}/{name}'" in line, line
+    assert "Available options in " in line
+    if guess is None:
+        assert "did you mean" not in line, line
+    else:
+        assert f"Could not find '{group}/{name}' (did you mean {guess}?); " in line, line

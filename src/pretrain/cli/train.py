@@ -21,7 +21,9 @@ from pretrain.cluster.signals import hold_preemption_signals
 
 hold_preemption_signals()
 
+import difflib  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -128,7 +130,8 @@ _NOISE = ("full_key:", "reference_type=", "object_type=", "Config search path:",
 def one_line(message: str) -> str:
     """Hydra's or OmegaConf's several-line `message` as one line: its lines joined by "; ",
     a list of available options (one per indented line) as "a, b, c", and the lines that
-    describe Hydra's internals (the config search path, OmegaConf's key types) left out."""
+    describe Hydra's internals (the config search path, OmegaConf's key types) left out; an
+    option a group lacks is followed by the closest it has (`closest_option`)."""
     parts: list[str] = []
     options: list[str] = []
     for line in message.splitlines():
@@ -144,7 +147,31 @@ def one_line(message: str) -> str:
         parts.append(text)
     if options:
         parts[-1] += " " + ", ".join(options)
+    if (guess := closest_option(message)) is not None:
+        missing = next(i for i, part in enumerate(parts) if "Could not find" in part)
+        parts[missing] += f" (did you mean {guess}?)"
     return "; ".join(part.removesuffix(".") for part in parts)
+
+
+_MISSING = re.compile(r"Could not find '(?P<group>[^']+)/(?P<name>[^/']+)'")
+
+
+def closest_option(message: str) -> str | None:
+    """For Hydra's message that a group has no option of that name ("Could not find
+    'model/bert_tinyy'" and the group's "Available options" listed one per indented line):
+    the closest listed option as an override, "model=bert_tiny" (difflib), or None when the
+    message is another or no option is close."""
+    found = _MISSING.search(message)
+    if found is None:
+        return None
+    _, _, options = message.partition("Available options in ")
+    listed = []
+    for line in options.splitlines()[1:]:  # after the header, to the next unindented line
+        if not line.startswith("\t"):
+            break
+        listed.append(line.strip())
+    close = difflib.get_close_matches(found["name"], listed, n=1)
+    return f"{found['group']}={close[0]}" if close else None
 
 
 console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
