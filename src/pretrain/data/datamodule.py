@@ -263,7 +263,9 @@ class PretrainingDataModule(L.LightningDataModule):
             accumulation=trainer.accumulate_grad_batches if trainer else 1,
             full_batch=None if spec.tokens_per_batch else spec.batch_size,
             start_positions=positions,
-            token_budget=bool(spec.tokens_per_batch),
+            # each micro-batch's loss weighed by its share of the step's loss tokens (all
+            # ranks) wherever a step has several: the same gradient and loss for any reshape
+            weigh_steps=bool(spec.tokens_per_batch) or spec.world_size * spec.accumulation > 1,
             step_batches=self._step_batches(trainer, spec),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
@@ -301,7 +303,8 @@ class PretrainingDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         """Position in the stream: the epoch, the global samples of its order consumed (all
         ranks), each canonical partition's position after them ("partitions", gathered from
-        every rank: {partition: resume}, where a resume seeks, `stream.rank_sequences`). With
+        every rank: {partition: resume}, where a resume seeks, `stream.rank_sequences`), and the
+        training shards' tokens (an epoch's, for an export to find its stage). With
         batches of varying size (tokens_per_batch) or of two rows a sample (XLNet's bi_data),
         the samples are counted from the partitions' positions. Called on every rank alike
         (each saves or helps save)."""
@@ -322,6 +325,7 @@ class PretrainingDataModule(L.LightningDataModule):
             "epoch": trainer.current_epoch,
             "samples": samples,
             "partitions": positions,
+            "epoch_tokens": sum(self.spec.shard_tokens),  # T of objective.stages' progress
         }
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -13,6 +13,7 @@ from pretrain.checkpoint.safety import (
     load_weights_only,
     weights_only_loading,
 )
+from pretrain.export.stage import config_at_checkpoint
 
 
 class ExportError(RuntimeError):
@@ -31,9 +32,13 @@ def _lookup(config: Mapping, dotted: str, ckpt_path: Path) -> Any:
     return node
 
 
-def read_checkpoint(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def read_checkpoint(
+    ckpt_path: str | Path, at_step: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Load a `pretrain` checkpoint on the CPU; returns (state_dict under the objective's
     names, `encoder.*` and heads, whichever version wrote it; run config as plain dicts).
+    With `at_step`, the config's model holds the settings in force at the checkpoint's step
+    (a context-extension stage's RoPE theta: `pretrain.export.stage`), not the last stage's.
 
     Checks that the file exists, loads with `weights_only=True`, and that it holds
     `state_dict` (with `encoder.` keys), `config.model`, `config.model_runtime.vocab_size`,
@@ -56,6 +61,8 @@ def read_checkpoint(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dic
         check_stored_targets(config, path)
     except UnsafeCheckpointError as error:
         raise ExportError(str(error)) from None
+    if at_step:
+        config = config_at_checkpoint(config, checkpoint)
     return state_dict, config
 
 

@@ -104,13 +104,14 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, overwrite: boo
     """Write the HF directory (or directories) of a `pretrain` checkpoint; returns `out_dir`.
 
     The objective's main model goes to `out_dir`; further models (ELECTRA's generator) to
-    subdirectories of it. Each holds config.json, model.safetensors (weights in the
+    subdirectories of it. The model's settings are those in force at the checkpoint's step
+    (`pretrain.export.stage`: a context-extension stage's RoPE theta). Each holds config.json, model.safetensors (weights in the
     checkpoint's dtype) and the run's tokenizer files. A non-empty `out_dir` is replaced only
     with `overwrite`; nothing is left behind on failure.
     """
     from hydra.utils import get_class
 
-    state_dict, config = read_checkpoint(ckpt_path)
+    state_dict, config = read_checkpoint(ckpt_path, at_step=True)  # a stage's RoPE theta
     target = config.get("objective", {}).get(
         "_target_", "pretrain.objectives.mlm.MaskedLanguageModel"
     )

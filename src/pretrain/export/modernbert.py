@@ -7,6 +7,7 @@ that ModernBertConfig cannot express (RMSNorm, no embedding norm: NeoBERT) are r
 """
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,9 +81,34 @@ def layer_types(num_layers: int, every: int) -> list[str]:
     ]
 
 
-def hf_config(model_cfg: Mapping[str, Any], vocab_size: int, pad_token_id: int, heads: bool):
-    """The config.json dict of `transformers.ModernBertConfig` for our `model` config group;
-    ExportError for a setting ModernBertConfig cannot express."""
+def special_token_ids(config: Mapping[str, Any]) -> dict[str, int | None]:
+    """cls = bos ([CLS]) and sep = eos ([SEP]) ids of the run's tokenizer
+    (`config.data.tokenizer_dir`, the one exported beside the weights); null when there is
+    none to read (not ModernBertConfig's 50281 / 50282, outside a small vocabulary)."""
+    from pretrain.data.vocab import load_vocabulary
+
+    tokenizer_dir = config.get("data", {}).get("tokenizer_dir")
+    if not tokenizer_dir or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        return dict.fromkeys(("cls_token_id", "bos_token_id", "sep_token_id", "eos_token_id"))
+    vocab = load_vocabulary(tokenizer_dir)
+    return {
+        "cls_token_id": vocab.cls,
+        "bos_token_id": vocab.cls,
+        "sep_token_id": vocab.sep,
+        "eos_token_id": vocab.sep,
+    }
+
+
+def hf_config(
+    model_cfg: Mapping[str, Any],
+    vocab_size: int,
+    pad_token_id: int,
+    heads: bool,
+    special: Mapping[str, int | None] | None = None,
+):
+    """The config.json dict of `transformers.ModernBertConfig` for our `model` config group,
+    with the tokenizer's `special` ids (`special_token_ids`); ExportError for a setting
+    ModernBertConfig cannot express."""
     require_model_keys(model_cfg, (*SAME_KEYS, "norm", "embedding_norm"))
     if model_cfg["norm"] != "layer_norm" or not model_cfg["embedding_norm"]:
         raise ExportError(
@@ -108,6 +134,7 @@ def hf_config(model_cfg: Mapping[str, Any], vocab_size: int, pad_token_id: int, 
         "classifier_dropout": 0.0,
         "tie_word_embeddings": True,
         "sparse_prediction": False,
+        **(special or {}),
     }
 
 
@@ -134,7 +161,13 @@ def to_hf(state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> 
     if heads:
         weights["decoder.weight"] = weights[HF_EMBEDDINGS]
     runtime = config["model_runtime"]
-    model_config = hf_config(config["model"], runtime["vocab_size"], runtime["pad_token_id"], heads)
+    model_config = hf_config(
+        config["model"],
+        runtime["vocab_size"],
+        runtime["pad_token_id"],
+        heads,
+        special_token_ids(config),
+    )
     return HFModel(model_config, cpu_copies(weights))
 
 
