@@ -226,3 +226,15 @@ def test_the_last_step_is_logged_and_in_the_summary(prepared_corpus, tmp_path, c
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("step 7/7 (100%), loss ") for line in lines), lines
     assert any(line.startswith("mlm loss:") and line.endswith("at step 6") for line in lines)
+
+
+def test_a_warmup_over_most_of_the_run_is_warned_about_at_start(prepared_corpus, tmp_path, capsys):
+    """One stderr line naming the key (`pretrain.runtime.schedule.first_phase_warnings`)."""
+    run_dir = tmp_path / "run"
+    train(compose_config(tiny_overrides(prepared_corpus, run_dir, "trainer.max_steps=2")))
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert warnings == [
+        "warning: optim.warmup_steps=5: the learning-rate warm-up takes 5 of the run's 2 "
+        "optimizer steps (trainer.max_steps) (the rate never reaches its peak); lower "
+        "optim.warmup_steps or raise trainer.max_steps"
+    ]

@@ -7,9 +7,11 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.config import compose_config, validate
 from pretrain.errors import ConfigError
+from pretrain.runtime.batching import warmup_steps
 from pretrain.runtime.schedule import (
     LearningRateSchedule,
     extended,
+    first_phase_warnings,
     first_segment,
     stored_schedule,
     warmup_then_decay,
@@ -78,3 +80,42 @@ def test_schedule_steps_and_extend_are_checked_when_composed():
         run("optim.extend=again")
     with pytest.raises(ConfigError, match="optim.schedule_steps"):
         run("optim.schedule_steps=0")
+
+
+def warnings_of(*overrides: str) -> list[str]:
+    config = run(*overrides)
+    return first_phase_warnings(config, warmup_steps(config.optim, config.batch_plan))
+
+
+def test_a_warmup_over_half_the_run_is_warned_about_naming_its_key():
+    (line,) = warnings_of("trainer.max_steps=100")  # optim=adamw: 10,000 warm-up steps
+    assert line.startswith("warning: optim.warmup_steps=10000: ") and "\n" not in line
+    assert "takes 10000 of the run's 100 optimizer steps" in line
+    assert "never reaches its peak" in line and "raise trainer.max_steps" in line
+    (line,) = warnings_of("trainer.max_steps=100", "optim.warmup_steps=51")
+    assert "takes 51 of the run's 100" in line and "never" not in line
+    assert warnings_of("trainer.max_steps=100", "optim.warmup_steps=50") == []  # half: fine
+    (line,) = warnings_of(  # in samples: 6,400 / 32 = 200 steps
+        "trainer.max_steps=300", "optim.warmup_samples=6400", "data.batch_size=32"
+    )
+    assert line.startswith("warning: optim.warmup_samples=6400: ") and "takes 200 of" in line
+
+
+def test_a_first_stage_that_lasts_the_whole_run_is_warned_about():
+    # modernbert_demo: 900 steps of 32 rows of 128 tokens, then rows of 512
+    assert warnings_of("experiment=modernbert_demo") == []
+    warmup, stage = warnings_of("experiment=modernbert_demo", "trainer.max_steps=100")
+    assert warmup.startswith("warning: optim.warmup_steps=100: ")
+    assert stage.startswith("warning: objective.stages[0].until_tokens=3686400: ")
+    assert "about 900 optimizer steps (32 samples of 128 tokens each)" in stage
+    assert warnings_of("experiment=modernbert_demo", "trainer.max_steps=901") == []
+    (line,) = warnings_of("experiment=modernbert_demo", "trainer.max_steps=900")
+    assert line.startswith("warning: objective.stages[0].until_tokens=")
+
+
+def test_no_experiment_warms_up_over_half_its_run():
+    from pretrain.cli.help import config_groups
+    from pretrain.paths import CONF_DIR
+
+    for name in config_groups(CONF_DIR)["experiment"]:
+        assert warnings_of(f"experiment={name}") == [], name

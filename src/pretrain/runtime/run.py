@@ -43,7 +43,13 @@ from pretrain.data.datamodule import (
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
 from pretrain.data.reading import StreamSpec
 from pretrain.data.shard_format import ShardError, load_manifest
-from pretrain.errors import ConfigError, RunEnvironmentError, filesystem_error, report_error
+from pretrain.errors import (
+    ConfigError,
+    RunEnvironmentError,
+    filesystem_error,
+    report_error,
+    write_line,
+)
 from pretrain.export.checkpoint import ExportError
 from pretrain.models.unpadding import describe_unpadded_rows
 from pretrain.objectives.base import Objective
@@ -51,7 +57,7 @@ from pretrain.runtime.batching import describe as describe_batching
 from pretrain.runtime.batching import warmup_steps
 from pretrain.runtime.nonfinite import NonFiniteError
 from pretrain.runtime.run_state import write_run_state
-from pretrain.runtime.schedule import check_extension
+from pretrain.runtime.schedule import check_extension, first_phase_warnings
 from pretrain.runtime.task import PretrainingTask
 from pretrain.runtime.threads import set_training_threads
 from pretrain.runtime.trainer import build_trainer, finish_loggers
@@ -168,6 +174,9 @@ def train(cfg: DictConfig) -> Path:
             None if spec.tokens_per_batch else run.batch_plan.micro_batch_size,
         ) + describe_unpadded_rows(module.objective)
         print(f"{describe_batching(run.optim, run.batch_plan)}; {shapes}", flush=True)
+        if not ckpt_path:  # a resumed launch follows its checkpoint's schedule
+            for line in first_phase_warnings(run, warmup_steps(run.optim, run.batch_plan)):
+                write_line(line)
         write_run_state(run_dir, "running", 0, run.trainer.max_steps)
     for logger in trainer.loggers:
         logger.log_hyperparams(module.config)

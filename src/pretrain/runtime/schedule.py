@@ -159,3 +159,39 @@ def warmup_then_decay(warmup_steps: int, total_steps: int, schedule: str) -> Cal
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
     return factor
+
+
+FIRST_PHASE_SHARE = 0.5  # a warm-up over this share of trainer.max_steps is warned about
+
+
+def first_phase_warnings(run: "TrainConfig", warmup_steps: int) -> list[str]:
+    """The warning lines of a new run (typed TrainConfig) whose first phase leaves little or
+    nothing of it, each naming the keys to change: the learning-rate warm-up (`warmup_steps`
+    optimizer steps, from optim.warmup_steps or optim.warmup_samples) over FIRST_PHASE_SHARE
+    of trainer.max_steps, and a first of objective.stages (a curriculum or context
+    extension) that lasts the whole run, its until_tokens at the run's tokens per step (the
+    global batch's samples x the stage's sequence length, `pretrain.data.stages`) or more.
+    [] when neither."""
+    max_steps, lines = run.trainer.max_steps, []
+    if warmup_steps > FIRST_PHASE_SHARE * max_steps:
+        key = "warmup_steps" if run.optim.warmup_samples is None else "warmup_samples"
+        never = " (the rate never reaches its peak)" if warmup_steps >= max_steps else ""
+        lines.append(
+            f"warning: optim.{key}={getattr(run.optim, key)}: the learning-rate warm-up takes "
+            f"{warmup_steps} of the run's {max_steps} optimizer steps (trainer.max_steps)"
+            f"{never}; lower optim.{key} or raise trainer.max_steps"
+        )
+    stages = run.objective.stages
+    if len(stages) > 1:
+        until = stages[0]["until_tokens"]
+        length = stages[0].get("max_seq_length") or run.data.max_seq_length
+        steps = math.ceil(until / (run.batch_plan.global_batch_size * length))
+        if steps >= max_steps:
+            lines.append(
+                f"warning: objective.stages[0].until_tokens={until}: the first stage lasts "
+                f"about {steps} optimizer steps ({run.batch_plan.global_batch_size} samples of "
+                f"{length} tokens each), the whole run (trainer.max_steps={max_steps}): the "
+                "later stages never come; lower objective.stages[0].until_tokens or raise "
+                "trainer.max_steps"
+            )
+    return lines
