@@ -7,7 +7,9 @@ token_ids (1, n) without special tokens): the step function, the prefix, the end
 the length limit. Any objective that defines `prepare_generation` works here: the causal LM
 continues the text; an encoder-decoder encodes it and decodes from its start token; UniLM
 writes a target for it under the seq2seq mask. An HF
-directory names its objective by config.json's `model_type` (`HF_OBJECTIVES`).
+directory names its objective by config.json's `model_type` (`HF_OBJECTIVES`); one whose
+config.json records an objective that does not generate (an MLM-only BERT), or a BERT that
+records none, is refused unless `--allow-any-objective`.
 """
 
 import argparse
@@ -23,6 +25,7 @@ from pretrain.config import component_config
 from pretrain.data.vocab import load_vocabulary
 from pretrain.errors import report_error
 from pretrain.export import ExportError, import_hf_model, read_checkpoint
+from pretrain.export.hf import OBJECTIVE_KEY
 from pretrain.models.generation import beam_search, greedy_search
 
 # Hugging Face model_type -> (the objective module that generates with that family, the
@@ -34,23 +37,55 @@ HF_OBJECTIVES = {
 }
 
 
+# families whose every model generates (any GPT-2 is a causal LM), whatever config.json records
+ALWAYS_GENERATE = ("gpt2",)
+
+
 class GenerationError(RuntimeError):
     """The model cannot generate; the message says why and what to do."""
 
 
-def load_for_generation(source: str | Path) -> tuple[torch.nn.Module, Tokenizer]:
-    """The objective module (eval mode, CPU) and the tokenizer of a .ckpt or HF directory."""
+def check_trained_to_generate(hf_config: dict, config_path: Path) -> None:
+    """GenerationError unless the exported model's recorded objective (`OBJECTIVE_KEY`)
+    generates (has `prepare_generation`); a BERT that records none (an older export, or not
+    this project's) is refused too: most BERTs are MLM encoders, which write noise."""
+    recorded = hf_config.get(OBJECTIVE_KEY)
+    if recorded is None and hf_config.get("model_type") in ALWAYS_GENERATE:
+        return
+    generates = False
+    if isinstance(recorded, str) and recorded.startswith("pretrain.objectives."):
+        try:  # only this project's objectives are imported, never a name from elsewhere
+            generates = hasattr(get_class(recorded), "prepare_generation")
+        except (ImportError, AttributeError, ValueError):
+            pass
+    if not generates:
+        what = f"objective {recorded}" if recorded else "no objective"
+        raise GenerationError(
+            f"{config_path}: {OBJECTIVE_KEY} records {what}, not one trained to generate; "
+            "pass --allow-any-objective to generate from it anyway"
+        )
+
+
+def load_for_generation(
+    source: str | Path, allow_any_objective: bool = False
+) -> tuple[torch.nn.Module, Tokenizer]:
+    """The objective module (eval mode, CPU) and the tokenizer of a .ckpt or HF directory;
+    an HF directory of a model not trained to generate is refused (GenerationError,
+    `check_trained_to_generate`) unless `allow_any_objective`."""
     path = Path(source)
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():
             raise GenerationError(f"{config_path}: not found; is {path} an exported model?")
-        model_type = json.loads(config_path.read_text()).get("model_type")
+        hf_config = json.loads(config_path.read_text())
+        model_type = hf_config.get("model_type")
         if model_type not in HF_OBJECTIVES:
             raise GenerationError(
                 f"{path / 'config.json'}: model_type {model_type!r} has no generating objective; "
                 f"supported: {', '.join(sorted(HF_OBJECTIVES))}"
             )
+        if not allow_any_objective:
+            check_trained_to_generate(hf_config, config_path)
         model_cfg, state_dict = import_hf_model(path)
         target, data_format = HF_OBJECTIVES[model_type]
         data = {"format": data_format}  # of at most the model's length
@@ -118,11 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-beams", type=int, default=1, help="1 = greedy search")
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--length-penalty", type=float, default=1.0)
+    parser.add_argument(
+        "--allow-any-objective",
+        action="store_true",
+        help="generate from an exported model whose config.json records an objective that was "
+        "not trained to generate (an MLM-only BERT), or none",
+    )
     args = parser.parse_args(argv)
     if args.num_beams < 1 or args.max_new_tokens < 1:
         parser.error("--num-beams and --max-new-tokens must be at least 1")
     try:
-        module, tokenizer = load_for_generation(args.source)
+        module, tokenizer = load_for_generation(args.source, args.allow_any_objective)
         for text in args.text:
             out = generate_text(
                 module, tokenizer, text, args.num_beams, args.max_new_tokens, args.length_penalty

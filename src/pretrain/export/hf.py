@@ -31,6 +31,8 @@ FAMILIES["gpt2"] = "pretrain.export.gpt2"
 FAMILIES["distilbert"] = "pretrain.export.distilbert"
 FAMILIES["electra"] = "pretrain.export.electra"
 FAMILIES["modernbert"] = "pretrain.export.modernbert"
+# config.json's record of the objective (its class) that trained an exported model
+OBJECTIVE_KEY = "pretrain_objective"
 
 
 @dataclass
@@ -39,6 +41,12 @@ class HFModel:
 
     config: dict[str, Any]
     weights: dict[str, torch.Tensor]
+
+
+def recording_objective(model: HFModel, target: str) -> HFModel:
+    """`model` whose config.json records the objective class that trained it
+    (`OBJECTIVE_KEY`), for tools that must know (`pretrain-generate`)."""
+    return HFModel({**model.config, OBJECTIVE_KEY: target}, model.weights)
 
 
 def family_module(model_cfg: dict[str, Any]) -> Any:
@@ -105,9 +113,10 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, overwrite: boo
 
     The objective's main model goes to `out_dir`; further models (ELECTRA's generator) to
     subdirectories of it. The model's settings are those in force at the checkpoint's step
-    (`pretrain.export.stage`: a context-extension stage's RoPE theta). Each holds config.json, model.safetensors (weights in the
-    checkpoint's dtype) and the run's tokenizer files. A non-empty `out_dir` is replaced only
-    with `overwrite`; nothing is left behind on failure.
+    (`pretrain.export.stage`: a context-extension stage's RoPE theta). Each holds config.json
+    (which records the objective that trained it, `OBJECTIVE_KEY`), model.safetensors (weights
+    in the checkpoint's dtype) and the run's tokenizer files. A non-empty `out_dir` is
+    replaced only with `overwrite`; nothing is left behind on failure.
     """
     from hydra.utils import get_class
 
@@ -119,6 +128,7 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, overwrite: boo
         models = get_class(target).hf_exports(state_dict, config)
     except (KeyError, ValueError) as error:
         raise ExportError(f"{ckpt_path}: {error}") from error
+    models = {subdir: recording_objective(model, target) for subdir, model in models.items()}
     vocab_size = config["model_runtime"]["vocab_size"]
     for subdir, model in models.items():
         if model.config.get("vocab_size", vocab_size) != vocab_size:
