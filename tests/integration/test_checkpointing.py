@@ -194,6 +194,12 @@ def test_what_may_change_between_launches():
     ]
     fixed = {"data.global_batch_size": 16}
     assert refused_changes(plain(**fixed), plain(**fixed, **{"trainer.devices": 2})) == []
+    # another micro-batch and accumulation: allowed only when the global batch stays the same
+    halves = {"data.batch_size": 4, "trainer.accumulate_grad_batches": 2}
+    assert refused_changes(saved, plain(**halves)) == []
+    assert refused_changes(saved, plain(**{"data.batch_size": 4})) == [
+        "data.batch_size: 8 -> 4 (global batch 8 -> 4 samples per step)"
+    ]
     # a data key the schema no longer has (an older version's) does not hide the global batch
     old = plain(**fixed)
     old["data"]["retired_key"] = 1

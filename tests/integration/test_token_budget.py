@@ -108,7 +108,7 @@ def test_micro_batches_are_weighed_by_their_share_of_the_steps_predictions(prepa
     weights of a step sum to the accumulation (what Lightning divides back out)."""
     spec = replace(budget_spec(prepared_corpus), accumulation=2)
     loader = StepAlignedLoader(
-        EpochStream(spec, 0), accumulation=2, token_budget=True, full_batch=None
+        EpochStream(spec, 0), accumulation=2, weigh_steps=True, full_batch=None
     )
     batches = list(loader)[:-1]  # the last is the epoch's end marker
     assert len(batches) >= 20 and len(batches) % 2 == 0
@@ -141,7 +141,7 @@ def test_weighted_loss_equals_the_steps_mean_over_predicted_tokens(prepared_corp
     )
     spec = replace(budget_spec(prepared_corpus), accumulation=2)
     loader = StepAlignedLoader(
-        EpochStream(spec, 0), accumulation=2, token_budget=True, full_batch=None
+        EpochStream(spec, 0), accumulation=2, weigh_steps=True, full_batch=None
     )
     first, second = list(loader)[:2]
     module.eval()

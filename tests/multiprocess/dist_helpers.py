@@ -20,6 +20,7 @@ from pathlib import Path
 import lightning as L
 
 from pretrain.cluster.preemption import PreemptionCheckpoint
+from pretrain.data.loader import predicted_tokens
 from pretrain.objectives.base import Losses
 from pretrain.objectives.mlm import MaskedLanguageModel
 from pretrain.objectives.unilm import UniLM
@@ -112,6 +113,7 @@ class Recording:
                 "epoch": task.current_epoch,
                 "keys": list(batch["keys"]),
                 "loss": float(loss),
+                "tokens": predicted_tokens(batch),  # what the loss is the mean over
             },
         )
         return Losses(loss, losses.metrics)

@@ -16,9 +16,12 @@ accumulation and kind of stop appears (12 launches in all): MLM on ZeRO-2 with a
 (stops: max_steps mid-epoch, then a signal inside an accumulation after an epoch end);
 SOP (a pair objective) on DDP without accumulation (epoch end, then a signal); XLNet's memory
 stream on DDP with accumulation (a signal inside an accumulation, then the epoch end), and
-reshaped from 1 rank to 2 with the same global batch.
+reshaped from 1 rank to 2 with the same global batch. Reshaped MLM chains: the micro-batch and
+accumulation, the ranks and the data-loader workers changed at each launch (resume=auto),
+every step holding the samples, `train/samples_seen` and the loss (1e-3) of one launch.
 """
 
+import csv
 import re
 from pathlib import Path
 
@@ -190,3 +193,65 @@ def test_xlnet_memory_reshaped_from_one_rank_to_two(prepared_corpus, tmp_path):
         for (step, keys, loss), (_, want_keys, want_loss) in zip(later, reference, strict=True):
             assert keys == want_keys, (rank, step)
             assert loss == pytest.approx(want_loss, abs=1e-5), (rank, step)
+
+
+def step_losses(records: dict[int, list[dict]]) -> dict[int, tuple[list[str], float]]:
+    """{step: (sorted sample keys of all ranks' micro-batches, the step's loss)}: the mean of
+    the micro-batches' losses weighed by their predicted tokens, the mean over the step's."""
+    sums: dict[int, list] = {}
+    for entries in records.values():
+        for e in entries:
+            if "step" in e:
+                keys, weighed, tokens = sums.setdefault(e["step"], [[], 0.0, 0])
+                sums[e["step"]] = [
+                    keys + e["keys"],
+                    weighed + e["loss"] * e["tokens"],
+                    tokens + e["tokens"],
+                ]
+    return {step: (sorted(k), w / t) for step, (k, w, t) in sums.items()}
+
+
+def samples_seen(run_dir: Path) -> dict[int, float]:
+    """{step: train/samples_seen} logged by every launch of `run_dir` (CSV)."""
+    seen = {}
+    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        for row in csv.DictReader(path.open()):
+            if row.get("train/samples_seen"):
+                seen[int(row["step"])] = float(row["train/samples_seen"])
+    return seen
+
+
+# (ranks, micro-batch, data-loader workers, stop) of each launch; global batch 32 throughout
+RESHAPES = {
+    "micro_batch": [(2, 16, 0, 3), (2, 8, 0, 6), (2, 4, 0, 9)],
+    "ranks_and_workers": [(2, 16, 0, 3), (1, 16, 2, 6), (2, 8, 2, 9)],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chain", RESHAPES)
+def test_mlm_reshaped_resume(prepared_corpus, tmp_path, chain):
+    """A run of global batch 32 continued by launches of another shape (resume=auto): micro-
+    batches of 16 then 8 (accumulation 2) then 4 (4); or 2 ranks, then 1 rank with 2
+    data-loader workers, then 2 ranks of 8 x 2 with 2 workers. Every step holds the samples of
+    one uninterrupted 2-rank launch of 16, logs its `train/samples_seen`, and has its loss
+    within 1e-3 (dropout off; grouping the rows otherwise moves the sums in the last bits)."""
+    config = (*MLM, "strategy=ddp", "data.global_batch_size=32")
+    total = RESHAPES[chain][-1][-1]
+    whole = launch(prepared_corpus, tmp_path / "whole", *config, f"trainer.max_steps={total}")
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
+    parts = tmp_path / "parts"
+    for ranks, micro, workers, stop in RESHAPES[chain]:
+        shape = (f"data.batch_size={micro}", f"data.num_workers={workers}")
+        result = launch(
+            prepared_corpus, parts, *config, *shape, f"trainer.max_steps={stop}", ranks=ranks
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    want = step_losses(read_records(tmp_path / "whole-records"))
+    got = step_losses(read_records(tmp_path / "parts-records"))
+    assert sorted(got) == sorted(want) == list(range(total))
+    for step in range(total):
+        assert got[step][0] == want[step][0], step  # the same samples
+        assert got[step][1] == pytest.approx(want[step][1], abs=1e-3), step
+    seen = samples_seen(parts)
+    assert seen == samples_seen(tmp_path / "whole") == {s: 32.0 * (s + 1) for s in range(total)}

@@ -24,9 +24,9 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
 
 # Keys that may differ between the launches of one run: they say how long, where, how
 # visibly and how fast it trains, not what it trains (fnmatch patterns over dotted keys).
-# `trainer.devices` and `trainer.num_nodes` may change too while the global batch stays the
-# same (`data.global_batch_size` set), and with a token budget (`data.tokens_per_batch`,
-# whose steps hold the same samples for any shape) `trainer.accumulate_grad_batches` too.
+# The step's shape (`RANK_KEYS`) may change too while the global batch stays the same, and
+# with a token budget (`data.tokens_per_batch`, whose steps hold the same samples for any
+# shape) `trainer.accumulate_grad_batches` in any case.
 # Anything else makes `resume=auto` refuse.
 RELAUNCH_KEYS = (
     "resume",
@@ -41,6 +41,7 @@ RELAUNCH_KEYS = (
     "trainer.preemption_signal",
     "trainer.collective_timeout_s",
     "trainer.startup_timeout_s",
+    "trainer.hang_timeout_s",
     "trainer.max_consecutive_skipped_steps",
     "trainer.max_skipped_steps",
     "trainer.peak_tflops",
@@ -63,7 +64,16 @@ RELAUNCH_KEYS = (
     "model.layer_norm_impl",
     "model.unpad",  # the unpadded path computes the same outputs
 )
-RANK_KEYS = ("trainer.devices", "trainer.num_nodes")
+# The shape of a step: ranks, micro-batch and accumulation. They may change between launches
+# while the global batch stays the same: a step holds the same samples, and its micro-batches'
+# losses are weighed by their predicted tokens (`data.loader.weigh_step`), so it trains the same.
+RANK_KEYS = (
+    "trainer.devices",
+    "trainer.num_nodes",
+    "data.batch_size",
+    "trainer.accumulate_grad_batches",
+    "data.global_batch_size",
+)
 # Where the corpus and its tokenizer lie: they may change (a local copy -> its URL, and
 # back) when the manifests' content hashes (`data_runtime.corpus_sha256`) agree.
 CORPUS_KEYS = ("data.shards_dir", "data.tokenizer_dir")

@@ -74,14 +74,14 @@ def host_group() -> object | None:
     return _HOST_GROUP["group"]
 
 
-def reduce_on_host(value: int, op: dist.ReduceOp) -> int:
-    """An integer reduced over all ranks (`op`: MIN, SUM), on the host; itself alone when
-    the run has one process."""
+def reduce_on_host(value: int | list[int], op: dist.ReduceOp) -> int | list[int]:
+    """An integer, or a list of them reduced element-wise in one all-reduce, over all ranks
+    (`op`: MIN, SUM), on the host; itself alone when the run has one process."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return value
-    tensor = torch.tensor([value], dtype=torch.int64)
+    tensor = torch.tensor(value if isinstance(value, list) else [value], dtype=torch.int64)
     dist.all_reduce(tensor, op=op, group=host_group())
-    return int(tensor.item())
+    return tensor.tolist() if isinstance(value, list) else int(tensor.item())
 
 
 def group_timeout_s() -> float | None:

@@ -88,9 +88,11 @@ class StepAlignedLoader(DataLoader):
     `start_batch` is the epoch's first micro-batch index (non-zero on a mid-epoch resume), so
     steps line up with Lightning's `batch_idx`. With `full_batch`, a shorter batch (the last
     of a reader) is held back too, so every micro-batch has the same number of sequences and
-    weighs the same in the accumulated loss; it counts in the tail. With `token_budget`
-    (batches of varying size, `stream.token_budget_batches`) each step's micro-batches are
-    weighed by their predicted tokens instead (`weigh_step`). With `step_batches` (the
+    weighs the same in the accumulated loss; it counts in the tail. With `weigh_steps` (a
+    step of several micro-batches: accumulation, several ranks, or batches of varying size,
+    `stream.token_budget_batches`) each step's micro-batches are weighed by their predicted
+    tokens (`weigh_step`), so the step's loss is the mean over all its predicted tokens
+    however the step is cut into micro-batches. With `step_batches` (the
     batch-size warm-up, `batch_warmup.py`) the loader's n-th step holds `step_batches(n)`
     real micro-batches, after `accumulation - step_batches(n)` skipped ones (markers)."""
 
@@ -102,7 +104,7 @@ class StepAlignedLoader(DataLoader):
         start_batch: int = 0,
         full_batch: int | None = None,
         start_positions: dict[int, list[int]] | None = None,
-        token_budget: bool = False,
+        weigh_steps: bool = False,
         step_batches: Callable[[int], int] | None = None,
         **kwargs,
     ):
@@ -110,7 +112,7 @@ class StepAlignedLoader(DataLoader):
         self.accumulation = accumulation
         self.step_batches = step_batches
         self._skips = 0  # marker batches still to hand out before the step's real ones
-        self.token_budget = token_budget
+        self.weigh_steps = weigh_steps
         self.start_batch = start_batch
         self.full_batch = full_batch
         self.start_positions = dict(start_positions or {})
@@ -157,7 +159,7 @@ class StepAlignedLoader(DataLoader):
                     self._buffer.clear()
                     yield {END_OF_EPOCH_KEY: torch.ones(1)}
                     return
-                if self.token_budget:
+                if self.weigh_steps:
                     weigh_step(list(self._buffer))
             if self._skips:
                 self._skips -= 1

@@ -28,10 +28,14 @@ def agree_on_step(module: L.LightningModule, batch: dict, batch_idx: int) -> Ste
     within the wait in force: `collectives.timeout_in_force`); when not, counts, logs and prints the sequences the ranks'
     tails held. ShardError when a rank met a shard that failed its checks."""
 
-    agreed = reduce_on_host(step_flag(batch), dist.ReduceOp.MIN)
+    flag = step_flag(batch)
+    weighed = isinstance(batch, dict) and STEP_LOSS_TOKENS_KEY in batch
+    tokens = batch.pop(STEP_LOSS_TOKENS_KEY) if weighed else 0
+    # one all-reduce: the ranks at the epoch's end, those with bad data, the step's loss tokens
+    ends, errors, total = reduce_on_host([int(flag == 0), int(flag < 0), tokens], dist.ReduceOp.SUM)
+    agreed = -1 if errors else 0 if ends else 1
     if agreed == 1:
-        if STEP_LOSS_TOKENS_KEY in batch:  # token-budget batches: the step's tokens
-            total = reduce_on_host(batch.pop(STEP_LOSS_TOKENS_KEY), dist.ReduceOp.SUM)
+        if weighed:  # micro-batches weighed by their loss tokens: the step's, all ranks
             ranks_steps = module.trainer.world_size * module.trainer.accumulate_grad_batches
             return StepAgreement(True, loss_scale=ranks_steps / max(total, 1))
         return StepAgreement(True)

@@ -59,7 +59,7 @@ class ProgressLog(L.Callback):
             total = trainer.strategy.reduce(self._pending.double(), reduce_op="sum")
             self._launch = total if self._launch is None else self._launch + total
             self._pending = None
-        if self._launch is None:
+        else:  # inside an accumulation: the step's row gets its counts at its last micro-batch
             return
         # in the row of the step's training metrics, which Lightning writes on log steps
         pl_module.queue_log(

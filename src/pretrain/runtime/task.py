@@ -81,6 +81,8 @@ class PretrainingTask(L.LightningModule):
         self.peak_tflops: float | None = None  # set when training starts (`set_peak_tflops`)
         self.speed: dict[str, float] = {}  # the last log step's throughput, for the summary
         self._last_summary_loss: torch.Tensor | None = None
+        self._step_sums: dict[str, torch.Tensor] = {}  # this step's micro-batches' metrics, summed
+        self._step_weight = 0.0  # their weights' sum (loss tokens, or 1 each: `log_step`)
         self.loss_history: list[tuple[int, float]] = []
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.consecutive_skipped_steps = 0  # of them, since the last applied step
@@ -434,13 +436,22 @@ class PretrainingTask(L.LightningModule):
         return losses.loss
 
     def log_step(self, metrics: Mapping[str, torch.Tensor], batch: dict) -> None:
-        """Queue a micro-batch's loss and metrics (`Losses`) under train/ for the step's row
-        (`queue_log`) and count its non-padding input tokens and model FLOPs."""
-        self.queue_log({f"train/{k}": v for k, v in metrics.items()}, batch["input_ids"].shape[0])
+        """Queue the loss and metrics (`Losses`) under train/ for the step's row (`queue_log`):
+        their mean over the step's real micro-batches so far, weighed by loss tokens where the
+        loader weighs them, so that a step logs the same value whatever its micro-batch size
+        and accumulation (one batch of 8 and 2 micro-batches of 4 log the mean over the same
+        predicted tokens); count the micro-batch's non-padding input tokens and model FLOPs."""
+        weight = batch.get(LOSS_TOKENS_KEY, 1.0)  # its loss tokens, where a step is weighed
+        self._step_weight = self._step_weight + weight
+        for key, value in metrics.items():  # device tensors: no host sync
+            value = value.detach() if isinstance(value, torch.Tensor) else value
+            self._step_sums[key] = self._step_sums.get(key, 0) + value * weight
+        mean = {key: total / self._step_weight for key, total in self._step_sums.items()}
+        self.queue_log({f"train/{k}": v for k, v in mean.items()}, batch["input_ids"].shape[0])
         # device tensors, read back only on log steps: never a host sync per step
         self._tokens_since_log = self._tokens_since_log + batch["attention_mask"].sum()
         self._flops_since_log = self._flops_since_log + training_flops(self.objective, batch)
-        self._last_summary_loss = metrics.get(self.objective.summary_metric)
+        self._last_summary_loss = mean.get(self.objective.summary_metric)
 
     def queue_log(self, metrics: Mapping[str, object], batch_size: int | None = None) -> None:
         """Add `metrics` to this step's row: Lightning writes a step's values only on its log
@@ -480,6 +491,8 @@ class PretrainingTask(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
         self.flush_logs(batch_end=True)
+        if not self.trainer.fit_loop._should_accumulate():  # the step's last micro-batch
+            self._step_sums, self._step_weight = {}, 0.0
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer step (after all accumulated micro-batches): the learning rate,
