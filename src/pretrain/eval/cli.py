@@ -30,9 +30,36 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())
 
 
+def result_line(result: dict) -> str:
+    """`task (init encoder): metrics`, a classifier's majority-class baseline beside them."""
+    line = f"{result['task']} ({result['init']} {result['encoder']}): "
+    line += format_metrics(result["metrics"])
+    baseline = result.get("baseline")
+    if baseline:
+        line += (
+            f"  (majority class {baseline['majority_class']!r}: "
+            f"accuracy {baseline['majority_accuracy']:.4g})"
+        )
+    return line
+
+
+def constant_warning(result: dict) -> str | None:
+    """One line warning that the classifier predicts one class for every dev example (its
+    metrics are then the majority baseline's or worse), or None."""
+    constant = result.get("constant_prediction")
+    if constant is None:
+        return None
+    return (
+        f"pretrain-eval: warning: {result['task']}: every one of the {result['dev_examples']} "
+        f"dev examples is predicted {constant!r}: the classifier learnt nothing from the "
+        "encoder (try more eval.epochs, another eval.lr, or eval.probe_epochs)"
+    )
+
+
 def evaluate_encoder(cfg: DictConfig) -> Path:
-    """The task Hydra runs: evaluate, print the metrics and where they were written; returns
-    the result file's path (`pretrain-eval -m` prints one table of them: SweepTable)."""
+    """The task Hydra runs: evaluate, print the metrics (a classifier's with its majority
+    baseline, and a warning when it predicts one class for all) and where they were written;
+    returns the result file's path (`pretrain-eval -m` prints one table of them: SweepTable)."""
     from pretrain.eval.formats import TaskFileError
     from pretrain.eval.run import evaluate
     from pretrain.export import ExportError
@@ -46,9 +73,10 @@ def evaluate_encoder(cfg: DictConfig) -> Path:
     except (ConfigError, TaskFileError, ExportError) as error:
         print(f"pretrain-eval: {error}", file=sys.stderr)
         sys.exit(2)
-    print(
-        f"{result['task']} ({result['init']} {result['encoder']}): {format_metrics(result['metrics'])}"
-    )
+    print(result_line(result))
+    warning = constant_warning(result)
+    if warning:
+        print(warning, file=sys.stderr)
     print(f"Result: {path}")
     return path
 

@@ -4,7 +4,8 @@ start/end scores of the windows.
 Classification and tagging: accuracy, F1 (of class 1 for two classes, else the unweighted
 mean over classes), Matthews correlation. Regression: Pearson and Spearman correlation,
 mean squared error. QA: SQuAD exact match and token F1, in percent (a question without an
-answer counts as right when the prediction is empty)."""
+answer counts as right when the prediction is empty). Beside a classifier's metrics: the
+majority-class baseline, and the class it predicts for every example if it predicts one."""
 
 import torch
 from torchmetrics.functional import (
@@ -41,6 +42,28 @@ def classification_metrics(
             matthews_corrcoef(predictions, labels, task="multiclass", num_classes=num_classes)
         ),
     }
+
+
+def majority_baseline(labels: torch.Tensor, names: tuple[str, ...]) -> dict[str, str | float]:
+    """{majority_class: the most common label's name (`names[index]`), majority_accuracy: the
+    accuracy of predicting it for every example} of labels (n,) class indices: what a
+    classifier that learnt nothing scores."""
+    counts = torch.bincount(labels, minlength=len(names))  # (classes,)
+    index = int(counts.argmax())
+    return {
+        "majority_class": names[index] if index < len(names) else str(index),
+        "majority_accuracy": float(counts[index]) / max(len(labels), 1),
+    }
+
+
+def constant_prediction(predictions: torch.Tensor, names: tuple[str, ...]) -> str | None:
+    """The name of the one class predicted for every example (predictions (n,) class
+    indices), or None when they differ (or there are none)."""
+    classes = predictions.unique()
+    if len(classes) != 1:
+        return None
+    index = int(classes[0])
+    return names[index] if index < len(names) else str(index)
 
 
 def regression_metrics(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

@@ -20,7 +20,9 @@ from pretrain.eval.features import IGNORE_INDEX, tagging_features, text_features
 from pretrain.eval.heads import PER_TOKEN_KINDS
 from pretrain.eval.metrics import (
     classification_metrics,
+    constant_prediction,
     decode_answers,
+    majority_baseline,
     qa_metrics,
     regression_metrics,
 )
@@ -62,7 +64,9 @@ def _features(loaded: LoadedEncoder, task: TaskData, examples: list, settings: E
 
 
 def _score(task: TaskData, settings: EvalConfig, logits: torch.Tensor, features) -> dict:
-    """(metrics, predictions, references) of the dev set from the head's outputs."""
+    """(metrics, predictions, references) of the dev set from the head's outputs; a
+    classifier's also with its majority-class baseline and its constant prediction (the
+    one class it predicts for every example, else None)."""
     if task.kind == "qa":
         start, end = logits.unbind(-1)
         allow_no_answer = any(not e.answers for e in task.train)
@@ -88,6 +92,8 @@ def _score(task: TaskData, settings: EvalConfig, logits: torch.Tensor, features)
         predictions, labels = predictions[scored], labels[scored]
     return {
         "metrics": classification_metrics(predictions, labels, len(task.labels)),
+        "baseline": majority_baseline(labels, task.labels),
+        "constant_prediction": constant_prediction(predictions, task.labels),
         "predictions": predictions.tolist(),
         "references": labels.tolist(),
     }
