@@ -13,6 +13,8 @@ for `torch.nn.functional.scaled_dot_product_attention` (SDPA), or by a FlexAtten
 document is encoded as if it were alone in its row.
 """
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -97,26 +99,57 @@ def dense_mask(
     return allowed[:, None]
 
 
-def block_mask(keys: Tensor | None, half_window: int | None, seq: int, device: torch.device):
+def block_mask(
+    keys: Tensor | None,
+    half_window: int | None,
+    seq: int,
+    device: torch.device,
+    compile_backend: str | None = None,
+):
     """(batch, seq) document keys (None: one document filling every row) -> a FlexAttention
     BlockMask over the grid: same document, and |q - k| <= half_window when given. Padding
     queries see nothing (FlexAttention gives them zeros), so blocks of padding are skipped.
-    None when every position sees every other."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    None when every position sees every other.
 
+    Built once per shape: a mask without keys depends on (window, seq, device) alone and is
+    kept (`static_block_mask`); one over documents differs per batch and is built by one
+    `torch.compile(create_block_mask)` (CUDA, or `compile_backend`), whose graph serves every
+    batch of a shape (the keys are its input), block by block, never the dense mask."""
     if keys is None and half_window is None:
         return None
+    if keys is None:
+        return static_block_mask(half_window, seq, str(device))
 
     def visible(batch, head, query, key):
         near = (query - key).abs() <= half_window if half_window is not None else query >= 0
-        if keys is None:
-            return near
         same = (keys[batch, query] == keys[batch, key]) & (keys[batch, query] >= 0)
         return same & near
 
-    rows = None if keys is None else keys.shape[0]
-    compiled = device.type == "cuda"  # block by block, never the dense (batch, seq, seq) mask
-    return create_block_mask(visible, rows, None, seq, seq, device=device, _compile=compiled)
+    if compile_backend is None and device.type == "cuda":
+        compile_backend = "inductor"
+    return mask_builder(compile_backend)(visible, keys.shape[0], None, seq, seq, device=device)
+
+
+@functools.cache
+def mask_builder(compile_backend: str | None):
+    """`create_block_mask`, compiled once with `compile_backend` (None: eager)."""
+    from torch.nn.attention import flex_attention as flex
+
+    if compile_backend is None:
+        return flex.create_block_mask
+    return torch.compile(flex.create_block_mask, backend=compile_backend)
+
+
+@functools.lru_cache(maxsize=64)
+def static_block_mask(half_window: int, seq: int, device: str):
+    """The BlockMask of a `half_window` band over `seq` positions (no documents, no padding),
+    shared by every row, head and forward pass of that length on `device`."""
+    from torch.nn.attention import flex_attention as flex
+
+    def near(batch, head, query, key):
+        return (query - key).abs() <= half_window
+
+    return flex.create_block_mask(near, None, None, seq, seq, device=device)
 
 
 _compiled_flex = None

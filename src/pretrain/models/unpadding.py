@@ -15,6 +15,14 @@ batch has at least as many as the rounding adds), computed like the padded path 
 them and dropped when scattered back. Per (batch, seq) input shape a run thus sees at most
 16 unpadded shapes.
 
+Attention is the one layer that does not run on the real tokens alone: torch has no
+variable-length (packed, `cu_seqlens`) attention kernel on the CPU (nested-jagged tensors'
+SDPA falls back to the math kernel, which pads again), so the context is computed on the grid
+under the key-padding mask. On CUDA, ModernBERT's FlexAttention (model.attention_backend auto
+or flex) skips every block of padding through its BlockMask, which is the variable-length
+saving; BERT's SDPA with a mask takes the memory-efficient kernel there (FlashAttention takes
+no mask), and a batch without padding gets no mask at all (`mark_padding`, `encoder_mask`).
+
 `model.unpad` selects the path: `true`, `false`, or `auto` (unpadded on CUDA for batches with
 padding to drop, padded on the CPU, where it measures no faster: benchmarks/RESULTS.md). The
 layout's index is computed on the host before the batch moves to the device
@@ -97,11 +105,30 @@ def with_unpadded_index(batch: dict, encoder: nn.Module | None, device: torch.de
     setting = getattr(encoder, "unpad", "false")
     if not isinstance(batch, dict) or "attention_mask" not in batch:
         return batch
+    if batch.get("has_padding") is False:
+        return batch  # the encoder gets no mask (`encoder_mask`): nothing to unpad
     if setting == "true" or (setting == "auto" and device.type == "cuda"):
         index = unpadded_index(batch["attention_mask"])
         if setting == "true" or index.numel() < batch["attention_mask"].numel():
             batch["unpadded_index"] = index
     return batch
+
+
+def mark_padding(batch: dict) -> dict:
+    """`batch` with `has_padding` (a Python bool): whether its (batch, seq) attention mask has
+    a padding position. Read on the host, where the batch is built, so that an encoder can
+    pass no mask to SDPA for an unpadded batch (FlashAttention takes none) without reading
+    the mask back from the device."""
+    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+    if isinstance(mask, Tensor) and mask.dim() == 2 and mask.device.type == "cpu":
+        batch["has_padding"] = bool((mask == 0).any())
+    return batch
+
+
+def encoder_mask(batch: dict) -> Tensor | None:
+    """The attention mask to give the encoder: None when the host found no padding in the
+    batch (`mark_padding`; every key visible, as the all-ones mask says), else the batch's."""
+    return None if batch.get("has_padding") is False else batch["attention_mask"]
 
 
 def unpadded_inputs(batch: dict) -> dict[str, Tensor]:

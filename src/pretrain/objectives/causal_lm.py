@@ -28,6 +28,7 @@ from pretrain.errors import ConfigError
 from pretrain.models.build import build_encoder
 from pretrain.models.generation import GenerationSetup
 from pretrain.models.gpt import CachedDecoderStep
+from pretrain.models.unpadding import encoder_mask
 from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.configs import CausalLMConfig
 from pretrain.objectives.predictions import masked_classification_metrics
@@ -78,7 +79,7 @@ class CausalLanguageModel(Objective):
     def forward(self, batch: dict) -> Losses:
         """Next-token loss, with its accuracy and perplexity as metrics, of one batch (targets: non-padding tokens
         after the first)."""
-        hidden = self.encoder(batch["input_ids"], attention_mask=batch["attention_mask"])
+        hidden = self.encoder(batch["input_ids"], attention_mask=encoder_mask(batch))
         targets = batch["labels"][:, 1:].flatten()  # (batch * (seq - 1),): the next tokens
         logits = self.encoder.logits(hidden[:, :-1].flatten(0, 1))  # (batch * (seq - 1), vocab)
         out = masked_classification_metrics("lm", logits, targets)

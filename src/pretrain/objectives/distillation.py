@@ -28,7 +28,7 @@ from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.models.build import build_encoder
 from pretrain.models.heads import MaskedLMHead
-from pretrain.models.unpadding import unpadded_inputs
+from pretrain.models.unpadding import encoder_mask, unpadded_inputs
 from pretrain.objectives.base import Losses
 from pretrain.objectives.configs import DistillationConfig
 from pretrain.objectives.mlm import MaskedLanguageModel
@@ -213,7 +213,7 @@ class DistillationModule(MaskedLanguageModel):
         """Loss (alpha-weighted KL, MLM and cosine losses) and metrics (those three,
         accuracies) of one batch."""
         objective = self.run.objective
-        inputs = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        inputs = (batch["input_ids"], batch["token_type_ids"], encoder_mask(batch))
         hidden = self.encoder(*inputs, **unpadded_inputs(batch))  # (batch, seq, hidden)
         positions = predicted_positions(batch)  # (batch, width), -1 = ignored slot
         targets = gather_targets(batch["labels"], positions)  # (batch * width,)

@@ -27,7 +27,7 @@ from pretrain.errors import ConfigError
 from pretrain.models.build import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
 from pretrain.models.heads import MaskedLMHead
-from pretrain.models.unpadding import set_unpadding, unpadded_inputs
+from pretrain.models.unpadding import encoder_mask, set_unpadding, unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.configs import ElectraObjectiveConfig
 from pretrain.objectives.mlm import MaskedLMCorruption, mlm_corruption_inputs
@@ -107,7 +107,7 @@ class ElectraModule(Objective):
         hidden = self.generator(
             batch["input_ids"],
             batch["token_type_ids"],
-            batch["attention_mask"],
+            encoder_mask(batch),
             **unpadded_inputs(batch),
         )  # (batch, seq, generator hidden)
         positions = predicted_positions(batch)
@@ -152,7 +152,7 @@ class ElectraModule(Objective):
         )
         replaced_ids, is_replaced = self.replace(batch, logits, positions)
         hidden = self.encoder(
-            replaced_ids, batch["token_type_ids"], batch["attention_mask"], **unpadded_inputs(batch)
+            replaced_ids, batch["token_type_ids"], encoder_mask(batch), **unpadded_inputs(batch)
         )
         detection = self.discriminator_head(hidden).float()  # (batch, seq) logits
         real = batch["attention_mask"].bool()

@@ -28,7 +28,7 @@ from pretrain.data.vocab import Vocabulary
 from pretrain.models.build import build_encoder
 from pretrain.models.document_attention import document_inputs
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
-from pretrain.models.unpadding import unpadded_inputs
+from pretrain.models.unpadding import encoder_mask, unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.configs import MaskedLMConfig
 from pretrain.objectives.predictions import (
@@ -199,7 +199,7 @@ class MaskedLanguageModel(Objective):
         return self.encoder(
             batch["input_ids"],
             batch["token_type_ids"],
-            batch["attention_mask"],
+            encoder_mask(batch),
             **unpadded_inputs(batch),
             **document_inputs(batch),
         )

@@ -22,7 +22,7 @@ from pretrain.data.batch_warmup import batch_size_warmup, is_skipped_batch
 from pretrain.data.loader import LOSS_TOKENS_KEY
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
-from pretrain.models.unpadding import with_unpadded_index
+from pretrain.models.unpadding import mark_padding, with_unpadded_index
 from pretrain.objectives.base import Losses, Objective
 from pretrain.runtime.batching import BatchPlan, warmup_steps
 from pretrain.runtime.epoch_end import agree_on_step
@@ -212,7 +212,9 @@ class PretrainingTask(L.LightningModule):
     def host_batch(self, batch: dict) -> dict:
         """On the host, before the batch moves to the device (the data module's
         `on_before_batch_transfer`): the unpadded layout's index (model.unpad,
-        `models/unpadding.py`), so the step reads no token count from the device."""
+        `models/unpadding.py`), so the step reads no token count from the device; whether it
+        has padding at all (`mark_padding`: no mask, FlashAttention's SDPA, when none)."""
+        batch = mark_padding(batch)
         return with_unpadded_index(batch, getattr(self.objective, "encoder", None), self.device)
 
     def setup(self, stage: str) -> None:
