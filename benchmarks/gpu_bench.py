@@ -49,13 +49,21 @@ def parse_args() -> argparse.Namespace:
         default="both",
         help="ours compiled too: at every model and length, at the first only, or nowhere",
     )
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile's backend")
+    parser.add_argument(
+        "--max-logits-gap",
+        type=float,
+        default=1e-3,
+        help="fail (exit 1, after every row) when fp32 exported logits differ from ours by more",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, default=Path("gpu_check.md"))
     parser.add_argument("--smoke", action="store_true", help="tiny models, CPU, fp32, 1 step")
     args = parser.parse_args()
     if args.smoke:
         args.models, args.seq_lens, args.tokens_per_batch = ["bert_tiny", "roberta_tiny"], [32], 128
-        args.steps, args.repeats, args.compile, args.device = 1, 1, "off", "cpu"
+        args.steps, args.repeats, args.compile, args.device = 1, 1, "first", "cpu"
+        args.compile_backend = "eager"  # TorchDynamo's capture, without inductor's C++ build
     args.vocab_size, args.mask_probability, args.seed, args.warmup_steps = 30522, 0.15, 0, 1
     return args
 
@@ -110,16 +118,14 @@ def timed(model, step, optimizer, batch, args, device) -> tuple[float, float | N
     return tokens / seconds, peak
 
 
-def logits_gap(ours, hf, batch, device) -> float:
-    """max |ours - exported| of the MLM logits at the predicted positions, in autocast."""
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if device.type == "cuda"
-        else contextlib.nullcontext()
-    )
+def logits_gap(ours, hf, batch) -> float:
+    """max |ours - exported| of the MLM logits at the predicted positions, in fp32 (TF32 off):
+    the same weights must give the same logits up to float rounding."""
     ours.eval(), hf.eval()
     positions = batch["prediction_positions"]
-    with torch.no_grad(), autocast:
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
         hidden = ours["encoder"](
             batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
         )
@@ -130,8 +136,18 @@ def logits_gap(ours, hf, batch, device) -> float:
             attention_mask=batch["attention_mask"],
         ).logits
         theirs = gather_positions(theirs, positions).float()
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     ours.train(), hf.train()
     return (mine - theirs).abs().max().item()
+
+
+def compiled_copy(ours: torch.nn.ModuleDict, backend: str) -> torch.nn.ModuleDict:
+    """A copy of ours with its encoder and MLM head compiled in place: the step calls those
+    two, never the ModuleDict, so compiling the ModuleDict would leave the step eager."""
+    compiled = copy.deepcopy(ours)
+    for part in compiled.values():
+        part.compile(backend=backend)
+    return compiled
 
 
 def optimizers(model, device) -> dict[str, torch.optim.Optimizer]:
@@ -163,18 +179,16 @@ def bench(size: str, seq_len: int, args, device, peak_tflops, compile_too: bool)
         encoder_flops(cfg, tokens, pairs)
         + mlm_head_flops(cfg["hidden_size"], embedding_size(cfg), args.vocab_size, rows_predicted)
     )
-    gap = logits_gap(ours, hf, batch, device)  # before either trains: the same weights
+    gap = logits_gap(ours, hf, batch)  # before either trains: the same weights
     results = {}
-    hf_speed, hf_peak = timed(
-        hf, hf_step, torch.optim.AdamW(hf.parameters(), 1e-4), batch, args, device
-    )
+    hf_optimizer = next(iter(optimizers(hf, device).values()))  # fused AdamW on CUDA: as ours
+    hf_speed, hf_peak = timed(hf, hf_step, hf_optimizer, batch, args, device)
     for name, optimizer in optimizers(ours, device).items():
         results[f"ours, {name}"] = timed(
             ours, our_step_static_budget, optimizer, batch, args, device
         )
     if compile_too:
-        compiled = copy.deepcopy(ours)
-        compiled.compile()
+        compiled = compiled_copy(ours, args.compile_backend)
         optimizer = next(iter(optimizers(compiled, device).values()))
         results["ours, compiled"] = timed(
             compiled, our_step_static_budget, optimizer, batch, args, device
@@ -189,14 +203,18 @@ def bench(size: str, seq_len: int, args, device, peak_tflops, compile_too: bool)
             f"| {size} | {seq_len} | {name} | {speed:,.0f} | {tflops:.3g} | {mfu} | {memory} "
             f"| {speed / hf_speed:.2f} |"
         )
+    verdict = "ok" if gap <= args.max_logits_gap else f"FAIL (> {args.max_logits_gap:g})"
     lines.append(
-        f"| {size} | {seq_len} | exported logits vs ours, max abs diff | {gap:.3g} | | | | |"
+        f"| {size} | {seq_len} | exported logits vs ours, fp32, max abs diff | {gap:.3g} "
+        f"| {verdict} | | | |"
     )
+    args.failed = args.failed or gap > args.max_logits_gap
     return lines
 
 
 def main() -> None:
     args = parse_args()
+    args.failed = False
     device = torch.device(args.device)
     precision = "bf16-mixed" if device.type == "cuda" else "32-true"
     peak, source = device_peak_tflops(precision, device)
@@ -220,6 +238,8 @@ def main() -> None:
     table = "\n".join(lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table + "\n")
+    if args.failed:
+        raise SystemExit(f"exported logits differ from ours by over {args.max_logits_gap:g}")
 
 
 if __name__ == "__main__":

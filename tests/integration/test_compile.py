@@ -110,3 +110,41 @@ def test_a_compiled_run_resumes_and_exports_under_the_eager_names(request, tmp_p
     out = export_checkpoint(first / "checkpoints" / "last.ckpt", tmp_path / "hf")
     hf, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_trainer_compile_captures_the_training_step(prepared_corpus, tmp_path):
+    """trainer.compile=true reaches torch.compile: TorchDynamo captures frames of the step
+    (the compiled module is the one the step calls, inside DDP's forward)."""
+    from conftest import cpu_run_overrides
+
+    from pretrain.config import compose_config
+    from pretrain.runtime.run import train
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    overrides = ("trainer.max_steps=2", "strategy=ddp", "trainer.devices=1", *COMPILED)
+    train(compose_config(cpu_run_overrides(prepared_corpus, tmp_path, *overrides, batch_size=4)))
+    stats = torch._dynamo.utils.counters["stats"]
+    assert stats["calls_captured"] > 0 and stats["unique_graphs"] > 0, dict(stats)
+
+
+def test_gpu_bench_compiled_row_runs_compiled():
+    """benchmarks/gpu_bench.py's "ours, compiled" model: its step's encoder and head captured
+    by TorchDynamo (a compiled ModuleDict is never called, so its step would run eager)."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_model import make_batch, our_step_static_budget
+    from gpu_bench import build_pair, compiled_copy
+
+    args = argparse.Namespace(vocab_size=30522, mask_probability=0.15, seed=0)
+    args.batch_size, args.seq_len = 2, 16
+    _, ours, _ = build_pair("bert_tiny", args, torch.device("cpu"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = compiled_copy(ours, "eager")
+    our_step_static_budget(compiled, make_batch(args)).backward()
+    stats = torch._dynamo.utils.counters["stats"]
+    assert stats["calls_captured"] > 0 and stats["unique_graphs"] >= 2, dict(stats)
