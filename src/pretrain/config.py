@@ -441,6 +441,11 @@ class TrainerConfig:
     # rendezvous, loading a checkpoint, starting data-loader workers), when longer than
     # collective_timeout_s: a node that starts late is waited for, a stuck rank is found soon.
     startup_timeout_s: float = 600.0
+    # Seconds a rank may go without finishing a micro-batch before its watchdog writes every
+    # thread's stack to its log and all ranks exit with status 75 (requeued, resumed from the
+    # last checkpoint): a stuck data-loader worker, a dead mount (pretrain.cluster.watchdog).
+    # Until a launch's first micro-batch ends it waits startup_timeout_s longer. 0 or null: off.
+    hang_timeout_s: float | None = 1800.0
     # Held-out evaluation (pretrain.runtime.validation) every this many optimizer steps and at the
     # last, when data.holdout_shards >= 1; null: none.
     val_check_interval: int | None = 500
@@ -499,6 +504,12 @@ class TrainerConfig:
             "trainer.num_threads",
             self.num_threads,
             "must be at least 1 (threads per process), or null (the cores available)",
+        )
+        require(
+            self.hang_timeout_s is None or self.hang_timeout_s >= 0,
+            "trainer.hang_timeout_s",
+            self.hang_timeout_s,
+            "must be 0 or more (seconds), or null (no watchdog)",
         )
         for key in ("collective_timeout_s", "startup_timeout_s"):
             require(

@@ -9,7 +9,8 @@ PRETRAIN_TEST_<FAULT>_RANK (default 0): NAN (the loss is multiplied by NaN), SIG
 sends itself SIGTERM, as a preemption does), HANG (the rank sleeps for an hour, as a stuck
 rank would), HOLD (the rank waits until a preemption signal has come: a job that SLURM
 signals after a delay is still training then, whatever the machine's speed; not in a
-requeued SLURM job, SLURM_RESTART_COUNT > 0, which gets no further signal)."""
+requeued SLURM job, SLURM_RESTART_COUNT > 0, which gets no further signal).
+`HangingWorkerMLM` also hangs a data-loader worker (`worker_faults`)."""
 
 import json
 import os
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import lightning as L
+from worker_faults import HangingMLMCorruption
 
 from pretrain.cluster.preemption import PreemptionCheckpoint
 from pretrain.data.loader import predicted_tokens
@@ -121,6 +123,12 @@ class Recording:
 
 class RecordingMLM(Recording, MaskedLanguageModel):
     """MLM (and MLM with a pair task: objective=mlm_nsp or sop) that records."""
+
+
+class HangingWorkerMLM(RecordingMLM):
+    """RecordingMLM whose data-loader worker hangs (`worker_faults`: the environment)."""
+
+    corruption_class = HangingMLMCorruption
 
 
 class RecordingXLNet(Recording, PermutationLanguageModel):

@@ -26,6 +26,7 @@ from pretrain.cluster.preemption import (
     PreemptionCheckpoint,
     raise_if_preempted,
 )
+from pretrain.cluster.watchdog import clear_stall_records, stop_if_stalled, watchdog_callbacks
 from pretrain.config import (
     TrainConfig,
     settings_from,
@@ -163,8 +164,13 @@ def train(cfg: DictConfig) -> Path:
         print(f"Resuming from {ckpt_path}", flush=True)
     elif run.init_from:
         initialise_from(module.objective, run.init_from)
-    trainer = build_trainer(run, run_dir, heldout_callbacks(run, datamodule.spec))
+    callbacks = [
+        *heldout_callbacks(run, datamodule.spec),
+        *watchdog_callbacks(run.trainer, run_dir),
+    ]
+    trainer = build_trainer(run, run_dir, callbacks)
     if trainer.is_global_zero:
+        clear_stall_records(run_dir)  # a previous launch's (pretrain.cluster.watchdog)
         if run.resume == "never" and (previous := set_aside_checkpoints(run_dir)):
             print(f"resume=never: the old checkpoints moved to {previous}", flush=True)
         save_hydra_config(cfg)
@@ -188,6 +194,7 @@ def train(cfg: DictConfig) -> Path:
     except (RuntimeError, OSError) as error:
         # OSError: a worker killed while the main process took its batch's shared memory
         # surfaces as that connection's error (ConnectionResetError), not torch's own
+        stop_if_stalled()  # a rank's watchdog ends the run (status 75): not this error
         if isinstance(error, RuntimeError):
             stuck = collective_failure(error, trainer)
             if stuck is not None:
