@@ -26,6 +26,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.nn import functional as F
 
+from pretrain.config import compose_config
 from pretrain.data.prediction_budget import prediction_positions, prediction_widths
 from pretrain.export.bert import bert_to_hf_state_dict, hf_config
 from pretrain.models.build import build_encoder, count_parameters
@@ -35,7 +36,6 @@ from pretrain.objectives.predictions import (
     gather_targets,
     masked_classification_metrics,
 )
-from pretrain.paths import CONF_DIR
 
 PAD_ID = 0
 
@@ -98,7 +98,7 @@ def build_models(size: str, args: argparse.Namespace):
     """Our encoder + MLM head and an HF BertForMaskedLM holding the same weights."""
     from transformers import BertConfig, BertForMaskedLM
 
-    model_cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{size}.yaml"))
+    model_cfg = OmegaConf.to_container(compose_config([f"model={size}"]).model, resolve=True)
     encoder = build_encoder(model_cfg, args.vocab_size, PAD_ID)
     mlm_head = MaskedLMHead(
         model_cfg["hidden_size"],
@@ -225,13 +225,13 @@ def main() -> None:
         f"seq {args.seq_len}, vocab {args.vocab_size}, {args.mask_probability:.0%} masked, "
         f"{args.steps} steps x median of {args.repeats} repeats ({args.warmup_steps} warm-up)"
     )
-    header = f"{'model':<11} {'implementation':<30} {'params(M)':>9} {'tokens/s':>10} {'ours/HF':>8} {'|dloss|':>8}"
+    header = f"{'model':<11} {'implementation':<53} {'params(M)':>9} {'tokens/s':>10} {'ours/HF':>8} {'|dloss|':>8}"
     print(header)
     print("-" * len(header))
     for size in args.sizes:
         for size_name, impl, params, speed, ratio, gap in bench_size(size, args):
             print(
-                f"{size_name:<11} {impl:<30} {params:>9.1f} {speed:>10.0f} {ratio:>8.2f} {gap:>8.1e}"
+                f"{size_name:<11} {impl:<53} {params:>9.1f} {speed:>10.0f} {ratio:>8.2f} {gap:>8.1e}"
             )
 
 
