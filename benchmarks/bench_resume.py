@@ -11,7 +11,8 @@ Makes (or reuses) a corpus of short documents from the built-in corpus's paragra
 (untimed) to record the positions at 1%, 50% and 99% of it, then times, in this one process
 (one thread), the first batch of `EpochStream` at each, both ways.
 
-    .venv/bin/python benchmarks/bench_resume.py [--megabytes 5] [--work-dir DIR] [--repeats 3]
+    .venv/bin/python benchmarks/bench_resume.py [--megabytes 5] [--work-dir DIR] [--repeats 3] \
+        [--tokenizer-from data/builtin]
 """
 
 import argparse
@@ -35,9 +36,11 @@ from pretrain.objectives.mlm import MaskedLMCorruption  # noqa: E402
 FRACTIONS = (0.01, 0.5, 0.99)
 
 
-def make_corpus(work_dir: Path, megabytes: float, docs_per_shard: int) -> Path:
-    """Shards of about `megabytes` MB of short documents (the built-in tokenizer's, from
-    data/builtin), made once in `work_dir`."""
+def make_corpus(
+    work_dir: Path, megabytes: float, docs_per_shard: int, tokenizer_from: Path
+) -> Path:
+    """Shards of about `megabytes` MB of short documents (the tokenizer of the shards dir
+    `tokenizer_from`: the built-in corpus's unless told), made once in `work_dir`."""
     from data_pipelines.prepare import prepare
     from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 
@@ -47,7 +50,7 @@ def make_corpus(work_dir: Path, megabytes: float, docs_per_shard: int) -> Path:
     work_dir.mkdir(parents=True, exist_ok=True)
     text = work_dir / "short.txt"
     write_corpus(text, megabytes, 190)
-    tokenizer = load_manifest("data/builtin").tokenizer_dir
+    tokenizer = load_manifest(tokenizer_from).tokenizer_dir
     config = PrepareConfig(
         inputs=[str(text)],
         out_dir=str(shards),
@@ -99,9 +102,14 @@ def main() -> None:
     parser.add_argument("--docs-per-shard", type=int, default=50)
     parser.add_argument("--work-dir", default="/tmp/pretrain-bench-resume")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many")
+    parser.add_argument(
+        "--tokenizer-from", type=Path, default=Path("data/builtin"), help="a shards dir"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    shards = make_corpus(Path(args.work_dir), args.megabytes, args.docs_per_shard)
+    shards = make_corpus(
+        Path(args.work_dir), args.megabytes, args.docs_per_shard, args.tokenizer_from
+    )
     spec = stream_spec(shards)
     epoch = sum(1 for _ in rank_sequences(spec, 0))
     manifest = load_manifest(shards)

@@ -18,7 +18,7 @@ Beside it, DeepSpeed's own estimate for the same model (`estimate_zero2_model_st
 (2 bytes per parameter and gradient, 12 per parameter of optimizer state) and a 1.5 buffer
 factor: the ratios between stages are what compare, not the absolute numbers.
 
-    python benchmarks/bench_zero_memory.py [--hidden 256 --layers 4 --vocab 30522]
+    python benchmarks/bench_zero_memory.py [--hidden 256 --layers 4 --vocab 30522] [--stages 0 1 2 3]
 """
 
 import argparse
@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=30522)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3], choices=range(4))
     args = parser.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     model = build_model(args)
@@ -141,7 +142,7 @@ def main() -> None:
     context = mp.get_context("spawn")
     queue = context.Queue()
     results = {}
-    for stage in range(4):
+    for stage in args.stages:
         port = free_port()
         procs = [
             context.Process(target=measure, args=(r, args.ranks, port, stage, args, queue))
@@ -159,10 +160,10 @@ def main() -> None:
     estimates = deepspeed_estimates(model, args.ranks)
     print(
         f"{'stage':>5} {'params MB':>10} {'grads MB':>9} {'optim MB':>9} {'total MB':>9} "
-        f"{'vs stage 0':>10} {'DeepSpeed est. MB (fp16 mixed)':>31}"
+        f"{f'vs stage {args.stages[0]}':>10} {'DeepSpeed est. MB (fp16 mixed)':>31}"
     )
     base = None
-    for stage in range(4):
+    for stage in args.stages:
         params, grads, states = results[(stage, 0)]
         total = (params + grads + states) / MB
         base = base or total

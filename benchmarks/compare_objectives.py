@@ -1,6 +1,7 @@
 """Compare the pretraining objectives on the built-in corpus, one command:
 
-    .venv/bin/python benchmarks/compare_objectives.py [--steps 400] [--model bert_tiny]
+    .venv/bin/python benchmarks/compare_objectives.py [--steps 400] [--model bert_tiny] \
+        [--only mlm span] [--shards data/compare] [--runs-dir runs/compare]
 
 Every objective trains the same small model for the same number of steps of the same batch
 size and sequence length (so about the same number of tokens) on the built-in corpus minus
@@ -45,15 +46,16 @@ RUNS = [
 BEGIN, END = "<!-- objectives:begin -->", "<!-- objectives:end -->"
 
 
-def prepare_corpus() -> None:
-    if (CORPUS / "manifest.json").is_file():
+def prepare_corpus(corpus: Path) -> None:
+    """The built-in corpus with phrase annotations, prepared into `corpus` unless there."""
+    if (corpus / "manifest.json").is_file():
         return
     subprocess.run(
         [
             str(Path(sys.executable).parent / "pretrain-data"),
             "prepare",
             "inputs=[builtin]",
-            f"out_dir={CORPUS}",
+            f"out_dir={corpus}",
             "docs_per_shard=32",
             "phrases.enabled=true",
         ],
@@ -88,9 +90,9 @@ def heldout_batches(
 def run_one(
     name: str, objective: str, fmt: str, extra: list[str], args: argparse.Namespace
 ) -> dict:
-    run_dir = ROOT / "runs" / "compare" / objective / fmt / "-".join(extra).replace("=", "_")
+    run_dir = args.runs_dir / objective / fmt / "-".join(extra).replace("=", "_")
     overrides = [
-        f"data.shards_dir={CORPUS}",
+        f"data.shards_dir={args.shards}",
         "data.holdout_shards=2",
         f"model={args.model}",
         f"objective={objective}",
@@ -114,7 +116,7 @@ def run_one(
     config, module, datamodule = prepare_run(cfg)
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     module.load_state_dict(task_state_dict(state))  # a checkpoint of any version
-    corpus = open_corpus(CORPUS)
+    corpus = open_corpus(args.shards)
     _, heldout = split_holdout(corpus, 2)
     spec = datamodule.spec
     result = {
@@ -154,8 +156,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--model", default="bert_tiny")
     parser.add_argument("--only", nargs="*", help="objective names to run (default: all)")
+    parser.add_argument("--shards", type=Path, default=CORPUS, help="prepared here if missing")
+    parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "compare")
     args = parser.parse_args()
-    prepare_corpus()
+    prepare_corpus(args.shards)
     results = [run_one(*run, args) for run in RUNS if not args.only or run[1] in args.only]
     text = table(results, args)
     print(text)

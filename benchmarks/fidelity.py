@@ -1,7 +1,8 @@
 """Paper fidelity: for each objective, the statistics its paper states against the same
 statistics measured on real batches of the project's stream, one command:
 
-    .venv/bin/python benchmarks/fidelity.py [--batches 40] [--only mlm,span] [--no-write]
+    .venv/bin/python benchmarks/fidelity.py [--batches 40] [--only mlm,span] [--no-write] \
+        [--english SHARDS_DIR]
 
 Batches come from the stream (`pretrain.runtime.run.build_stream`: shards, partitions, input format,
 collation; epoch 0), 4,096 tokens each: 32 sequences of 128 tokens, or 8 of 512 for ALBERT's
@@ -382,12 +383,15 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40, help="batches of 32 per objective")
     parser.add_argument("--only", default="", help=f"comma-separated of {', '.join(OBJECTIVES)}")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--english", type=Path, help="an annotated English shards dir (default: data/fidelity's)"
+    )
     args = parser.parse_args()
     chosen = [name for name in args.only.split(",") if name] or list(OBJECTIVES)
     unknown = sorted(set(chosen) - set(OBJECTIVES))
     if unknown:
         sys.exit(f"--only: unknown {', '.join(unknown)} (choose from {', '.join(OBJECTIVES)})")
-    english = english_corpus()
+    english = args.english or english_corpus()
     chinese = chinese_corpus() if "wwm" in chosen else None
     rows = []
     for name in chosen:
