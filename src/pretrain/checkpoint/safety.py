@@ -1,7 +1,7 @@
 """Checkpoints are data, never code: how everything read back from a run directory, a
 checkpoint or an export is loaded.
 
-- `load_weights_only(path)`: `torch.load(weights_only=True)` (tensors and plain containers;
+- `load_weights_only(path)`: `torch.load(weights_only=True)`, on the CPU (tensors and plain containers;
   DeepSpeed's few bookkeeping classes allowed, `deepspeed_safe_globals`), a refusal turned
   into a one-line `UnsafeCheckpointError` naming the file and the global it asked for.
 - `weights_only_loading()`: a context in which every `torch.load` is that load, whatever its
@@ -140,9 +140,13 @@ def deepspeed_safe_globals() -> list:
 
 def load_weights_only(path: str | Path, **kwargs: Any) -> Any:
     """`torch.load(path, weights_only=True, **kwargs)` with `deepspeed_safe_globals`
-    allowed; a refused pickle raises `UnsafeCheckpointError` (one line, the file named)."""
+    allowed; a refused pickle raises `UnsafeCheckpointError` (one line, the file named).
+    Tensors load on the CPU unless `map_location` says otherwise: a GPU run's checkpoint
+    tags its storages `cuda:N`, which would put every rank's read on that device, and fail
+    on a host without CUDA."""
     kwargs.pop("weights_only", None)
     kwargs.pop("pickle_module", None)
+    kwargs.setdefault("map_location", "cpu")
     with torch.serialization.safe_globals(deepspeed_safe_globals()):
         try:
             return _torch_load(path, weights_only=True, **kwargs)

@@ -203,7 +203,7 @@ def load_quantized(directory: str | Path) -> nn.Module:
         raise ConfigError(f"{state}: not found; quantize with `pretrain-compress method=quantize`")
     config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     model = quantize_dynamic_int8(AutoModelForMaskedLM.from_config(config).eval())
-    model.load_state_dict(torch.load(state, weights_only=True), assign=True)
+    model.load_state_dict(torch.load(state, weights_only=True, map_location="cpu"), assign=True)
     return model.eval()
 
 
