@@ -156,7 +156,8 @@ LONGEST_FIRST = tests/integration/test_eval_margin.py tests/integration/test_com
 	tests/faults/test_fault_processes.py tests/integration/test_checkpointing.py \
 	tests/integration/test_zero_compat.py tests/integration/test_stream.py \
 	tests/integration/test_prepare.py tests/integration/test_xlnet_objective.py \
-	tests/integration/test_install.py tests/integration/test_golden.py
+	tests/integration/test_install.py tests/integration/test_golden.py \
+	tests/integration/test_benchmarks_smoke.py
 TEST_WORKERS ?= 3
 # Each run makes its own directory under TEST_TMP (mktemp), for the lanes' pytest temporary
 # directories and logs, so two `make test` at once never share or delete each other's files;
