@@ -54,6 +54,14 @@ SKIP_WARNING_INTERVAL_S = 30.0  # at most one "step skipped" warning line per in
 MEMORY_EVERY_N_STEPS = 50
 
 
+def layer_norm_choice(impl: str, precision: str) -> str:
+    """model.layer_norm_impl as used under Lightning's `precision`: `auto` under mixed
+    precision is torch's LayerNorm, which autocast keeps in fp32 (apex's FusedLayerNorm casts
+    its input and weights to the autocast dtype: BERT's post-LN residual stream in bf16);
+    `apex` is honoured as asked. README: model.layer_norm_impl."""
+    return "torch" if impl == "auto" and precision.endswith("-mixed") else impl
+
+
 def objective_class(config: TrainConfig | Mapping) -> type[Objective]:
     """The objective class a run config names (`objective._target_`)."""
     return get_class(run_config(config).objective._target_)
@@ -219,7 +227,9 @@ class PretrainingTask(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Before the optimizer is built: the LayerNorm kernels (model.layer_norm_impl)."""
-        choice = use_layer_norm_impl(self, self.run.model.layer_norm_impl, self.run_device())
+        precision = str(self.trainer.precision) if self._trainer is not None else "32-true"
+        impl = layer_norm_choice(self.run.model.layer_norm_impl, precision)
+        choice = use_layer_norm_impl(self, impl, self.run_device())
         self.report_kernel("layer_norm", choice)
 
     def run_device(self) -> torch.device:
