@@ -142,6 +142,29 @@ def test_a_bad_shard_stops_every_rank_at_the_same_step(prepared_corpus, tmp_path
 
 
 @pytest.mark.slow
+def test_a_worker_still_starting_when_a_bad_shard_stops_the_run_ends_silently(
+    prepared_corpus, tmp_path
+):
+    """The bad-shard stop while a rank's second data-loader worker is still starting (held
+    inside its start until the rank's main process has gone, `slow_start`): the run ends
+    with its one-line errors and status 2, and no worker prints a traceback (its queues'
+    semaphores gone with the main process): the loader's close ends a worker still
+    starting. Before, this failed CI at random under load."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(prepared_corpus, corpus)
+    damage_first_shard(corpus)
+    held = tmp_path / "held"
+    held.mkdir()
+    env = {"PRETRAIN_TEST_SLOW_START_DIR": str(held)}
+    extra = ("strategy=ddp", "data.num_workers=2", "objective._target_=slow_start.SlowStartMLM")
+    result = launch(corpus, tmp_path / "run", 2, *extra, env=env)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(list(held.glob("*.first"))) == 2  # each rank's first worker went on
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in result.stderr, result.stderr[-5000:]
+
+
+@pytest.mark.slow
 def test_a_run_resumed_on_two_ranks_continues_the_one_rank_sample_order(prepared_corpus, tmp_path):
     """Elastic resume: 10 steps on 1 rank (global batch 16 = 8 x 2 accumulated), then the
     same run on 2 ranks (8 x 2 ranks): every later step trains the samples the 1-rank run

@@ -183,6 +183,14 @@ class StepAlignedLoader(DataLoader):
         if source is not None and hasattr(source, "_shutdown_workers"):
             self.killed_workers = _died(source)  # before they are told to stop
             source._shutdown_workers()
+            # torch's shutdown gives each worker a few seconds and then SIGTERM, which workers
+            # ignore (`job_signals`); one still starting then (unpickling its queues in the
+            # forkserver's child, slow under load) would fail once this process has gone and
+            # its queues' semaphores with it, and print a traceback under the run's last line
+            for worker in getattr(source, "_workers", []):
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join()
 
     def dead_workers(self) -> list[int]:
         """Pids of this loader's data-loader workers that died unasked (killed: out of memory,

@@ -208,6 +208,9 @@ def train(cfg: DictConfig) -> Path:
             ) from error
         raise
     finally:
+        # the loader's workers stopped and gone on every path (Lightning's teardown leaves a
+        # failed fit's to the interpreter's exit, where one still starting prints a traceback)
+        datamodule.teardown("fit")
         finish_loggers(trainer, finished)  # the next sweep point gets its own wandb run
         if trainer.is_global_zero:
             write_run_state(run_dir, state, trainer.global_step, run.trainer.max_steps)

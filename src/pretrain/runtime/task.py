@@ -33,6 +33,8 @@ from pretrain.runtime.nonfinite import (
     DeviceSkips,
     NonFiniteError,
     check_skip_bounds,
+    clear_gradients,
+    device_skip,
     nonfinite_flag,
     skips_on_device,
 )
@@ -341,12 +343,9 @@ class PretrainingTask(L.LightningModule):
         else:
             loss = optimizer_closure()  # forward and backward of the step's last micro-batch
             if skips_on_device(optimizer, self.trainer.precision):  # no host sync (nonfinite.py)
-                inner = getattr(optimizer, "optimizer", optimizer)
-                inner.found_inf = self._device_skips.record(self._ranks_with_nonfinite())
-                try:
-                    optimizer.step(closure=lambda: loss)  # settles on log steps, may raise
-                finally:
-                    inner.__dict__.pop("found_inf", None)
+                found_inf = self._device_skips.record(self._ranks_with_nonfinite())
+                with device_skip(optimizer, found_inf) as arguments:  # found_inf, grad_scaler
+                    optimizer.step(closure=lambda: loss, **arguments)  # settles on log steps
                 self._last_step_applied = True  # as far as the host knows: see settle_skips
                 self.queue_log({"train/skipped_steps": float(self.skipped_steps)})
                 self.flush_logs()
@@ -356,7 +355,7 @@ class PretrainingTask(L.LightningModule):
             if self._last_step_applied:
                 optimizer.step(closure=lambda: loss)
             else:
-                optimizer.zero_grad(set_to_none=True)
+                clear_gradients(optimizer)  # apex's zero_grad takes no set_to_none
         if self._last_step_applied:
             self.consecutive_skipped_steps = 0
         else:
