@@ -63,8 +63,9 @@ def samples_seen(run_dir: Path) -> dict[int, float]:
 
 
 def check_stopped(result, run_dir: Path, marker: str, where: str) -> None:
-    """Every rank exited 75 after the watchdog named a stalled rank, the step and `where`
-    (in rank 1's stacks); no process of the run is left."""
+    """Every rank exited 75 after the watchdog named a stalled rank and the step; rank 1
+    stood in the file `where` (its stacks, rank 0's line of where each rank stood); no
+    process of the run is left."""
     output = result.stdout[-3000:] + result.stderr[-5000:]
     assert result.returncode == PREEMPTED_EXIT_STATUS, output
     stalls = [line for line in result.stderr.splitlines() if "made no progress for" in line]
@@ -73,10 +74,10 @@ def check_stopped(result, run_dir: Path, marker: str, where: str) -> None:
     for rank, path in logs.items():
         text = path.read_text()
         assert "every thread's stack:" in text and 'File "' in text, (rank, text[-2000:])
-    assert where in logs[1].read_text()
+    assert f'{where}", line' in logs[1].read_text()  # faulthandler's frame of its stack
     stood = [line for line in result.stderr.splitlines() if "where the ranks stood" in line]
     assert len(stood) == 1 and "stalled: rank" in stood[0], output
-    assert f"rank 1 after step 3, in {where}" in stood[0], output
+    assert f"rank 1 after step 3, in {where}:" in stood[0], output
     assert "exited with status 75" in logs[0].read_text()  # rank 0 saw rank 1's status
     assert not wait_until_gone(marker)
 
@@ -100,7 +101,7 @@ def test_a_rank_stuck_in_a_step_stops_every_rank_with_the_requeue_status(prepare
     marker, run_dir = new_marker(), tmp_path / "run"
     hang = {"PRETRAIN_TEST_HANG_STEP": "3", "PRETRAIN_TEST_HANG_RANK": "1"}
     result = launch(prepared_corpus, run_dir, marker, env=hang)
-    check_stopped(result, run_dir, marker, "dist_helpers.py:")
+    check_stopped(result, run_dir, marker, "dist_helpers.py")
     assert any("after step 3" in line for line in result.stderr.splitlines())
     check_resumes(prepared_corpus, run_dir, marker)
 
