@@ -7,8 +7,17 @@ importable with its CUDA extensions (the CUDA image builds it), torch's otherwis
 
 apex's optimizers: FusedAdam (for torch.optim.AdamW in AdamW mode, torch.optim.Adam in L2
 mode) and FusedLAMB (for pytorch_optimizer.Lamb; its own gradient clipping is off, Lightning
-clips per trainer.gradient_clip_val as on the torch path). apex's FusedLayerNorm takes over
-each nn.LayerNorm's parameters, so checkpoints and exports keep their names.
+clips per trainer.gradient_clip_val as on the torch path). torch's implementation switches
+(`fused`, `foreach`, ...) are not passed to apex. Outside DeepSpeed, FusedAdam is built
+`capturable` (but under fp16, whose GradScaler skips steps itself): its learning rate and
+step count live on the device and it skips a step on the device when told through its
+`grad_scaler` argument (`nonfinite.device_skip`), as torch's fused AdamW does with
+`found_inf`. apex's FusedLayerNorm takes over each nn.LayerNorm's
+parameters, so checkpoints and exports keep their names.
+
+With DeepSpeed's optimizer offload (`strategy.offload_optimizer`) the optimizer steps on CPU
+partitions, where apex cannot run: an AdamW/Adam becomes DeepSpeed's DeepSpeedCPUAdam on a
+CUDA run whose CPU Adam op can be built, torch's otherwise; `optim.impl=apex` is refused.
 """
 
 import importlib.util
@@ -26,6 +35,9 @@ APEX_OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
     "pytorch_optimizer.Lamb": ("apex.optimizers.FusedLAMB", {"max_grad_norm": float("inf")}),
 }
 TORCH_FUSED = ("torch.optim.AdamW", "torch.optim.Adam")  # take fused=True on CUDA
+# torch's implementation switches, which apex's and DeepSpeed's optimizers do not take
+TORCH_ONLY_KEYS = ("fused", "foreach", "capturable", "differentiable")
+CPU_ADAM = "deepspeed.ops.adam.DeepSpeedCPUAdam"
 
 
 def apex_extension_available(extension: str) -> bool:
@@ -60,14 +72,28 @@ def use_apex(key: str, impl: str, device: torch.device, extension: str) -> bool:
     return impl == "apex" or (impl == "auto" and available and device.type == "cuda")
 
 
-def optimizer_settings(optimizer: dict, impl: str, device: torch.device) -> tuple[dict, str]:
-    """The `optim.optimizer` partial to instantiate under `optim.impl` = `impl` on `device`,
-    and a line saying which implementation that is."""
+def optimizer_settings(
+    optimizer: dict,
+    impl: str,
+    device: torch.device,
+    strategy: Any = None,
+    precision: str = "32-true",
+) -> tuple[dict, str]:
+    """The `optim.optimizer` partial to instantiate under `optim.impl` = `impl` on `device`
+    with `strategy` (the typed strategy section; None: not DeepSpeed) and
+    `trainer.precision` = `precision`, and a line saying which implementation that is."""
     target = optimizer["_target_"]
     settings = dict(optimizer)
+    deepspeed = strategy is not None and strategy.name == "deepspeed"
+    fp16 = str(precision) in ("16-mixed", "16")  # GradScaler skips (Lightning would not clip)
+    if deepspeed and strategy.offload_optimizer:
+        return offload_settings(settings, impl, device)
     if target in APEX_OPTIMIZERS and use_apex("optim.impl", impl, device, "amp_C"):
         apex_target, fixed = APEX_OPTIMIZERS[target]
+        settings = {k: v for k, v in settings.items() if k not in TORCH_ONLY_KEYS}
         settings.update(fixed, _target_=apex_target)
+        if apex_target == "apex.optimizers.FusedAdam" and not (deepspeed or fp16):
+            settings["capturable"] = True  # skips on the device (nonfinite.device_skip)
         return settings, f"optimizer: {apex_target} (apex, for {target})"
     if impl == "apex":
         raise ConfigError(
@@ -79,6 +105,34 @@ def optimizer_settings(optimizer: dict, impl: str, device: torch.device) -> tupl
         settings.setdefault("fused", True)
     fused = " (fused)" if settings.get("fused") else ""
     return settings, f"optimizer: {target}{fused} (torch)"
+
+
+def offload_settings(settings: dict, impl: str, device: torch.device) -> tuple[dict, str]:
+    """The optimizer partial under DeepSpeed's optimizer offload, which steps on CPU
+    partitions: DeepSpeedCPUAdam for an AdamW/Adam on a CUDA run whose CPU Adam op builds
+    (`cpu_adam_available`), else the configured torch optimizer; never apex's."""
+    if impl == "apex":
+        raise ConfigError(
+            "optim.impl=apex: strategy.offload_optimizer steps the optimizer on the CPU, where "
+            "apex cannot run; set optim.impl=auto or optim.impl=torch"
+        )
+    use_apex("optim.impl", impl, device, "amp_C")  # checks the value
+    target = settings["_target_"]
+    if target in TORCH_FUSED and device.type == "cuda" and cpu_adam_available():
+        settings = {k: v for k, v in settings.items() if k not in TORCH_ONLY_KEYS}
+        settings.update(_target_=CPU_ADAM, adamw_mode=target == "torch.optim.AdamW")
+        return settings, f"optimizer: {CPU_ADAM} (DeepSpeed, offloaded, for {target})"
+    return settings, f"optimizer: {target} (torch, offloaded)"
+
+
+def cpu_adam_available() -> bool:
+    """True when DeepSpeed's CPU Adam op is prebuilt or can be built here (a C++ toolchain)."""
+    try:
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+
+        return bool(CPUAdamBuilder().is_compatible(verbose=False))
+    except Exception:  # noqa: BLE001 - no DeepSpeed, or its builder cannot tell: torch's
+        return False
 
 
 def use_layer_norm_impl(module: torch.nn.Module, impl: str, device: torch.device) -> str:

@@ -4,15 +4,19 @@ Deciding on the host whether to apply an optimizer step reads a device flag ever
 (`.item()`: the CPU waits for the GPU). Optimizers whose step takes a `found_inf` tensor
 (torch's Adam/AdamW with `fused=True`, as `optim.optimizer.fused=true` sets; the ones
 GradScaler drives without a sync) skip the update on the device instead: weights, moments
-and the step count stay as they were when the flag is set. The host learns of skipped steps at the next logging step, checkpoint
+and the step count stay as they were when the flag is set. apex's capturable FusedAdam
+(`kernels.optimizer_settings` builds it so) is told through its step's `grad_scaler`
+argument, as torch's GradScaler tells it (`device_skip`). The host learns of skipped steps at the next logging step, checkpoint
 or the end of fit (`DeviceSkips.settle`, one read), where they are counted, the bounds of
 `trainer.nonfinite` are applied and the learning-rate schedule is moved back by the steps
 skipped since (until then it ran ahead by that many steps). Other optimizers keep the host
 decision of every step (`PretrainingTask.optimizer_step`).
 """
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+import contextlib
+import inspect
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.utils import get_total_norm
@@ -33,6 +37,53 @@ def skips_on_device(optimizer: object, precision: str) -> bool:
     optimizer = getattr(optimizer, "optimizer", optimizer)
     supported = getattr(optimizer, "_step_supports_amp_scaling", False)
     return bool(supported) and precision not in ("16-mixed", "16")
+
+
+class FoundInf:
+    """What apex's capturable optimizers read from their step's `grad_scaler` (torch's
+    GradScaler's two methods): this step's `found_inf` and a loss scale of 1 (no scaler)."""
+
+    def __init__(self, found_inf: torch.Tensor) -> None:
+        self.found_inf = found_inf
+
+    def _check_inf_per_device(self, optimizer: object) -> dict:
+        devices = {p.device for g in optimizer.param_groups for p in g["params"]}
+        return {device: self.found_inf.to(device) for device in devices}
+
+    def _get_scale_async(self) -> torch.Tensor:
+        return torch.ones((1,), device=self.found_inf.device)
+
+
+@contextlib.contextmanager
+def device_skip(optimizer: object, found_inf: torch.Tensor) -> Iterator[dict[str, Any]]:
+    """Within: `optimizer` (for which `skips_on_device`) skips its step on the device when
+    `found_inf` (a float 0/1 device scalar) is set; yields the keyword arguments its `step`
+    needs for that. torch's optimizers read a `found_inf` attribute (set here, removed on
+    leaving); apex's take `grad_scaler` (`FoundInf`), and their learning rate and step
+    count, device tensors, are moved back to the device after a resume loaded them on CPU."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if "grad_scaler" in inspect.signature(inner.step).parameters:  # apex's capturable ones
+        for group in inner.param_groups:
+            device = group["params"][0].device if group["params"] else None
+            for key, value in group.items():
+                if isinstance(value, torch.Tensor) and device and value.device != device:
+                    group[key] = value.to(device)
+        yield {"grad_scaler": FoundInf(found_inf)}
+        return
+    inner.found_inf = found_inf
+    try:
+        yield {}
+    finally:
+        inner.__dict__.pop("found_inf", None)
+
+
+def clear_gradients(optimizer: object) -> None:
+    """Drop the gradients of `optimizer`'s parameters (a skipped step), whatever its
+    `zero_grad` takes (apex's takes no `set_to_none`)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for group in inner.param_groups:
+        for parameter in group["params"]:
+            parameter.grad = None
 
 
 def nonfinite_flag(

@@ -31,11 +31,13 @@ def build_optimizer(
     parameters: list[torch.nn.Parameter], run: "TrainConfig", plan: BatchPlan, device: torch.device
 ) -> tuple[torch.optim.Optimizer, str]:
     """The optimizer of `parameters` (matrices decayed, vectors not) and the line saying which
-    kernels it uses (`kernels.optimizer_settings`, for `device`)."""
+    kernels it uses (`kernels.optimizer_settings`, for `device` and the run's strategy)."""
     optim = run.optim
     decay = [p for p in parameters if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in parameters if p.requires_grad and p.ndim < 2]  # biases, LayerNorm
-    settings, choice = optimizer_settings(optim.optimizer, optim.impl, device)
+    settings, choice = optimizer_settings(
+        optim.optimizer, optim.impl, device, run.strategy, str(run.trainer.precision)
+    )
     optimizer = instantiate(settings, lr=learning_rate(optim, plan), _convert_="all")(
         [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
     )

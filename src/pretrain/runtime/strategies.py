@@ -5,9 +5,11 @@
 JSON generated from the run config (`deepspeed_config`) and checked by DeepSpeed's own parser
 when the config is validated, so a bad value fails before a job is queued. On a CPU
 accelerator, `CPUDeepSpeedStrategy` runs ZeRO 1-3 with the gloo backend (Lightning's strategy
-refuses anything but CUDA; DeepSpeed itself runs on CPU). Offload keeps the configured
-optimizer (`zero_force_ds_cpu_optimizer: false`), so it runs without compiled ops (tested on
-CPU: ZeRO-3 with optimizer and parameter offload); on GPUs DeepSpeedCPUAdam would be faster.
+refuses anything but CUDA; DeepSpeed itself runs on CPU). Optimizer offload steps on CPU
+partitions: on a CUDA run an AdamW/Adam becomes DeepSpeedCPUAdam where its op builds, never
+apex's (`kernels.offload_settings`); elsewhere the configured torch optimizer is kept
+(`zero_force_ds_cpu_optimizer: false`), so CPU runs need no compiled ops (tested on CPU:
+ZeRO-3 with optimizer and parameter offload).
 """
 
 import copy
@@ -53,8 +55,8 @@ def deepspeed_config(config: Any) -> dict:
     }
     if strategy.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-        # keep the configured optimizer (AdamW, LAMB) rather than requiring DeepSpeedCPUAdam,
-        # which needs compiled ops
+        # allow a torch optimizer (LAMB; AdamW where DeepSpeedCPUAdam's op cannot be built):
+        # kernels.offload_settings picks it
         ds["zero_force_ds_cpu_optimizer"] = False
     if strategy.offload_parameters:
         zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
