@@ -3,7 +3,7 @@ process on the same batches: for each model and sequence length, ours (encoder +
 the static prediction budget: the MLM objective's step) against transformers'
 `BertForMaskedLM` / `RobertaForMaskedLM` holding the same weights (exported by
 `pretrain.export`), in bf16 autocast on CUDA: tokens/s, model TFLOP/s and MFU (the same useful
-FLOPs for both, `pretrain.runtime.flops`), peak device memory; ours compiled (torch.compile) too; apex's
+FLOPs for both, `pretrain.models.flops`), peak device memory; ours compiled (torch.compile) too; apex's
 FusedAdam against torch's fused AdamW when apex is installed; and the exported model's logits
 at the predicted positions against ours (max |difference|, in the run's dtype).
 
@@ -27,9 +27,9 @@ from omegaconf import OmegaConf
 from pretrain.config import compose_config
 from pretrain.export.hf import family_module
 from pretrain.models.build import build_encoder
+from pretrain.models.flops import device_peak_tflops, embedding_size, encoder_flops, mlm_head_flops
 from pretrain.models.heads import MaskedLMHead
 from pretrain.objectives.predictions import gather_positions
-from pretrain.runtime.flops import device_peak_tflops, embedding_size, encoder_flops, mlm_head_flops
 from pretrain.runtime.kernels import apex_extension_available
 
 PAD_ID = 1  # RoBERTa's; positions start after it in both implementations

@@ -429,7 +429,7 @@ class TrainerConfig:
     max_skipped_steps: int | None = 100
     # The peak of one device in TFLOP/s at the run's precision (e.g. 989 for an H100's dense
     # bf16), for train/mfu = train/model_tflops / peak_tflops; null: the table of
-    # pretrain/runtime/flops.py for a known GPU; no MFU on a CPU or another device unless set.
+    # pretrain/models/flops.py for a known GPU; no MFU on a CPU or another device unless set.
     peak_tflops: float | None = None
     # Signal that means "save last.ckpt at the next step boundary, requeue, stop" (sbatch
     # --signal / the launcher's); SIGTERM always saves and stops. null: SIGTERM only.

@@ -1,4 +1,4 @@
-"""The FLOP model (`pretrain.runtime.flops`, issue 14 item 1) against a count of the matrix products
+"""The FLOP model (`pretrain.models.flops`, issue 14 item 1) against a count of the matrix products
 of one forward and backward pass of each family's tiny model (torch's FlopCounterMode, with
 the math attention kernel, whose matmuls it sees), and the device peaks MFU uses."""
 
@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pretrain.config import compose_config, validate
 from pretrain.data.vocab import Vocabulary
-from pretrain.runtime.flops import device_peak_tflops, precision_kind, training_flops
+from pretrain.models.flops import device_peak_tflops, precision_kind, training_flops
 
 VOCAB = Vocabulary(size=500, pad=0, unk=1, cls=2, sep=3, mask=4)
 SMALL_DISTILBERT = (

@@ -14,7 +14,7 @@ out; a batch-size sweep reads like RoBERTa's Table 3). `summary.csv` has both, i
 Figures: each kind of loss on its own axes (an MLM+NSP total is never drawn beside an
 MLM-only loss: the total is drawn only when every run has the same objective, and not when
 it repeats a term, as an MLM-only run's does), against tokens seen and against wall-clock
-seconds; throughput (tokens/s, model TFLOP/s by the FLOP model of pretrain/runtime/flops.py,
+seconds; throughput (tokens/s, model TFLOP/s by the FLOP model of pretrain/models/flops.py,
 and MFU against the device peak where logged: not on CPU), learning rate and skipped steps
 against tokens seen. Never needs wandb.
 """
@@ -43,7 +43,7 @@ FIGURES = {
         "train/tokens_seen",
         [
             ("tokens/s", "train/tokens_per_s"),
-            ("model TFLOP/s", "train/model_tflops"),  # pretrain/runtime/flops.py
+            ("model TFLOP/s", "train/model_tflops"),  # pretrain/models/flops.py
             ("MFU", "train/mfu"),
         ],
     ),

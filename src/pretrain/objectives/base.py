@@ -131,7 +131,7 @@ class Objective(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} does not implement forward")
 
     def forward_flops(self, batch: dict) -> torch.Tensor | float | None:
-        """Forward FLOPs of one micro-batch by the family's FLOP model (`pretrain.runtime.flops`),
+        """Forward FLOPs of one micro-batch by the family's FLOP model (`pretrain.models.flops`),
         or None: the 6N rule over the objective's parameters."""
         return None
 

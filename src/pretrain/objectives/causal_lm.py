@@ -26,13 +26,13 @@ from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.models.build import build_encoder
+from pretrain.models.flops import gpt_flops, sequence_sizes
 from pretrain.models.generation import GenerationSetup
 from pretrain.models.gpt import CachedDecoderStep
 from pretrain.models.unpadding import encoder_mask
 from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.configs import CausalLMConfig
 from pretrain.objectives.predictions import masked_classification_metrics
-from pretrain.runtime.flops import gpt_flops, sequence_sizes
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class CausalLanguageModel(Objective):
             )
 
     def forward_flops(self, batch: dict) -> torch.Tensor | None:
-        """Forward FLOPs of a batch (`pretrain.runtime.flops.gpt_flops`): the blocks on the real
+        """Forward FLOPs of a batch (`pretrain.models.flops.gpt_flops`): the blocks on the real
         tokens, the LM head on every position but the last; None (6N) for another family."""
         if not hasattr(self.run.model, "n_embd"):
             return None

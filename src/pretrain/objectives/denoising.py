@@ -32,6 +32,7 @@ from pretrain.data.prediction_budget import (
 )
 from pretrain.data.vocab import Vocabulary
 from pretrain.models.build import build_encoder
+from pretrain.models.flops import seq2seq_flops
 from pretrain.models.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models.seq2seq import TiedLMHead
 from pretrain.objectives.base import Losses, Objective
@@ -42,7 +43,6 @@ from pretrain.objectives.predictions import (
     masked_classification_metrics,
     masked_mean,
 )
-from pretrain.runtime.flops import seq2seq_flops
 
 
 def fit_width(array: np.ndarray, width: int, fill) -> np.ndarray:
@@ -146,7 +146,7 @@ class DenoisingAutoencoder(Objective):
         }
 
     def forward_flops(self, batch: dict) -> torch.Tensor:
-        """Forward FLOPs of a batch (`pretrain.runtime.flops.seq2seq_flops`): encoder and decoder on
+        """Forward FLOPs of a batch (`pretrain.models.flops.seq2seq_flops`): encoder and decoder on
         their real tokens, the LM head on the prediction slots (or every decoder position)."""
         source = batch["attention_mask"].sum(dim=1, dtype=torch.float32)  # (batch,)
         mask = batch.get("decoder_attention_mask")

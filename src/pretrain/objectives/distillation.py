@@ -27,6 +27,13 @@ from pretrain.config import TrainConfig
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.models.build import build_encoder
+from pretrain.models.flops import (
+    bert_family,
+    embedding_size,
+    encoder_flops,
+    mlm_head_flops,
+    sequence_sizes,
+)
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import encoder_mask, unpadded_inputs
 from pretrain.objectives.base import Losses
@@ -38,13 +45,6 @@ from pretrain.objectives.predictions import (
     masked_classification_metrics,
     masked_mean,
     predicted_positions,
-)
-from pretrain.runtime.flops import (
-    bert_family,
-    embedding_size,
-    encoder_flops,
-    mlm_head_flops,
-    sequence_sizes,
 )
 
 
@@ -197,7 +197,7 @@ class DistillationModule(MaskedLanguageModel):
     def forward_flops(self, batch: dict) -> torch.Tensor | None:
         """The student's forward FLOPs (the MLM objective's) plus a third of the frozen
         teacher's forward pass on the same tokens and prediction slots: a step counts 3 x
-        forward, and the teacher runs forward only (`pretrain.runtime.flops`)."""
+        forward, and the teacher runs forward only (`pretrain.models.flops`)."""
         student = super().forward_flops(batch)
         teacher = self.teacher.model_cfg
         if student is None or not bert_family(teacher):

@@ -26,6 +26,7 @@ from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.models.build import DESCRIPTIVE_KEYS, build_encoder
 from pretrain.models.electra import ElectraEncoder, ReplacedTokenHead, generator_config
+from pretrain.models.flops import embedding_size, encoder_flops, mlm_head_flops, sequence_sizes
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import encoder_mask, set_unpadding, unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
@@ -38,7 +39,6 @@ from pretrain.objectives.predictions import (
     masked_mean,
     predicted_positions,
 )
-from pretrain.runtime.flops import embedding_size, encoder_flops, mlm_head_flops, sequence_sizes
 
 
 @torch.no_grad()
@@ -129,7 +129,7 @@ class ElectraModule(Objective):
         return replaced, replaced != original
 
     def forward_flops(self, batch: dict) -> torch.Tensor:
-        """Forward FLOPs of a batch (`pretrain.runtime.flops`): the generator (its encoder on the real
+        """Forward FLOPs of a batch (`pretrain.models.flops`): the generator (its encoder on the real
         tokens, its MLM head on the prediction slots), then the discriminator (the encoder on
         the real tokens, the replaced-token head h -> h -> 1 on every position)."""
         model, generator = self.run.model, self.generator_model_config

@@ -27,6 +27,14 @@ from pretrain.data.prediction_budget import prediction_positions, prediction_wid
 from pretrain.data.vocab import Vocabulary
 from pretrain.models.build import build_encoder
 from pretrain.models.document_attention import document_inputs
+from pretrain.models.flops import (
+    bert_family,
+    embedding_size,
+    encoder_flops,
+    mlm_head_flops,
+    sentence_head_flops,
+    sequence_sizes,
+)
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.models.unpadding import encoder_mask, unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
@@ -36,14 +44,6 @@ from pretrain.objectives.predictions import (
     gather_targets,
     masked_classification_metrics,
     predicted_positions,
-)
-from pretrain.runtime.flops import (
-    bert_family,
-    embedding_size,
-    encoder_flops,
-    mlm_head_flops,
-    sentence_head_flops,
-    sequence_sizes,
 )
 
 SENTENCE_TASK_LABELS = {"nsp": 2, "sop": 2, "three_way": 3}
@@ -172,7 +172,7 @@ class MaskedLanguageModel(Objective):
         return None
 
     def forward_flops(self, batch: dict) -> torch.Tensor | None:
-        """Forward FLOPs of a batch (`pretrain.runtime.flops`): the encoder on its real tokens, the
+        """Forward FLOPs of a batch (`pretrain.models.flops`): the encoder on its real tokens, the
         MLM head on the prediction budget's slots (the sparse head), the sentence head on one
         row a sequence, and the subclass's `extra_head_flops`; None (the 6N rule) for an
         encoder outside the BERT family."""

@@ -23,6 +23,7 @@ from pretrain.data.keyed_rng import (
 )
 from pretrain.data.masking import IGNORE_INDEX, candidate_tokens, select_exact_fraction
 from pretrain.data.prediction_budget import listed_positions, prediction_widths
+from pretrain.models.flops import embedding_size, mlm_head_flops
 from pretrain.objectives.base import Losses
 from pretrain.objectives.configs import StructBertConfig
 from pretrain.objectives.mlm import (
@@ -35,7 +36,6 @@ from pretrain.objectives.predictions import (
     masked_classification_metrics,
     predicted_positions,
 )
-from pretrain.runtime.flops import embedding_size, mlm_head_flops
 
 STREAM_TRIGRAMS = 30  # shuffle_batch_trigrams' default ranks; the corruption ranks by MLM's
 STREAM_TRIGRAM_ORDER = 31

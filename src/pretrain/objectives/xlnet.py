@@ -45,11 +45,11 @@ from pretrain.data.stream import memory_rows
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.models.build import build_encoder
+from pretrain.models.flops import xlnet_flops
 from pretrain.models.xlnet import XLNetLMHead
 from pretrain.objectives.base import Losses, Objective
 from pretrain.objectives.configs import PermutationLMConfig
 from pretrain.objectives.predictions import masked_classification_metrics
-from pretrain.runtime.flops import xlnet_flops
 
 if TYPE_CHECKING:
     import lightning as L
@@ -263,7 +263,7 @@ class PermutationLanguageModel(Objective):
         self._restored_memory = memory if memory and memory.get("rows") == "global" else None
 
     def forward_flops(self, batch: dict) -> float:
-        """Forward FLOPs of a batch (`pretrain.runtime.flops.xlnet_flops`), on its padded shape and
+        """Forward FLOPs of a batch (`pretrain.models.flops.xlnet_flops`), on its padded shape and
         the carried memory's length (the next batch's, the same in a steady run)."""
         rows, qlen = batch["input_ids"].shape
         mems = self._mems.get(self._phase) if self.use_memory else None

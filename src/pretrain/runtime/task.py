@@ -22,11 +22,11 @@ from pretrain.data.batch_warmup import batch_size_warmup, is_skipped_batch
 from pretrain.data.loader import LOSS_TOKENS_KEY
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
+from pretrain.models.flops import device_peak_tflops, model_flops_metrics, training_flops
 from pretrain.models.unpadding import mark_padding, with_unpadded_index
 from pretrain.objectives.base import Losses, Objective
 from pretrain.runtime.batching import BatchPlan, warmup_steps
 from pretrain.runtime.epoch_end import agree_on_step
-from pretrain.runtime.flops import device_peak_tflops, model_flops_metrics, training_flops
 from pretrain.runtime.kernels import use_layer_norm_impl
 from pretrain.runtime.memory import memory_metrics
 from pretrain.runtime.nonfinite import (
@@ -247,7 +247,7 @@ class PretrainingTask(L.LightningModule):
             logger.log_hyperparams({f"kernels/{part}": choice.split(": ", 1)[1]})
 
     def set_peak_tflops(self) -> None:
-        """The device peak MFU is taken against: trainer.peak_tflops, else `pretrain.runtime.flops`'s
+        """The device peak MFU is taken against: trainer.peak_tflops, else `pretrain.models.flops`'s
         table (GPU) or a measured GEMM (CPU); printed once."""
         self.peak_tflops, source = self.run.trainer.peak_tflops, "trainer.peak_tflops"
         if self.peak_tflops is None:

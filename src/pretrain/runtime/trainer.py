@@ -167,7 +167,7 @@ class ParameterSummary(ModelSummary):
     """Lightning's table of submodules and parameter counts without its FLOP column and total:
     those count FLOPs of an `example_input_array` forward, which no objective has (the table
     read "Total FLOPs: 0"); a run's model FLOPs are logged as `train/model_tflops` instead
-    (`runtime/flops.py`)."""
+    (`models/flops.py`)."""
 
     @staticmethod
     def summarize(summary_data, total_parameters, trainable_parameters, model_size, modes, **_):

@@ -206,7 +206,7 @@ def device_peak_tflops(precision: str, device: torch.device) -> tuple[float | No
                 return peaks[kind], f"{fragment} {kind} (table)"
         return (
             None,
-            f"{name} is not in pretrain.runtime.flops.DEVICE_PEAK_TFLOPS: set trainer.peak_tflops",
+            f"{name} is not in pretrain.models.flops.DEVICE_PEAK_TFLOPS: set trainer.peak_tflops",
         )
     if device.type == "cpu":
         return None, "a CPU has no datasheet peak: set trainer.peak_tflops for train/mfu"
@@ -223,7 +223,7 @@ def precision_kind(precision: str) -> str:
 
 
 def model_flops_metrics(flops_per_s: float, peak_tflops: float | None) -> dict:
-    """This rank's model FLOP/s (`pretrain.runtime.flops`: the family's FLOP model, else the 6N rule)
+    """This rank's model FLOP/s (`pretrain.models.flops`: the family's FLOP model, else the 6N rule)
     in TFLOP/s as `train/model_tflops`, and over the device's peak (TFLOP/s:
     `trainer.peak_tflops`, else the table or a measured CPU GEMM) as `train/mfu`."""
     metrics = {"train/model_tflops": flops_per_s / 1e12}
