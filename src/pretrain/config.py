@@ -15,10 +15,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pretrain.batching import BatchPlan, batch_plan
 from pretrain.errors import ConfigError, require, require_unit_interval
 from pretrain.models.configs import KERNEL_IMPLS, MODEL_SCHEMAS, ModelConfig
 from pretrain.objectives.configs import OBJECTIVE_SCHEMAS, ObjectiveConfig
-from pretrain.runtime.batching import BatchPlan, batch_plan
 
 LR_SCALINGS = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "deepspeed")
@@ -139,7 +139,7 @@ class DataConfig:
     # null: derived, one per memory slot of the global batch for xlnet_memory, else 64.
     stream_partitions: int | None = DEFAULT_STREAM_PARTITIONS
     # Samples per optimizer step over all ranks; null = batch_size x accumulation x ranks.
-    # When set, trainer.accumulate_grad_batches is derived from it (pretrain.runtime.batching).
+    # When set, trainer.accumulate_grad_batches is derived from it (pretrain.batching).
     global_batch_size: int | None = None
     # Batches by token budget instead (RoBERTa): about this many tokens per optimizer step
     # over all ranks, in micro-batches of a varying number of sequences (data/stream.py);

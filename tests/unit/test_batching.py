@@ -7,6 +7,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from pretrain.batching import (
+    batch_plan,
+    count_devices,
+    learning_rate,
+    lr_scale,
+    warmup_steps,
+)
 from pretrain.config import (
     ConfigError,
     DataConfig,
@@ -15,13 +22,6 @@ from pretrain.config import (
     compose_config,
     run_config,
     validate,
-)
-from pretrain.runtime.batching import (
-    batch_plan,
-    count_devices,
-    learning_rate,
-    lr_scale,
-    warmup_steps,
 )
 
 

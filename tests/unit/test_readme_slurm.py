@@ -5,8 +5,8 @@ import re
 import shlex
 from pathlib import Path
 
+from pretrain.batching import batch_plan
 from pretrain.config import compose_config, validate
-from pretrain.runtime.batching import batch_plan
 
 README = Path(__file__).parents[2] / "README.md"
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from pretrain.batching import warmup_steps
 from pretrain.config import compose_config, validate
 from pretrain.errors import ConfigError
-from pretrain.runtime.batching import warmup_steps
 from pretrain.runtime.schedule import (
     LearningRateSchedule,
     extended,

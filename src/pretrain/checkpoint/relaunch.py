@@ -7,9 +7,9 @@ read the policy without loading it."""
 from fnmatch import fnmatch
 from types import SimpleNamespace
 
+from pretrain.batching import batch_plan
 from pretrain.config import DataConfig, TrainerConfig, settings_from
 from pretrain.errors import ConfigError
-from pretrain.runtime.batching import batch_plan
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, object]:

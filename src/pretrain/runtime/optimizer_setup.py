@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 import torch
 from hydra.utils import instantiate
 
+from pretrain.batching import BatchPlan, learning_rate, warmup_steps
 from pretrain.errors import ConfigError
-from pretrain.runtime.batching import BatchPlan, learning_rate, warmup_steps
 from pretrain.runtime.kernels import optimizer_settings
 from pretrain.runtime.schedule import LearningRateSchedule, first_segment, run_schedule_end
 

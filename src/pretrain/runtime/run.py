@@ -9,6 +9,8 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
+from pretrain.batching import describe as describe_batching
+from pretrain.batching import warmup_steps
 from pretrain.checkpoint.relaunch import check_relaunch, check_same_model
 from pretrain.checkpoint.resume import (
     checkpoint_weight_shapes,
@@ -54,8 +56,6 @@ from pretrain.errors import (
 from pretrain.export.checkpoint import ExportError
 from pretrain.models.unpadding import describe_unpadded_rows
 from pretrain.objectives.base import Objective
-from pretrain.runtime.batching import describe as describe_batching
-from pretrain.runtime.batching import warmup_steps
 from pretrain.runtime.nonfinite import NonFiniteError
 from pretrain.runtime.run_state import write_run_state
 from pretrain.runtime.schedule import check_extension, first_phase_warnings

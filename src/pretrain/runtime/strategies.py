@@ -10,6 +10,11 @@ partitions: on a CUDA run an AdamW/Adam becomes DeepSpeedCPUAdam where its op bu
 apex's (`kernels.offload_settings`); elsewhere the configured torch optimizer is kept
 (`zero_force_ds_cpu_optimizer: false`), so CPU runs need no compiled ops (tested on CPU:
 ZeRO-3 with optimizer and parameter offload).
+
+Lightning's DeepSpeed precision plugin casts every floating tensor of a batch to the engine's
+dtype before the module sees it: in bf16 a stage's RoPE theta 160,000 became 159,744 and a
+micro-batch's loss-token count was rounded. `DeepSpeedPrecisionKeepingFloat32` leaves the
+batch fields that are numbers, not activations (`FLOAT32_BATCH_FIELDS`), in float32.
 """
 
 import copy
@@ -21,13 +26,32 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.connector import _convert_precision_to_unified_args
+from lightning.pytorch.plugins.precision import DeepSpeedPrecision
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 from pretrain.checkpoint.atomic import PARTIAL_SUFFIX, replace_directory
 from pretrain.cluster.collectives import use_timeouts
+from pretrain.data.loader import LOSS_TOKENS_KEY
+from pretrain.data.stages import ROPE_THETA_KEY
 from pretrain.errors import ConfigError
 from pretrain.runtime.fork_launcher import ForkLauncher
+
+# batch fields that are numbers the step computes with, not activations: kept in float32
+FLOAT32_BATCH_FIELDS = (ROPE_THETA_KEY, LOSS_TOKENS_KEY)
+
+
+class DeepSpeedPrecisionKeepingFloat32(DeepSpeedPrecision):
+    """Lightning's DeepSpeed precision plugin, whose `convert_input` (every floating tensor
+    of a batch to the engine's dtype) leaves `FLOAT32_BATCH_FIELDS` as they are."""
+
+    def convert_input(self, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return super().convert_input(data)
+        kept = {key: data[key] for key in FLOAT32_BATCH_FIELDS if key in data}
+        converted = super().convert_input({k: v for k, v in data.items() if k not in kept})
+        return {key: kept[key] if key in kept else converted[key] for key in data}
 
 
 def _deep_merge(base: dict, extra: Mapping) -> dict:
@@ -239,8 +263,10 @@ def build_strategy(config: Any) -> Strategy | str:
     if name == "deepspeed":
         os.environ.setdefault("DS_BUILD_OPS", "0")
         strategy_class = CPUDeepSpeedStrategy if cpu else PretrainDeepSpeedStrategy
+        precision = _convert_precision_to_unified_args(trainer.precision)
         return strategy_class(
             config=deepspeed_config(config),
+            precision_plugin=DeepSpeedPrecisionKeepingFloat32(precision),
             process_group_backend=backend,
             timeout=timeout,
         )

@@ -15,6 +15,7 @@ import torch
 from hydra.utils import get_class
 from torch.optim.lr_scheduler import LambdaLR
 
+from pretrain.batching import BatchPlan, warmup_steps
 from pretrain.checkpoint.compat import task_state_dict
 from pretrain.cluster.collectives import ranks_met
 from pretrain.config import TrainConfig, run_config
@@ -25,7 +26,6 @@ from pretrain.errors import ConfigError
 from pretrain.models.flops import device_peak_tflops, model_flops_metrics, training_flops
 from pretrain.models.unpadding import mark_padding, with_unpadded_index
 from pretrain.objectives.base import Losses, Objective
-from pretrain.runtime.batching import BatchPlan, warmup_steps
 from pretrain.runtime.epoch_end import agree_on_step
 from pretrain.runtime.kernels import use_layer_norm_impl
 from pretrain.runtime.memory import memory_metrics

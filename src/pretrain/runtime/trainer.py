@@ -1,5 +1,5 @@
 """Builds the Lightning Trainer of a run: loggers, checkpointing, precision, strategy
-(pretrain.runtime.strategies) and accumulation (derived from the global batch, pretrain.runtime.batching)."""
+(pretrain.runtime.strategies) and accumulation (derived from the global batch, pretrain.batching)."""
 
 import hashlib
 import os
