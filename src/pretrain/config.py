@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pretrain.batching import BatchPlan, batch_plan
 from pretrain.errors import ConfigError, require, require_unit_interval
 from pretrain.models.configs import KERNEL_IMPLS, MODEL_SCHEMAS, ModelConfig
-from pretrain.objectives.configs import OBJECTIVE_SCHEMAS, ObjectiveConfig
+from pretrain.objectives.configs import ObjectiveConfig, objective_schemas
 
 LR_SCALINGS = ("none", "linear", "sqrt")
 STRATEGIES = ("auto", "ddp", "deepspeed")
@@ -614,7 +614,7 @@ class TrainConfig:
 
     # Typed while Hydra composes: each model yaml starts from its family's schema
     # (`pretrain.models.configs.MODEL_SCHEMAS`), each objective yaml from its objective's
-    # (`pretrain.objectives.configs.OBJECTIVE_SCHEMAS`).
+    # (`pretrain.objectives.configs.objective_schemas()`: each `objectives/*_config.py`).
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -790,7 +790,7 @@ def register_schemas() -> None:
     `${sweep_suffix:}` resolver."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    for group, schemas in (("model", MODEL_SCHEMAS), ("objective", OBJECTIVE_SCHEMAS)):
+    for group, schemas in (("model", MODEL_SCHEMAS), ("objective", objective_schemas())):
         for name, schema in schemas.items():
             cs.store(group=f"schema/{group}", name=name, node=schema)
     OmegaConf.register_new_resolver("sweep_suffix", sweep_suffix, replace=True)

@@ -18,7 +18,9 @@ from pretrain.data.reading import MARKS_KEY
 from pretrain.data.stages import first_sample_of_stage, sample_progress_tokens
 from pretrain.data.stream import EpochStream
 from pretrain.errors import ConfigError
-from pretrain.objectives.configs import ErnieConfig, MaskedLMConfig, stage_configs
+from pretrain.objectives.configs import stage_configs
+from pretrain.objectives.ernie_config import ErnieConfig
+from pretrain.objectives.mlm_config import MaskedLMConfig
 from pretrain.runtime.run import build_stream
 
 ERNIE = "pretrain.objectives.ernie.ErnieMaskedLM"

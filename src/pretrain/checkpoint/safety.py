@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from pretrain.errors import ConfigError
-from pretrain.objectives.configs import OBJECTIVE_SCHEMAS
+from pretrain.objectives.configs import objective_schemas
 from pretrain.paths import CONF_DIR
 
 # The classes a stored config may name, by where they stand. Every `_target_` of
@@ -45,10 +45,10 @@ MODEL_CLASSES = frozenset(
 
 
 def shipped_objective_classes(conf_dir: Path = CONF_DIR) -> frozenset[str]:
-    """The `_target_` of every objective schema (`OBJECTIVE_SCHEMAS`, a default) and of every
+    """The `_target_` of every objective schema (`objective_schemas()`, a default) and of every
     `conf/objective/*.yaml` that sets its own, read as text (nothing imported): an objective
     added with its schema or yaml is allowed without a list to keep."""
-    targets = {schema._target_ for schema in OBJECTIVE_SCHEMAS.values()}
+    targets = {schema._target_ for schema in objective_schemas().values()}
     for path in sorted((conf_dir / "objective").glob("*.yaml")):
         targets.update(_TARGET_LINE.findall(path.read_text(encoding="utf-8")))
     return frozenset(targets)

@@ -56,7 +56,7 @@ class Objective(nn.Module):
     `corruption_class`, and implement `forward` and `forward_flops`."""
 
     summary_metric: ClassVar[str] = "mlm_loss"  # the metric the run summary reports
-    # the objective's dataclass schema, in pretrain.objectives.configs (torch-free)
+    # the objective's dataclass schema, in <module>_config.py beside it (torch-free)
     config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
     # The picklable transform data-loader workers apply to each batch: (batch, epoch) ->
     # batch; a dataclass built by `build_corruption`.

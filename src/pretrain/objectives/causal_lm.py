@@ -31,7 +31,7 @@ from pretrain.models.generation import GenerationSetup
 from pretrain.models.gpt import CachedDecoderStep
 from pretrain.models.unpadding import encoder_mask
 from pretrain.objectives.base import Losses, Objective
-from pretrain.objectives.configs import CausalLMConfig
+from pretrain.objectives.causal_lm_config import CausalLMConfig
 from pretrain.objectives.predictions import masked_classification_metrics
 
 

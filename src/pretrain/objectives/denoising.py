@@ -36,7 +36,7 @@ from pretrain.models.flops import seq2seq_flops
 from pretrain.models.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models.seq2seq import TiedLMHead
 from pretrain.objectives.base import Losses, Objective
-from pretrain.objectives.configs import DenoisingConfig
+from pretrain.objectives.denoising_config import DenoisingConfig
 from pretrain.objectives.predictions import (
     gather_positions,
     gather_targets,

@@ -37,7 +37,7 @@ from pretrain.models.flops import (
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import encoder_mask, unpadded_inputs
 from pretrain.objectives.base import Losses
-from pretrain.objectives.configs import DistillationConfig
+from pretrain.objectives.distillation_config import DistillationConfig
 from pretrain.objectives.mlm import MaskedLanguageModel
 from pretrain.objectives.predictions import (
     gather_positions,

@@ -30,7 +30,7 @@ from pretrain.models.flops import embedding_size, encoder_flops, mlm_head_flops,
 from pretrain.models.heads import MaskedLMHead
 from pretrain.models.unpadding import encoder_mask, set_unpadding, unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
-from pretrain.objectives.configs import ElectraObjectiveConfig
+from pretrain.objectives.electra_config import ElectraObjectiveConfig
 from pretrain.objectives.mlm import MaskedLMCorruption, mlm_corruption_inputs
 from pretrain.objectives.predictions import (
     gather_positions,

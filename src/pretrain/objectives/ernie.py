@@ -19,7 +19,7 @@ from typing import ClassVar
 import numpy as np
 
 from pretrain.data.masking import INSIDE_SPAN, PHRASE_START, phrase_unit_flags, unit_start_index
-from pretrain.objectives.configs import ErnieConfig
+from pretrain.objectives.ernie_config import ErnieConfig
 from pretrain.objectives.mlm import MaskedLanguageModel
 from pretrain.objectives.whole_word import WholeWordCorruption
 

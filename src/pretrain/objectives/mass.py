@@ -29,13 +29,11 @@ from pretrain.data.prediction_budget import (
     width_for,
 )
 from pretrain.data.vocab import Vocabulary
-from pretrain.objectives.configs import (
-    MassConfig,
-)
 from pretrain.objectives.denoising import (
     DenoisingAutoencoder,
     fit_width,
 )
+from pretrain.objectives.mass_config import MassConfig
 
 
 @dataclass(frozen=True)

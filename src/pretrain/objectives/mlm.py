@@ -38,7 +38,7 @@ from pretrain.models.flops import (
 from pretrain.models.heads import MaskedLMHead, NextSentenceHead
 from pretrain.models.unpadding import encoder_mask, unpadded_inputs
 from pretrain.objectives.base import Losses, Objective
-from pretrain.objectives.configs import MaskedLMConfig
+from pretrain.objectives.mlm_config import MaskedLMConfig
 from pretrain.objectives.predictions import (
     gather_positions,
     gather_targets,

@@ -14,8 +14,8 @@ import numpy as np
 
 from pretrain.data.masking import word_start_flags
 from pretrain.data.span_masking import select_ngrams
-from pretrain.objectives.configs import NgramMaskingConfig
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMCorruption
+from pretrain.objectives.ngram_config import NgramMaskingConfig
 
 
 @dataclass(frozen=True)

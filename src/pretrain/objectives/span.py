@@ -24,7 +24,6 @@ from pretrain.data.span_masking import select_spans, span_boundaries
 from pretrain.data.vocab import Vocabulary
 from pretrain.models.heads import SpanBoundaryHead
 from pretrain.objectives.base import Losses
-from pretrain.objectives.configs import SpanMaskingConfig
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
     MaskedLMCorruption,
@@ -35,6 +34,7 @@ from pretrain.objectives.predictions import (
     masked_classification_metrics,
     predicted_positions,
 )
+from pretrain.objectives.span_config import SpanMaskingConfig
 
 
 @dataclass(frozen=True)

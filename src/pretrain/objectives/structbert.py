@@ -25,7 +25,6 @@ from pretrain.data.masking import IGNORE_INDEX, candidate_tokens, select_exact_f
 from pretrain.data.prediction_budget import listed_positions, prediction_widths
 from pretrain.models.flops import embedding_size, mlm_head_flops
 from pretrain.objectives.base import Losses
-from pretrain.objectives.configs import StructBertConfig
 from pretrain.objectives.mlm import (
     MaskedLanguageModel,
     MaskedLMCorruption,
@@ -36,6 +35,7 @@ from pretrain.objectives.predictions import (
     masked_classification_metrics,
     predicted_positions,
 )
+from pretrain.objectives.structbert_config import StructBertConfig
 
 STREAM_TRIGRAMS = 30  # shuffle_batch_trigrams' default ranks; the corruption ranks by MLM's
 STREAM_TRIGRAM_ORDER = 31

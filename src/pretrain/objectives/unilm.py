@@ -42,8 +42,8 @@ from pretrain.data.vocab import Vocabulary
 from pretrain.errors import ConfigError
 from pretrain.models.bert import BertEncoder
 from pretrain.models.generation import GenerationSetup
-from pretrain.objectives.configs import UniLMConfig
 from pretrain.objectives.mlm import MaskedLanguageModel, MaskedLMCorruption
+from pretrain.objectives.unilm_config import UniLMConfig
 
 
 @dataclass(frozen=True)

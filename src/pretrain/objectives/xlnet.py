@@ -48,8 +48,8 @@ from pretrain.models.build import build_encoder
 from pretrain.models.flops import xlnet_flops
 from pretrain.models.xlnet import XLNetLMHead
 from pretrain.objectives.base import Losses, Objective
-from pretrain.objectives.configs import PermutationLMConfig
 from pretrain.objectives.predictions import masked_classification_metrics
+from pretrain.objectives.xlnet_config import PermutationLMConfig
 
 if TYPE_CHECKING:
     import lightning as L
