@@ -697,9 +697,7 @@ class TrainConfig:
 
             batch_size_warmup(self)
         memory_partitions(self)  # XLNet's memory: partitions = slots, checked here
-        from pretrain.runtime.strategies import (
-            check_strategy,  # late: it imports Lightning, DeepSpeed
-        )
+        from pretrain.deepspeed_json import check_strategy  # late: it imports torch
 
         check_strategy(self)
 

@@ -292,7 +292,8 @@ def compose_strategy(*extra: str) -> dict:
 )
 def test_strategy_configs_compose_and_pass_deepspeeds_parser(strategy):
 
-    from pretrain.runtime.strategies import CPUDeepSpeedStrategy, build_strategy, deepspeed_config
+    from pretrain.deepspeed_json import deepspeed_config
+    from pretrain.runtime.strategies import CPUDeepSpeedStrategy, build_strategy
 
     cfg = compose_config(
         ["trainer=cpu", f"strategy={strategy}", "trainer.devices=2", "data.global_batch_size=256"]
