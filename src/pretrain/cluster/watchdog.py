@@ -105,8 +105,8 @@ class HangWatchdog(Callback):
             f"watchdog: rank {self._trainer.global_rank} made no progress for {waited_s:.0f} s "
             f"after step {self.step} (trainer.hang_timeout_s={self.timeout_s:g}), in "
             f"{main_thread_place()}; every thread's stack is in {rank_log() or 'stderr'}; "
-            f"exiting with status {PREEMPTED_EXIT_STATUS} (requeued: resume=auto continues "
-            "from the last checkpoint)"
+            f"exiting with status {PREEMPTED_EXIT_STATUS} (not finished: a requeued job or the "
+            "same command resumes from the last checkpoint)"
         )
 
     def stall_records(self, others: bool = True) -> list[str]:
