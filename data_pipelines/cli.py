@@ -15,7 +15,7 @@ pretrain-data merge [overrides...]               slices -> out_dir, one manifest
 
 import sys
 
-from pretrain.cli.process_exit import console_script
+from pretrain.cluster.process_exit import console_script
 from pretrain.errors import filesystem_error, report_error
 
 USAGE = __doc__.split("\n", 1)[1]
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cluster.process_exit)
 
 
 if __name__ == "__main__":

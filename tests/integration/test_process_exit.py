@@ -10,7 +10,7 @@ import pytest
 
 SCRIPT = """
 import atexit, sys, threading, time
-from pretrain.cli.process_exit import ends_process, exit_after
+from pretrain.cluster.process_exit import ends_process, exit_after
 
 def late_write():
     time.sleep(0.3)

@@ -20,7 +20,7 @@ import torch
 from hydra.utils import get_class
 from tokenizers import Tokenizer
 
-from pretrain.cli.process_exit import console_script
+from pretrain.cluster.process_exit import console_script
 from pretrain.config import component_config
 from pretrain.data.vocab import load_vocabulary
 from pretrain.errors import report_error
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cluster.process_exit)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ from omegaconf import DictConfig  # noqa: E402
 
 import pretrain.config  # noqa: E402, F401 - registers the schema train.yaml names
 from pretrain.cli.help import print_app_help, wants_help  # noqa: E402
-from pretrain.cli.process_exit import console_script  # noqa: E402
 from pretrain.cluster.local_ranks import follow_launcher  # noqa: E402
+from pretrain.cluster.process_exit import console_script  # noqa: E402
 from pretrain.errors import ConfigError, write_line  # noqa: E402
 from pretrain.paths import CONF_DIR  # noqa: E402
 
@@ -174,7 +174,7 @@ def closest_option(message: str) -> str | None:
     return f"{found['group']}={close[0]}" if close else None
 
 
-console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cluster.process_exit)
 
 
 if __name__ == "__main__":

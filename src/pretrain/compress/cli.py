@@ -15,7 +15,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pretrain.cli.process_exit import console_script
+from pretrain.cluster.process_exit import console_script
 from pretrain.compress.config import register_compress_schema
 from pretrain.errors import ConfigError
 from pretrain.paths import CONF_DIR
@@ -64,7 +64,7 @@ def main() -> None:
     hydra_main()
 
 
-console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cluster.process_exit)
 
 
 if __name__ == "__main__":

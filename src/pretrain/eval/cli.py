@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import pretrain.config  # noqa: F401  (the ${sweep_suffix:} resolver)
 from pretrain.cli.help import print_app_help, wants_help
-from pretrain.cli.process_exit import console_script
+from pretrain.cluster.process_exit import console_script
 from pretrain.errors import ConfigError
 from pretrain.eval.config import register_eval_schema
 from pretrain.paths import CONF_DIR
@@ -94,7 +94,7 @@ def main() -> None:
     hydra_main()
 
 
-console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cluster.process_exit)
 
 
 if __name__ == "__main__":

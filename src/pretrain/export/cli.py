@@ -2,7 +2,7 @@
 
 import argparse
 
-from pretrain.cli.process_exit import console_script
+from pretrain.cluster.process_exit import console_script
 from pretrain.errors import report_error
 from pretrain.export.checkpoint import ExportError
 from pretrain.export.hf import export_checkpoint
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-console_main = console_script(main)  # `main`, then the process ends (pretrain.cli.process_exit)
+console_main = console_script(main)  # `main`, then the process ends (pretrain.cluster.process_exit)
 
 
 if __name__ == "__main__":

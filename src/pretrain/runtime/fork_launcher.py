@@ -13,7 +13,7 @@ Lightning's command line gives it), ending when rank 0 dies
 
 It forks only where that is safe, else it runs the command line as Lightning does:
 - every device is the CPU (a CUDA context does not survive a fork);
-- this process is a console script that ends itself after `main` (`pretrain.cli.process_exit`),
+- this process is a console script that ends itself after `main` (`pretrain.cluster.process_exit`),
   so a forked rank never returns into a caller's code (an in-process `main`, a submitit job);
 - one thread (no lock held by another thread can be inherited), no multiprocessing children,
   and one torch thread (an OpenMP pool does not survive a fork);
@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
-from pretrain.cli.process_exit import ends_process
 from pretrain.cluster.local_ranks import follow_launcher
+from pretrain.cluster.process_exit import ends_process
 
 FORK_RANKS = "PRETRAIN_FORK_RANKS"  # "0": start local ranks by running the command line again
 log = logging.getLogger(__name__)
