@@ -157,7 +157,7 @@ def _info(args: list[str]) -> int:
 
 
 def _preview(overrides: list[str]) -> int:
-    from pretrain.data.preview import main as preview_main
+    from pretrain.runtime.preview import main as preview_main
 
     return preview_main(overrides) or 0
 

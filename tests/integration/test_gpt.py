@@ -273,7 +273,7 @@ def test_generate_refuses_an_mlm_checkpoint_directory(tmp_path, capsys):
 def test_preview_shows_plain_text_for_the_causal_lm(prepared_corpus):
     from tokenizers import Tokenizer
 
-    from pretrain.data.preview import preview_records, render
+    from pretrain.runtime.preview import preview_records, render
 
     records, tokenizer_dir, pair_task = preview_records(
         [

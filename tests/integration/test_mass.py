@@ -99,7 +99,7 @@ def test_mass_demo_trains_with_falling_loss(prepared_corpus, tmp_path):
 def test_preview_shows_encoder_input_and_decoder_target(prepared_corpus):
     from tokenizers import Tokenizer
 
-    from pretrain.data.preview import preview_records, render
+    from pretrain.runtime.preview import preview_records, render
 
     overrides = ["experiment=mass_demo", f"data.shards_dir={prepared_corpus}", "data.num_workers=0"]
     records, tokenizer_dir, _ = preview_records(overrides, 2)

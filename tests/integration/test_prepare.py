@@ -556,8 +556,8 @@ def test_cli_prepare_input_policy_and_a_smaller_vocabulary(tmp_path, capsys):
 
 def test_cli_preview_dispatches_to_the_preview_module(monkeypatch):
     received = []
-    fake = types.ModuleType("pretrain.data.preview")
+    fake = types.ModuleType("pretrain.runtime.preview")
     fake.main = lambda args: received.append(args) or 0
-    monkeypatch.setitem(sys.modules, "pretrain.data.preview", fake)
+    monkeypatch.setitem(sys.modules, "pretrain.runtime.preview", fake)
     assert cli.main(["preview", "data.batch_size=2", "experiment=demo"]) == 0
     assert received == [["data.batch_size=2", "experiment=demo"]]

@@ -272,7 +272,7 @@ def test_preview_shows_the_factorization_order(prepared_corpus):
 
     from tokenizers import Tokenizer
 
-    from pretrain.data.preview import preview_records, render
+    from pretrain.runtime.preview import preview_records, render
 
     overrides = ["experiment=xlnet_demo", f"data.shards_dir={prepared_corpus}"]
     records, tokenizer_dir, pair_task = preview_records(overrides, 2)
