@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from pretrain.errors import ConfigError
+from pretrain.export.hf import import_torchao
 
 QUANTIZED_STATE = "quantized.pt"
 PROGRAM = "encoder.pt2"
@@ -33,20 +34,6 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "vocab.txt",
 )
-
-
-def import_torchao() -> None:
-    """Import torchao without its warnings about the CUDA kernel libraries it ships, which a
-    CPU build of torch cannot load (harmless: the CPU paths do not use them)."""
-    import logging
-
-    log = logging.getLogger("torchao")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        import torchao  # noqa: F401
-    finally:
-        log.setLevel(level)
 
 
 def quantizable(module: nn.Module, name: str) -> bool:

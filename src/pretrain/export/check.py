@@ -27,7 +27,7 @@ def load_exported(export_dir: str) -> tuple[object, object]:
         )
     import transformers
 
-    from pretrain.compress.quantize import import_torchao
+    from pretrain.export.hf import import_torchao
 
     # transformers imports torchao when it is installed: its CUDA libraries a CPU build cannot
     # load, and the enums it registers with torch, are noise here

@@ -143,3 +143,17 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, overwrite: boo
             write_hf_model(model, directory / subdir, tokenizer_dir)
 
     return write_directory(out_dir, fill, overwrite=overwrite, keep=(ckpt_path, tokenizer_dir))
+
+
+def import_torchao() -> None:
+    """Import torchao without its warnings about the CUDA kernel libraries it ships, which a
+    CPU build of torch cannot load (harmless: the CPU paths do not use them)."""
+    import logging
+
+    log = logging.getLogger("torchao")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        import torchao  # noqa: F401
+    finally:
+        log.setLevel(level)
