@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from prepare import write_corpus  # noqa: E402
 
-from pretrain.data.reading import effective_partitions, next_position  # noqa: E402
+from pretrain.data.positions import next_position  # noqa: E402
+from pretrain.data.reading import effective_partitions  # noqa: E402
 from pretrain.data.shard_format import load_manifest  # noqa: E402
 from pretrain.data.stream import EpochStream, StreamSpec, rank_sequences  # noqa: E402
 from pretrain.data.vocab import load_vocabulary  # noqa: E402
@@ -86,7 +87,7 @@ def positions_at(spec: StreamSpec, samples: list[int]) -> dict[int, dict]:
             found[wanted.pop(0)] = dict(positions)
         if not wanted:
             break
-        positions[sequence["mark"][0]] = next_position(list(sequence["mark"]))
+        positions[sequence["mark"].partition] = next_position(sequence["mark"])
     return found
 
 

@@ -305,7 +305,7 @@ def test_a_resume_seeks_to_its_position_and_continues_the_global_order(
     (ids and masks alike), while reading only from each partition's current chunk on: late
     in the epoch it reads a fraction of what a resume from the epoch's start reads."""
     from pretrain.data import reading
-    from pretrain.data.reading import next_position
+    from pretrain.data.positions import next_position
     from pretrain.data.stream import rank_sequences
 
     monkeypatch.setattr(reading, "MIN_CHUNK_DOCUMENTS", 4)  # many chunks in a small corpus
@@ -330,7 +330,7 @@ def test_a_resume_seeks_to_its_position_and_continues_the_global_order(
     for start in (len(order) // 3, len(order) - 10):
         positions = {}
         for sequence in order[:start]:
-            positions[sequence["mark"][0]] = next_position(list(sequence["mark"]))
+            positions[sequence["mark"].partition] = next_position(sequence["mark"])
         for ranks in (1, 2):
             for rank in range(ranks):
                 read.clear()

@@ -18,7 +18,8 @@ from pretrain.data.loader import (
     StepAlignedLoader,
     predicted_tokens,
 )
-from pretrain.data.reading import MARKS_KEY, next_position
+from pretrain.data.positions import next_position
+from pretrain.data.reading import MARKS_KEY
 from pretrain.data.stream import EpochStream, token_budget_batches
 from pretrain.errors import ConfigError
 
@@ -93,7 +94,7 @@ def test_a_reshaped_resume_loses_and_repeats_nothing(prepared_corpus):
         if n == k:
             break
         for sequence in batch:
-            positions[sequence["mark"][0]] = next_position(list(sequence["mark"]))
+            positions[sequence["mark"].partition] = next_position(sequence["mark"])
     resumed = global_steps(spec, ranks=2, accumulation=2, resume=positions)
     n = min(len(resumed), len(reference) - k)
     assert n >= len(reference) - k - 2

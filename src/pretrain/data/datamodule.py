@@ -14,6 +14,7 @@ import torch
 
 from pretrain.data.batch_warmup import BatchSizeWarmup
 from pretrain.data.loader import StepAlignedLoader
+from pretrain.data.positions import POSITION_FORMAT, PartitionPosition, positions_from_saved
 from pretrain.data.reading import MIN_PARTITION_DOCUMENTS, StreamSpec
 from pretrain.data.shard_checks import repeat_message, repeated_shards
 from pretrain.data.shard_format import (
@@ -303,7 +304,8 @@ class PretrainingDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         """Position in the stream: the epoch, the global samples of its order consumed (all
         ranks), each canonical partition's position after them ("partitions", gathered from
-        every rank: {partition: resume}, where a resume seeks, `stream.rank_sequences`), and the
+        every rank: {partition: `PartitionPosition`}, where a resume seeks,
+        `stream.rank_sequences`; saved as lists, in `POSITION_FORMAT`), and the
         training shards' tokens (an epoch's, for an export to find its stage). With
         batches of varying size (tokens_per_batch) or of two rows a sample (XLNet's bi_data),
         the samples are counted from the partitions' positions. Called on every rank alike
@@ -318,18 +320,22 @@ class PretrainingDataModule(L.LightningDataModule):
             positions = loader.partition_positions(trained)
         positions = gather_positions(positions)
         if self.spec.tokens_per_batch or self.batch_warmup or rows_per_sample(self.spec) > 1:
-            samples = sum(position[0] for position in positions.values())  # the partitions'
+            samples = sum(position.samples for position in positions.values())  # the partitions'
         else:
             samples += self._start_samples
         return {
             "epoch": trainer.current_epoch,
             "samples": samples,
-            "partitions": positions,
+            # plain lists: a checkpoint holds no class of ours (`checkpoint.safety`)
+            "partitions": {partition: list(p) for partition, p in positions.items()},
+            "position_format": POSITION_FORMAT,
             "epoch_tokens": sum(self.spec.shard_tokens),  # T of objective.stages' progress
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """A checkpoint's position, of any format so far (`positions.position_from_saved`)."""
         self._resume = dict(state_dict)
+        self._resume["partitions"] = positions_from_saved(state_dict.get("partitions"))
 
 
 def _warmup_step_batches(warmup: BatchSizeWarmup, first_step: int, per_pass: int, n: int) -> int:
@@ -361,7 +367,9 @@ def check_token_budget(spec: StreamSpec) -> None:
         )
 
 
-def gather_positions(positions: dict[int, list[int]]) -> dict[int, list[int]]:
+def gather_positions(
+    positions: dict[int, PartitionPosition],
+) -> dict[int, PartitionPosition]:
     """The partitions' positions of every rank (each knows those it read), merged: for each
     partition the furthest (most samples). Itself alone in a one-process run."""
     import torch.distributed as dist
@@ -372,10 +380,10 @@ def gather_positions(positions: dict[int, list[int]]) -> dict[int, list[int]]:
         return positions
     gathered: list[dict | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, positions, group=host_group())
-    merged: dict[int, list[int]] = {}
+    merged: dict[int, PartitionPosition] = {}
     for rank_positions in gathered:
         for partition, position in (rank_positions or {}).items():
-            if partition not in merged or position[0] > merged[partition][0]:
+            if partition not in merged or position.samples > merged[partition].samples:
                 merged[partition] = position
     return merged
 

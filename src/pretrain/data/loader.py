@@ -28,7 +28,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from pretrain.data.batch_warmup import SKIPPED_BATCH_KEY
-from pretrain.data.reading import MARKS_KEY, next_position
+from pretrain.data.positions import PartitionPosition, next_position
+from pretrain.data.reading import MARKS_KEY
 
 END_OF_EPOCH_KEY = "end_of_epoch"
 DATA_ERROR_KEY = "data_error"
@@ -103,7 +104,7 @@ class StepAlignedLoader(DataLoader):
         accumulation: int = 1,
         start_batch: int = 0,
         full_batch: int | None = None,
-        start_positions: dict[int, list[int]] | None = None,
+        start_positions: dict[int, PartitionPosition] | None = None,
         weigh_steps: bool = False,
         step_batches: Callable[[int], int] | None = None,
         **kwargs,
@@ -205,7 +206,7 @@ class StepAlignedLoader(DataLoader):
         for mark in marks.tolist():
             positions[mark[0]] = next_position(mark)
 
-    def partition_positions(self, processed: int) -> dict[int, list[int]]:
+    def partition_positions(self, processed: int) -> dict[int, PartitionPosition]:
         """{partition: resume} after the `processed` micro-batches Lightning has trained, for
         the partitions this rank read (and those it was started with): where a resume seeks
         (`stream.rank_sequences`)."""

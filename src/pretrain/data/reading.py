@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # the storage layer is imported only for a corpus at a URL
 
 Corruption = Callable[[dict, int], dict]
 UNITS_PER_READER = 32
-MARKS_KEY = "stream_marks"  # (batch, 7) int64: see `stream.partition_sequences`
+MARKS_KEY = "stream_marks"  # (batch, 7) int64: a `positions.StreamMark` a row
 
 
 @dataclass(frozen=True)
@@ -333,15 +333,6 @@ def partition_chunks(
         rng.shuffle(shuffled)
         yield chunk, located[0][0], shuffled
         chunk += 1
-
-
-def next_position(mark: list[int]) -> list[int]:
-    """The resume of `stream.partition_sequences` that continues after the sequence whose
-    mark is `mark`: [samples of the partition before it, chunk, chunk's first document's
-    position (2 ints), sequences of the chunk before it, tokens of the partition up to and
-    including it]."""
-    _, n, chunk, order, document, number, tokens = mark
-    return [n + 1, chunk, order, document, number + 1, tokens]
 
 
 # Per-token arrays of a collated batch and their dtypes: pad_id past a row's input_ids, 0

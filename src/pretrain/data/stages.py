@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from pretrain.data.masking import IGNORE_INDEX
+from pretrain.data.positions import MARK_COLUMNS
 
 PROGRESS_KEY = "sample_progress_tokens"  # (batch,) int64, put in by the stream, read here
 ROPE_THETA_KEY = "global_rope_theta"  # (batch,) float32: a row's stage's RoPE theta
@@ -54,10 +55,11 @@ def sample_progress_tokens(
     lengths: "StageLengths | None" = None,
 ) -> np.ndarray:
     """Each sample's training progress in tokens (the module docstring), (batch,) int64.
-    marks (batch, 7) int64: the stream's marks (partition, number in the partition, ...);
+    marks (batch, 7) int64: the stream's marks (a `positions.StreamMark` a row);
     `epoch_tokens`: T, the training shards' tokens per the manifest; `lengths`: the stages'
     sequence lengths when they differ (`StageLengths`)."""
-    index = marks[:, 1] * partitions + marks[:, 0]  # global sample index in the epoch
+    number, partition = marks[:, MARK_COLUMNS["number"]], marks[:, MARK_COLUMNS["partition"]]
+    index = number * partitions + partition  # global sample index in the epoch
     if lengths is not None:  # a context-extension stage: samples of other lengths
         return lengths.progress(index, epoch, epoch_tokens)
     within = index * max_seq_length

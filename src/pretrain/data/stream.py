@@ -34,6 +34,7 @@ import torch
 
 from pretrain.data.input_formats import INPUT_FORMATS
 from pretrain.data.loader import data_error_batch
+from pretrain.data.positions import PartitionPosition, StreamMark
 from pretrain.data.reading import (
     StreamSpec,
     collate,
@@ -60,7 +61,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         epoch: int,
         start_sample: int = 0,
         errors_as_batches: bool = False,
-        positions: dict[int, list[int]] | None = None,
+        positions: dict[int, PartitionPosition] | None = None,
     ) -> None:
         super().__init__()
         self.spec, self.epoch = spec, epoch
@@ -122,15 +123,14 @@ def memory_rows(
 
 
 def partition_sequences(
-    spec: StreamSpec, epoch: int, partition: int, resume: list[int] | None = None
+    spec: StreamSpec, epoch: int, partition: int, resume: PartitionPosition | None = None
 ) -> Iterator[dict]:
-    """The sequences of canonical `partition` in this epoch, each with its "mark": (partition,
-    its number n in the partition, chunk, position of the chunk's first document (2 ints),
-    its number in the chunk, the partition's tokens up to and including it). The format
+    """The sequences of canonical `partition` in this epoch, each with its "mark" (a
+    `StreamMark`: where it came from in the partition). The format
     starts afresh at every chunk (`partition_chunks`), so `resume` = `next_position(mark)` of
     the last sequence trained continues after it by reading from that chunk's first document
     only: a seek that costs at most a chunk."""
-    n, first_chunk, order, document, offset, tokens = (*(resume or (0, 0, 0, 0, 0)), 0)[:6]
+    n, first_chunk, order, document, offset, tokens = resume or PartitionPosition()
     entry = INPUT_FORMATS[spec.format]
     lengths = getattr(spec.corruption, "stage_lengths", None)
     for chunk, start, documents in partition_chunks(
@@ -148,7 +148,7 @@ def partition_sequences(
         for number, sequence in enumerate(sequences):
             if number >= offset:
                 tokens += len(sequence["input_ids"])
-                yield sequence | {"mark": (partition, n, chunk, *start, number, tokens)}
+                yield sequence | {"mark": StreamMark(partition, n, chunk, *start, number, tokens)}
                 n += 1
         offset = 0
 
@@ -161,7 +161,10 @@ def _sample_length(
 
 
 def rank_sequences(
-    spec: StreamSpec, epoch: int, start_sample: int = 0, resume: dict[int, list[int]] | None = None
+    spec: StreamSpec,
+    epoch: int,
+    start_sample: int = 0,
+    resume: dict[int, PartitionPosition] | None = None,
 ) -> Iterator[dict]:
     """This rank's share of the epoch's global sample order, from global sample
     `start_sample` on. Global sample i is the next sequence of canonical partition
@@ -183,7 +186,7 @@ def rank_sequences(
     for p in range(first % ranks, partitions, ranks):
         used = max(0, -(-(start_sample - p) // partitions))  # samples of p before start_sample
         position = (resume or {}).get(p)
-        if position is not None and position[0] == used:
+        if position is not None and position.samples == used:
             streams[p] = partition_sequences(spec, epoch, p, position)
         else:  # from the epoch's start (fast when nothing is skipped)
             streams[p] = islice(partition_sequences(spec, epoch, p), used, None)
@@ -199,7 +202,7 @@ def rank_sequences(
 
 
 def token_budget_batches(
-    spec: StreamSpec, epoch: int, resume: dict[int, list[int]] | None = None
+    spec: StreamSpec, epoch: int, resume: dict[int, PartitionPosition] | None = None
 ) -> Iterator[list[dict]]:
     """This rank's micro-batches under a token budget (`data.tokens_per_batch` tokens per
     optimizer step, all ranks together, RoBERTa's batches of ~constant tokens). Each canonical
@@ -220,7 +223,7 @@ def token_budget_batches(
     ]
 
     def micro_step(sequence: dict) -> int:
-        return (sequence["mark"][-1] - 1) * partitions * accumulation // spec.tokens_per_batch
+        return (sequence["mark"].tokens - 1) * partitions * accumulation // spec.tokens_per_batch
 
     heads = [next(stream, None) for stream in streams]
     if None in heads:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pretrain.data.positions import MARK_COLUMNS
 from pretrain.data.stages import StageLengths, sample_progress_tokens
 
 DATA_STATE = "PretrainingDataModule"  # Lightning saves a data module's state by class name
@@ -35,8 +36,8 @@ def stage_at_checkpoint(config: Mapping[str, Any], checkpoint: Mapping[str, Any]
     lengths = tuple(int(stage.get("max_seq_length", longest)) for stage in stages)
     staged = StageLengths(lengths, until) if any(n != longest for n in lengths) else None
     last = max(int(position["samples"]) - 1, 0)  # the last trained sample's index in its epoch
-    marks = np.zeros((1, 7), np.int64)
-    marks[0, 1] = last  # one partition: its n-th sequence is global sample n
+    marks = np.zeros((1, len(MARK_COLUMNS)), np.int64)
+    marks[0, MARK_COLUMNS["number"]] = last  # one partition: its n-th sequence is sample n
     progress = sample_progress_tokens(marks, epoch, 1, longest, epoch_tokens, staged)
     return int(np.searchsorted(np.asarray(until), progress[0], side="right"))
 
