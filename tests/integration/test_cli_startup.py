@@ -29,7 +29,7 @@ def call(name, main, argv):
 results = {}
 shards_dir, heavy_names = sys.argv[1], sys.argv[2].split(",")
 from pretrain.cli.train import main as train
-from pretrain.eval.cli import main as evaluate
+from pretrain.cli.evaluate import main as evaluate
 from pretrain.cli.params import main as params
 from pretrain.eval.compare import main as compare
 from data_pipelines.cli import main as data

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from pretrain.cli.evaluate import constant_warning, evaluate_encoder, result_line
 from pretrain.config import compose_config
-from pretrain.eval.cli import constant_warning, evaluate_encoder, result_line
 from pretrain.eval.config import register_eval_schema
 from pretrain.eval.metrics import constant_prediction, majority_baseline
 

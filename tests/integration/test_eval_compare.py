@@ -75,7 +75,7 @@ def test_sweep_over_two_runs_is_one_table_in_wandb_and_compare(
         [
             sys.executable,
             "-m",
-            "pretrain.eval.cli",
+            "pretrain.cli.evaluate",
             "-m",
             f"encoder.path={checkpoints[0]},{checkpoints[1]}",
             "eval=builtin_order",

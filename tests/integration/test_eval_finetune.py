@@ -95,7 +95,7 @@ def test_bad_setting_is_one_line_naming_the_key(tiny_encoder_checkpoint):
         [
             sys.executable,
             "-m",
-            "pretrain.eval.cli",
+            "pretrain.cli.evaluate",
             f"encoder.path={tiny_encoder_checkpoint}",
             "eval.layers=first",
         ],

@@ -9,7 +9,8 @@ probing (frozen encoder) and extractive QA on local task files or the built-in t
     heads.py          layer choice (last, second-to-last, concat last 4, scalar mix), pooling
     module.py         the Lightning module that fine-tunes or probes
     metrics.py        task metrics from torchmetrics, QA span decoding
-    run.py cli.py     one evaluation from a composed config; the Hydra main
+    run.py            one evaluation from a composed config (its Hydra main, the console
+                      script, is `pretrain.cli.evaluate`)
     config.py         the typed schema of conf/evaluate.yaml and the eval/ group
     results.py        one table of many eval/*.json (a sweep)
     demo.py           `make demo-eval`: the demo model against a random encoder
