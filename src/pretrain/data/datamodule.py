@@ -7,7 +7,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import lightning as L
 import torch
@@ -42,8 +42,8 @@ from pretrain.storage import (
     redact,
 )
 
-if TYPE_CHECKING:
-    from pretrain.config import DataConfig
+# `data` below is pretrain.config's DataConfig, named in docstrings: the run config sits above
+# data (its checks read the format registry), so data cannot import it.
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Corpus:
 def open_corpus(
     shards_dir: str | Path,
     tokenizer_dir: str | Path | None = None,
-    data: "DataConfig | None" = None,
+    data: Any = None,
 ) -> Corpus:
     """Load and check the manifest, every shard's presence and size, and that the tokenizer is
     the one the shards were made with. `shards_dir` may be a URL (s3://, gs://, http(s)://,
@@ -97,9 +97,7 @@ def open_corpus(
     return Corpus(manifest, tokenizer, vocab, storage)
 
 
-def remote_storage(
-    url: str, data: "DataConfig | None" = None
-) -> tuple[StorageSpec, dict[str, int] | None]:
+def remote_storage(url: str, data: Any = None) -> tuple[StorageSpec, dict[str, int] | None]:
     """Mirror the manifest and tokenizer of the corpus at `url` into the cache that `data`
     (a DataConfig, or None for the defaults) names; (its StorageSpec, without shard records
     yet, as the caller checks the manifest; {object: bytes} at the URL, None where the
