@@ -131,3 +131,18 @@ def test_the_schemas_modules_import_no_torch(module):
         "omegaconf.errors",
         "pretrain.errors",
     }, imported
+
+
+def test_the_generating_objectives_are_what_their_schemas_declare():
+    """pretrain-generate's HF families come from the schemas' `hf_generation`, and each names
+    an objective that generates (has `prepare_generation`)."""
+    from hydra.utils import get_class
+
+    from pretrain.cli.generate import HF_OBJECTIVES
+
+    assert HF_OBJECTIVES == {
+        "gpt2": ("pretrain.objectives.causal_lm.CausalLanguageModel", "full_sentences"),
+        "bert": ("pretrain.objectives.unilm.UniLM", "segment_pair"),
+    }
+    for target, _ in HF_OBJECTIVES.values():
+        assert hasattr(get_class(target), "prepare_generation"), target

@@ -7,7 +7,8 @@ token_ids (1, n) without special tokens): the step function, the prefix, the end
 the length limit. Any objective that defines `prepare_generation` works here: the causal LM
 continues the text; an encoder-decoder encodes it and decodes from its start token; UniLM
 writes a target for it under the seq2seq mask. An HF
-directory names its objective by config.json's `model_type` (`HF_OBJECTIVES`); one whose
+directory names its objective by config.json's `model_type` (`HF_OBJECTIVES`, from each
+objective schema's `hf_generation`); one whose
 config.json records an objective that does not generate (an MLM-only BERT), or a BERT that
 records none, is refused unless `--allow-any-objective`.
 """
@@ -27,14 +28,20 @@ from pretrain.errors import report_error
 from pretrain.export import ExportError, import_hf_model, read_checkpoint
 from pretrain.export.hf import OBJECTIVE_KEY
 from pretrain.models.generation import beam_search, greedy_search
+from pretrain.objectives.configs import objective_schemas
 
-# Hugging Face model_type -> (the objective module that generates with that family, the
-# input format it reads): a GPT-2 continues single segments; a BERT (UniLM's export) writes
-# segment B after a source segment A under the seq2seq mask.
-HF_OBJECTIVES = {
-    "gpt2": ("pretrain.objectives.causal_lm.CausalLanguageModel", "full_sentences"),
-    "bert": ("pretrain.objectives.unilm.UniLM", "segment_pair"),
-}
+
+def hf_objectives() -> dict[str, tuple[str, str]]:
+    """Hugging Face model_type -> (the objective class that generates with that family, the
+    input format it reads), as each objective's schema declares (`hf_generation`)."""
+    return {
+        schema.hf_generation[0]: (schema._target_, schema.hf_generation[1])
+        for schema in objective_schemas().values()
+        if schema.hf_generation is not None
+    }
+
+
+HF_OBJECTIVES = hf_objectives()
 
 
 # families whose every model generates (any GPT-2 is a causal LM), whatever config.json records

@@ -23,6 +23,8 @@ class CausalLMConfig(ObjectiveConfig):
     _target_: str = "pretrain.objectives.causal_lm.CausalLanguageModel"
     dupe_factor: int = 1  # nothing is masked: masking and dupe_factor have no effect
 
+    hf_generation = ("gpt2", "full_sentences")  # a GPT-2 continues single segments
+
     def check_data(self, data_format: str) -> None:
         if data_format not in CAUSAL_FORMATS:
             raise ConfigError(

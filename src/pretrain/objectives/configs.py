@@ -13,7 +13,7 @@ import importlib
 import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -43,6 +43,10 @@ class ObjectiveConfig:
     # previous stage's, is corrupted with that stage's settings; the last stage has no
     # until_tokens. Empty: the objective's own settings throughout.
     stages: list[dict[str, Any]] = field(default_factory=list)
+
+    # pretrain-generate: (the Hugging Face model_type whose exports this objective generates
+    # with, the input format, data.format, it reads a prompt in); None: it does not.
+    hf_generation: ClassVar[tuple[str, str] | None] = None
 
     def __post_init__(self) -> None:
         require(

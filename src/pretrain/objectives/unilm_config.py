@@ -30,6 +30,8 @@ class UniLMConfig(MaskedLMConfig):
     seq2seq_weight: float = 2.0
 
     pair_tasks = ("none",)  # B must be A's continuation: seq2seq learns to write it
+    # a BERT export writes segment B after a source segment A under the seq2seq mask
+    hf_generation = ("bert", "segment_pair")
 
     def __post_init__(self) -> None:
         super().__post_init__()
