@@ -9,19 +9,22 @@ Three steps, each given the same `prepare` overrides (see slurm/prepare.sbatch):
 The work lives in `.<out_dir name>.slices/` beside `out_dir`: `tokenizer/` (trained on every
 input, as `prepare` trains it, or copied from `tokenizer.path`) and `slice-IIIII-of-NNNNN/`,
 each a prepared corpus of a contiguous run of the expanded input files, tokenized with that
-one tokenizer and without span annotations. The merge streams the slices' documents, in
-order, into shards of `docs_per_shard` documents, then adds span annotations (phrases need
-counts over the whole corpus) and writes the manifest: `out_dir` holds the same bytes as a
-single `pretrain-data prepare` with the same overrides would write. It is written atomically
-(as `prepare` does) and the work directory is removed afterwards.
+one tokenizer and without span annotations. The merge rewrites nothing: it hard-links the
+slices' shards, in order, into `out_dir` as shard-000000.tar, ... with their manifest records
+(sha256 included) carried over, so its time grows with the number of shards, not their bytes;
+then it adds span annotations where asked (phrases need counts over the whole corpus) and
+writes the manifest. `out_dir` holds the documents, in order, and the counts of a single
+`pretrain-data prepare` with the same overrides (each slice's last shard may be short). It is
+written atomically (as `prepare` does); the work directory is removed only once the corpus is
+in place (and uploaded, for a URL out_dir), so a merge or upload that fails is run again.
 """
 
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from data_pipelines.cleaning import merge_records
@@ -35,10 +38,10 @@ from data_pipelines.prepare import (
 )
 from data_pipelines.prepare_config import EntitySettings, PhraseSettings, PrepareConfig
 from data_pipelines.publish import check_remote_out_dir, local_out_dir, publish
-from data_pipelines.shard_writer import ShardWriter, TokenizedDocument
+from data_pipelines.shard_writer import SHARD_PATTERN
 from data_pipelines.sources import expand_inputs
 from data_pipelines.tokenizer import copy_tokenizer, tokenizer_sha256
-from pretrain.data.shard_format import MANIFEST_FILE, ids_dtype, load_manifest, read_documents
+from pretrain.data.shard_format import MANIFEST_FILE
 from pretrain.storage import is_url
 
 COUNTS = ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines")
@@ -126,28 +129,60 @@ def _slices(cfg: PrepareConfig) -> list[Path]:
     return [slice_dir(cfg, index, count) for index in range(count)]
 
 
-def _merged_documents(slices: list[Path], dtype: str, sha256: str):
+def link_shard(source: Path, target: Path) -> None:
+    """Put the shard `source` at `target` without reading it: a hard link (the slice keeps
+    its own name for it, so an interrupted merge leaves the slices whole), a copy only where
+    the filesystem has no links."""
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copyfile(source, target)
+
+
+def _slice_manifest(directory: Path, sha256: str) -> dict:
+    """The manifest of one slice, checked to be made with the array's tokenizer."""
+    raw = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
+    if raw["tokenizer"]["sha256"] != sha256:
+        raise PrepareError(
+            f"{directory}: made with another tokenizer than {directory.parent / TOKENIZER_DIR}; "
+            "rerun its array task"
+        )
+    return raw
+
+
+def merged_corpus(slices: list[Path], sha256: str, partial: Path) -> dict:
+    """Link the shards of `slices` (in order) into `partial` as shard-000000.tar, ... and
+    return the counts, sources, shards (records carried over, renamed: no shard is read or
+    hashed) and filters sections of their manifest. Time grows with the number of shards."""
+    counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
+    sources: list[dict] = []
+    shards: list[dict] = []
+    filter_records = []
     for directory in slices:
-        manifest = load_manifest(directory)
-        if manifest.tokenizer_sha256 != sha256:
-            raise PrepareError(
-                f"{directory}: made with another tokenizer than {directory.parent / TOKENIZER_DIR}; "
-                "rerun its array task"
-            )
-        for path in manifest.shard_paths:
-            for document in read_documents(path):
-                yield TokenizedDocument(
-                    document["key"],
-                    "",
-                    document["ids"].astype(dtype),
-                    document["sents"],
-                    document["words"].astype(np.uint8),
-                )
+        raw = _slice_manifest(directory, sha256)
+        if raw.get("filters"):
+            filter_records.append(raw["filters"])
+        for key, value in raw["counts"].items():
+            counts[key] = counts.get(key, 0) + value
+        sources.extend(raw["sources"])
+        for shard in raw["shards"]:
+            name = SHARD_PATTERN.format(len(shards))
+            link_shard(directory / shard["name"], partial / name)
+            shards.append({**shard, "name": name})
+    corpus = {"counts": counts, "sources": sources, "shards": shards}
+    if filter_records:
+        corpus["filters"] = merge_records(filter_records)
+    return corpus
 
 
 def merge_slices(cfg: PrepareConfig) -> Path:
-    """Merge the slices into `cfg.out_dir` (atomically, as `prepare` writes), annotate spans as
-    `cfg` says, remove the work directory; returns out_dir. The bytes equal a single run's."""
+    """Merge the slices into `cfg.out_dir` (atomically, as `prepare` writes): their shards
+    linked in order under new names with their records (sha256 included) carried over, span
+    annotations added as `cfg` says (the one step that rewrites shards), the manifest written;
+    then the corpus is uploaded where out_dir is a URL, and only then is the work directory
+    removed (a failed upload is resumed by running the merge again). Returns out_dir. The
+    documents, in order, and the counts are a single run's; each slice's last shard may hold
+    fewer than `docs_per_shard` documents."""
     out_dir = local_out_dir(cfg.out_dir)  # a URL's: a staging dir, uploaded at the end
     slices = _slices(cfg)
     names = expand_inputs(cfg.inputs)
@@ -157,33 +192,9 @@ def merge_slices(cfg: PrepareConfig) -> Path:
     def write(partial: Path) -> tuple[Tokenizer, dict]:
         source_tokenizer = work_dir(cfg) / TOKENIZER_DIR
         tokenizer: Tokenizer = copy_tokenizer(source_tokenizer, partial / TOKENIZER_DIR)
-        dtype = ids_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
-        counts = dict.fromkeys(COUNTS, 0)
-        sources: list[dict] = []
-        filter_records = []
-        for directory in slices:
-            raw = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
-            if raw.get("filters"):
-                filter_records.append(raw["filters"])
-            for key in ("empty_documents", "undecodable_lines"):
-                counts[key] += raw["counts"][key]
-            if "replaced_lines" in raw["counts"]:  # undecodable=replace
-                counts["replaced_lines"] = (
-                    counts.get("replaced_lines", 0) + raw["counts"]["replaced_lines"]
-                )
-            sources.extend(raw["sources"])
-        documents = _merged_documents(slices, dtype, tokenizer_sha256(source_tokenizer))
-        with ShardWriter(partial, cfg.docs_per_shard, cfg.tokens_per_block) as writer:
-            for document in documents:
-                writer.write(document)
-                counts["documents"] += 1
-                counts["sentences"] += len(document.sents)
-                counts["tokens"] += len(document.ids)
-        corpus = {"counts": counts, "sources": sources, "shards": writer.shards}
-        if filter_records:
-            corpus["filters"] = merge_records(filter_records)
-        return tokenizer, corpus
+        return tokenizer, merged_corpus(slices, tokenizer_sha256(source_tokenizer), partial)
 
     write_prepared(cfg, out_dir, write)
+    result = publish(cfg.out_dir, out_dir)
     shutil.rmtree(work_dir(cfg))
-    return publish(cfg.out_dir, out_dir)
+    return result

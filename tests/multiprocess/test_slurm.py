@@ -16,11 +16,12 @@ import pytest
 import torch
 from conftest import cpu_run_overrides, small_english_documents, write_text_corpus
 from dist_helpers import RECORDING_MLM
+from test_prepare_array import corpus_documents
 from test_train import step_losses
 
 from data_pipelines.prepare import prepare
 from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
-from data_pipelines.slices import merge_slices, prepare_slice, prepare_tokenizer, work_dir
+from data_pipelines.slices import merge_slices, prepare_slice, prepare_tokenizer
 from pretrain.config import compose_config
 from pretrain.paths import REPO_ROOT
 from pretrain.runtime.run import train
@@ -152,25 +153,6 @@ def prepare_settings(inputs: list[str], out_dir: Path) -> PrepareConfig:
         docs_per_shard=40,
         num_proc=1,
     )
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
-def test_sliced_prepare_gives_the_bytes_of_one_run(tmp_path):
-    inputs = three_file_corpus(tmp_path / "text")
-    single = prepare(prepare_settings(inputs, tmp_path / "single"), progress=False)
-    cfg = prepare_settings(inputs, tmp_path / "sliced")
-    prepare_tokenizer(cfg)
-    for index in (1, 0):  # array tasks finish in any order
-        prepare_slice(cfg, index, 2, progress=False)
-    merged = merge_slices(cfg)
-    # 100 + 200 documents in the two slices, 40 a shard: the merge re-cuts the shards.
-    assert tree_bytes(merged) == tree_bytes(single)
-    assert not work_dir(cfg).exists()
 
 
 def test_merge_names_the_missing_slice(tmp_path):
@@ -408,4 +390,5 @@ def test_preparation_as_a_job_array(cluster, tmp_path):
         p.read_text()[-2000:] for p in tmp_path.glob("*.out")
     )
     assert wait_for_job(cluster, array_job, 5) == "COMPLETED"  # all 3 tasks
-    assert tree_bytes(tmp_path / "array") == tree_bytes(single)
+    # each slice's last shard is short (the merge rewrites nothing): one run's documents
+    assert corpus_documents(tmp_path / "array") == corpus_documents(single)
