@@ -113,7 +113,10 @@ def test_every_module_has_a_layer():
     unplaced = [
         name for name in module_names() if name != "pretrain" and layer_of(name, order) is None
     ]
-    assert not unplaced, f"modules in no layer of {README.name}'s list: {unplaced}"
+    assert not unplaced, (
+        f"modules in no layer: {unplaced}; add each to the numbered list under '## Layers' in "
+        f"{README.relative_to(PACKAGE.parents[1])} (the lowest layer that holds all it imports)"
+    )
 
 
 def test_layers_name_modules_that_exist():

@@ -1,4 +1,5 @@
-"""XLNet's input formats (Yang et al., 2019, §3.1 and the released `data_utils.py`).
+"""XLNet's input formats (Yang et al., 2019, §3.1, and data_utils.py of the released code,
+github.com/zihangdai/xlnet).
 
 `xlnet_pair`: two segments as in BERT's SEGMENT-PAIR (B continues A, or comes from another
 document half of the time), laid out with the special tokens at the END:
