@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+GPU_CHECKS = (  # benchmarks/gpu_check.sh's ALL
+    "cuda sync_check gpu_bench ddp deepspeed_zero2 compile unpadded resume apex local_attention"
+).split()
 
 
 @pytest.mark.slow
@@ -32,6 +35,17 @@ def test_gpu_check_smoke_runs_end_to_end(prepared_corpus: Path, tmp_path: Path) 
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # every check the GPU run runs reports one line (sync_check runs below, apex needs apex)
+    verdicts = dict(
+        line.removeprefix("== check ").split(": ", 1)
+        for line in done.stdout.splitlines()
+        if line.startswith("== check ")
+    )
+    assert set(verdicts) == set(GPU_CHECKS), verdicts
+    skipped = {name for name, verdict in verdicts.items() if verdict.startswith("skipped")}
+    assert skipped <= {"sync_check", "apex"} and all(
+        verdicts[name] == "ok" for name in set(GPU_CHECKS) - skipped
+    ), verdicts
     table = out.read_text()
     for family, reference in (
         ("bert_tiny", "BertForMaskedLM"),
@@ -43,9 +57,11 @@ def test_gpu_check_smoke_runs_end_to_end(prepared_corpus: Path, tmp_path: Path) 
             line for line in table.splitlines() if line.startswith(f"| {family} | 32 | exported")
         )
         assert float(gap.split("|")[4]) < 1e-4  # same weights, fp32: the same logits
-    for strategy in ("ddp", "deepspeed_zero2"):
-        row = next(line for line in table.splitlines() if line.startswith(f"| {strategy} |"))
-        assert float(row.split("|")[2].replace(",", "")) > 0  # tokens/s the run logged
+    assert "| bert_tiny | 32 | ours, compiled |" in table
+    rows = {row.split("|")[1].strip(): row.split("|") for row in table.splitlines() if "|" in row}
+    for run in ("ddp", "deepspeed_zero2", "compile", "unpadded", "resume"):
+        assert float(rows[run][2].replace(",", "")) > 0  # tokens/s the run logged
+    assert rows["resume"][5] == rows["ddp"][5]  # resumed from ddp's step 2: its last loss
 
 
 def test_no_objectives_training_step_has_an_operator_that_syncs_on_cuda(
