@@ -135,7 +135,13 @@ def read_split(
         first = start_document if order == start_order else 0
         ahead = mine[place + 1 :][: spec_prefetch(spec)]
         prefetch(spec, epoch, [(o, sharing_order[o][0]) for o in ahead])
-        hold_shard(spec, index)  # a remote shard: fetched and checked, read whole at once below
+        if spec.storage is not None:  # fetched, checked and held in the node's cache; read whole
+            from pretrain.storage import StorageError, hold_shard
+
+            try:
+                hold_shard(spec.storage, os.path.basename(spec.shard_paths[index]))
+            except StorageError as error:  # a network failure stops the run under any bad_shards:
+                raise ShardError(str(error)) from error  # ranks would not agree on what to skip
         if len(share) == 1:
             for number, document in enumerate(shard_documents(spec, index, first), first):
                 yield (order, number), document
@@ -157,23 +163,6 @@ def first_shards(spec: StreamSpec, epoch: int, reader: int, readers: int) -> lis
 def spec_prefetch(spec: StreamSpec) -> int:
     """Shards a reader fetches ahead (data.prefetch_shards): 0 for local shards."""
     return spec.storage.prefetch_shards if spec.storage is not None else 0
-
-
-def hold_shard(spec: StreamSpec, index: int) -> None:
-    """Make shard `index` a checked local file at spec.shard_paths[index]: for a corpus at a
-    URL, fetched into the node's cache (once per node) and kept from eviction while this
-    process reads it (`pretrain.storage.hold_shard`); a local shard is left as it is. A
-    shard that cannot be fetched raises ShardError naming its URL (network failures stop
-    the run under any data.bad_shards: ranks would not agree on what to skip)."""
-    if spec.storage is None:
-        return
-    from pretrain.storage import StorageError
-    from pretrain.storage import hold_shard as hold
-
-    try:
-        hold(spec.storage, os.path.basename(spec.shard_paths[index]))
-    except StorageError as error:
-        raise ShardError(str(error)) from error
 
 
 def prefetch(spec: StreamSpec, epoch: int, upcoming: list[tuple[int, int]]) -> None:
