@@ -2,16 +2,23 @@
 slices' shards linked under new names, their records carried over), and an upload to S3 that
 resumes where a failed one stopped."""
 
+import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
+import pytest
 from conftest import small_english_documents, write_text_corpus
+from storage_servers import S3_ENV, make_bucket, moto_server
 
 from data_pipelines.prepare import prepare
 from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 from data_pipelines.slices import merge_slices, prepare_slice, prepare_tokenizer, work_dir
 from pretrain.data.shard_format import MANIFEST_FILE, load_manifest, read_documents
+from pretrain.storage import StorageError, filesystem
+
+BUCKET = "corpora"
 
 
 def three_files(root: Path) -> list[str]:
@@ -84,3 +91,53 @@ def test_the_merge_reads_no_shard(tmp_path):
     assert [{k: v for k, v in s.items() if k != "name"} for s in shards] == records
     assert [s["name"] for s in shards] == [f"shard-{i:06d}.tar" for i in range(len(records))]
     assert [os.stat(merged / s["name"]).st_ino for s in shards] == inodes
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """The endpoint of a moto S3 server with bucket `corpora`, for the module."""
+    with moto_server() as endpoint:
+        make_bucket(endpoint, BUCKET)
+        yield endpoint
+
+
+def test_a_failed_upload_resumes_with_the_files_not_yet_there(s3, tmp_path, monkeypatch, capfd):
+    """The merge into s3:// fails after 5 uploads (every later put raises): no manifest at
+    the URL and the slices kept; the same merge again sends only the other files, the
+    manifest last, then removes the slices."""
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    url = f"s3://{BUCKET}/resumed"
+    cfg = settings(three_files(tmp_path / "text"), url)
+    sliced(cfg, 3)
+    fs = filesystem(url)  # the instance the upload uses (cached), its put_file patched
+    real_put = fs.put_file
+    puts: list[list[str]] = [[], []]
+    lock = threading.Lock()
+
+    def put_file(lpath, rpath, *args, fail_after=None, **kwargs):
+        with lock:
+            if fail_after is not None and len(puts[0]) >= fail_after:
+                raise RuntimeError("injected: the connection dropped")
+            puts[0 if fail_after is not None else 1].append(rpath.rsplit("resumed/", 1)[1])
+        return real_put(lpath, rpath, *args, **kwargs)
+
+    monkeypatch.setattr(fs, "put_file", lambda *a, **k: put_file(*a, fail_after=5, **k))
+    with pytest.raises(StorageError, match="injected"):
+        merge_slices(cfg)
+    assert len(puts[0]) == 5
+    assert not fs.exists(f"{url}/{MANIFEST_FILE}")
+    assert len(list(work_dir(cfg).glob("slice-*"))) == 3
+
+    monkeypatch.setattr(fs, "put_file", lambda *a, **k: put_file(*a, **k))
+    assert merge_slices(cfg) == url
+    assert puts[1][-1] == MANIFEST_FILE  # written last
+    assert not set(puts[0]) & set(puts[1])  # nothing sent twice
+    manifest = json.loads(fs.cat_file(f"{url}/{MANIFEST_FILE}"))
+    names = [s["name"] for s in manifest["shards"]]
+    assert set(names) <= set(puts[0]) | set(puts[1])
+    for shard in manifest["shards"]:
+        assert hashlib.sha256(fs.cat_file(f"{url}/{shard['name']}")).hexdigest() == shard["sha256"]
+    assert not work_dir(cfg).exists()
+    assert "resumed, 5 of" in capfd.readouterr().err

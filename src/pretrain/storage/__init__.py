@@ -14,10 +14,10 @@ from pretrain.storage.corpus import (
     mirror_corpus,
     pin_shard,
     prefetcher,
-    publish_corpus,
     remote_manifest_exists,
 )
 from pretrain.storage.retry import RetryPolicy, StorageError, with_retries
+from pretrain.storage.upload import publish_corpus
 from pretrain.storage.urls import expand_braces, filesystem, is_url, join_url, local_path, redact
 
 __all__ = [

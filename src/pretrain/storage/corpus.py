@@ -1,6 +1,6 @@
 """A prepared corpus at a URL, read through the node-shared cache: its manifest and tokenizer
-mirrored into the cache, its shards fetched when read (and a few ahead), and publishing a
-locally written corpus to a URL with the manifest last."""
+mirrored into the cache, its shards fetched when read (and a few ahead). Publishing a
+locally written corpus to a URL is `pretrain.storage.upload`."""
 
 import hashlib
 import heapq
@@ -353,22 +353,6 @@ def check_remote_shards(url: str, shards: list[dict], objects: dict[str, int] | 
                 f"{where}: {size} bytes, the manifest says {shard['bytes']} (rewritten?); "
                 "prepare the corpus again"
             )
-
-
-def publish_corpus(local_dir: Path, url: str, options_json: str = "{}") -> None:
-    """Upload the prepared corpus in `local_dir` to `url`: an old manifest there is removed
-    first, then every other file is written, the manifest last, so a reader never sees a
-    manifest whose shards are not all there."""
-    fs = filesystem(url, options_json)
-    retry = RetryPolicy()
-    manifest_url = join_url(url, MANIFEST_FILE)
-    if fs.exists(manifest_url):
-        with_retries(lambda: fs.rm(manifest_url), manifest_url, retry, "removal")
-    files = sorted(p for p in Path(local_dir).rglob("*") if p.is_file())
-    files.sort(key=lambda p: p.name == MANIFEST_FILE)  # the manifest last
-    for path in files:
-        target = join_url(url, path.relative_to(local_dir).as_posix())
-        with_retries(lambda p=path, t=target: fs.put_file(str(p), t), target, retry, "upload")
 
 
 def remote_manifest_exists(url: str, options_json: str = "{}") -> bool:
