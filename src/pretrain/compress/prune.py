@@ -5,16 +5,21 @@
   normalised per layer (L2). The least important `fraction` of all heads go (at least one
   head stays in each layer); the pruned encoder is physically smaller (fewer rows in `qkv`,
   fewer columns in the attention output).
-  Hugging Face export: transformers 5 dropped `config.pruned_heads` and `prune_heads` (no
-  trace of either in 5.24), so `from_pretrained` cannot build a BERT with fewer heads in
-  some layers. The export writes the pruned heads as zero rows (query, key, value) and zero
-  columns (attention output), which gives the pruned model's logits exactly, and records
-  `pruned_heads` in config.json; the smaller model itself is `load_head_pruned`'s.
+  Shipped as `model.pt2`, the `torch.export` program of the smaller model (ids, types, mask
+  -> MLM logits; torch alone loads it). transformers 5 dropped `config.pruned_heads` and
+  `prune_heads` (no trace of either in 5.24), and BertConfig has one `num_attention_heads`
+  for every layer, so transformers cannot build a BERT with fewer heads in some layers: the
+  directory's model.safetensors (for fine-tuning in transformers) holds the pruned heads as
+  zero rows (query, key, value) and zero columns (attention output), the pruned model's
+  logits exactly at the teacher's size, and config.json records `pruned_heads`.
 - Weights by magnitude: the smallest |w| of the encoder layers' Linear weights (attention,
   feed-forward; not embeddings or heads) set to zero, one global threshold, to `sparsity`.
 - Weights by movement (Sanh et al., 2020; hard, first-order): MLM fine-tuning while the
   scores S accumulate -w * dL/dw; the weights of lowest S (moving towards zero) are masked,
   the masked fraction rising on a cubic schedule to `sparsity` (a masked weight stays masked).
+  Weight-pruned models ship dense (model.safetensors, transformers): no CPU runtime of torch
+  runs unstructured (or 2:4) sparse Linear layers faster than dense ones (torch's 2:4 kernels,
+  `to_sparse_semi_structured`, are CUDA-only), so they are neither smaller nor faster.
 """
 
 from collections.abc import Iterable

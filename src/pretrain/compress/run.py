@@ -148,9 +148,10 @@ def hf_directory(source: str, scratch: Path) -> Path:
 
 
 def quantize_int8(run: CompressConfig) -> dict[str, Any]:
-    """int8 of every encoder Linear (post-training, or after QAT fine-tuning); writes
-    quantized.pt, encoder.pt2 and the config and tokenizer beside them."""
+    """torch dynamic int8 of every encoder Linear (post-training, or after QAT fine-tuning);
+    writes model.ts (TorchScript, MLM logits) and the config and tokenizer beside it."""
     from pretrain.compress import quantize as q
+    from pretrain.compress.artifacts import MaskedLMLogits, example_inputs
 
     method = run.method
     teacher = load_model(run.teacher)
@@ -167,19 +168,9 @@ def quantize_int8(run: CompressConfig) -> dict[str, Any]:
             q.convert_qat(model)
         else:
             q.quantize_dynamic_int8(model)
-        inputs = q.example_inputs(teacher.vocab.size, 4, min(64, run.data.max_seq_length))
-        difference = q.max_abs_difference(
-            lambda *x: reference.base_model(*x).last_hidden_state,
-            lambda *x: model.base_model(*x).last_hidden_state,
-            (inputs[0], inputs[2], inputs[1]),
-        )
-        out = q.save_quantized(
-            model,
-            source,
-            Path(run.out_dir),
-            run.data.max_seq_length,
-            {"qat_steps": method.qat_steps},
-        )
+        inputs = example_inputs(teacher.vocab.size, 4, min(64, run.data.max_seq_length))
+        difference = q.max_abs_difference(MaskedLMLogits(reference), MaskedLMLogits(model), inputs)
+        out = q.save_quantized(model, source, Path(run.out_dir), {"qat_steps": method.qat_steps})
     return write_report(
         out,
         {
@@ -188,7 +179,7 @@ def quantize_int8(run: CompressConfig) -> dict[str, Any]:
             "qat_steps": method.qat_steps,
             "qat_first_loss": losses[0] if losses else None,
             "qat_last_loss": losses[-1] if losses else None,
-            "max_abs_hidden_difference": difference,
+            "max_abs_logit_difference": difference,
             "teacher_mlm_accuracy": hf_mlm_accuracy(reference, evaluation),
             "mlm_accuracy": hf_mlm_accuracy(model, evaluation),
         },
@@ -210,8 +201,10 @@ def hf_mlm_accuracy(model: torch.nn.Module, batches: list[dict]) -> float:
 
 def prune_model(run: CompressConfig) -> dict[str, Any]:
     """Head, magnitude or movement pruning of the teacher; writes the pruned model (heads:
-    zeros in place of the pruned heads, `pruned_heads` in config.json)."""
+    model.pt2, the `torch.export` program of the smaller model, beside a model.safetensors
+    with zeros in place of the pruned heads and `pruned_heads` in config.json)."""
     from pretrain.compress import prune as p
+    from pretrain.compress.artifacts import PROGRAM, save_program
 
     method = run.method
     loaded = load_model(run.teacher)
@@ -232,7 +225,6 @@ def prune_model(run: CompressConfig) -> dict[str, Any]:
         report["pruned_heads"] = extra["pruned_heads"] = {str(k): v for k, v in pruned.items()}
         report["parameters_after"] = sum(t.numel() for t in model.parameters())
         report["mlm_accuracy"] = p.mlm_accuracy(model, evaluation)
-        model = p.dense_copy(model, loaded.vocab)
     elif method.kind == "magnitude":
         report["sparsity"] = p.magnitude_prune(model, method.sparsity)
     else:
@@ -241,5 +233,15 @@ def prune_model(run: CompressConfig) -> dict[str, Any]:
         )
         report.update(sparsity=reached, first_loss=losses[0], last_loss=losses[-1])
     report.setdefault("mlm_accuracy", p.mlm_accuracy(model, evaluation))
+    small = model
+    if method.kind == "heads":
+        model = p.dense_copy(model, loaded.vocab)
     out = write_hf_directory(model, loaded.tokenizer_dir, loaded.vocab, run.out_dir, extra)
+    if method.kind == "heads":
+        save_program(
+            small,
+            out / PROGRAM,
+            loaded.vocab.size,
+            loaded.model_cfg.get("max_position_embeddings", run.data.max_seq_length),
+        )
     return write_report(out, report)
