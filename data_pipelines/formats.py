@@ -293,10 +293,10 @@ def _require_pyarrow(name: str) -> None:
 
 
 def parquet_documents(
-    name: str, text_field: str, id_field: str | None = None
+    name: str, text_field: str, id_field: str | None = None, groups: range | None = None
 ) -> Iterator[tuple[str, str | None]]:
-    """The `text_field` column (and `id_field`'s) of a Parquet file, one row group in memory at
-    a time."""
+    """The `text_field` column (and `id_field`'s) of a Parquet file (its row `groups`, default
+    all), one row group in memory at a time."""
     _require_pyarrow(name)
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -314,8 +314,9 @@ def parquet_documents(
         if id_field is not None and id_field not in parquet.schema_arrow.names:
             raise missing_id_field(name, id_field, list(parquet.schema_arrow.names))
         columns = [text_field] if id_field is None else [text_field, id_field]
-        first_row = 0
-        for group in range(parquet.num_row_groups):
+        groups = range(parquet.num_row_groups) if groups is None else groups
+        first_row = sum(parquet.metadata.row_group(g).num_rows for g in range(groups.start))
+        for group in groups:
             try:
                 table = parquet.read_row_group(group, columns=columns)
             except (pa.ArrowException, OSError) as error:

@@ -163,15 +163,18 @@ def _input_bytes(names: list[str]) -> int | None:
     """Bytes of text in the sources `names` (None when a source is compressed or columnar,
     whose file size is not its text's)."""
     from data_pipelines.formats import detect_format
+    from data_pipelines.pieces import parse_piece, piece_bytes, source_path
 
     for name in names:
-        fmt, compression = detect_format(name) if name != BUILTIN else ("text", None)
+        fmt, compression = detect_format(source_path(name)) if name != BUILTIN else ("text", None)
         if compression is not None or fmt in ("parquet", "arrow", "datasets", "tar"):
             return None
     return sum(
         sum(len(text.encode("utf-8")) for _, text in builtin_documents())
         if name == BUILTIN
         else Path(name).stat().st_size
+        if parse_piece(name) is None
+        else piece_bytes(name)
         for name in names
     )
 
@@ -182,10 +185,11 @@ def write_corpus(
     tokenizer: Tokenizer,
     out_dir: Path,
     progress: bool | None = None,
+    allow_empty: bool = False,
 ) -> dict:
     """Tokenize the sources `names` into shards in `out_dir` (in `cfg.num_proc` processes);
     returns the counts, sources and shards sections of the manifest. Raises PrepareError if
-    no document has any token."""
+    no document has any token (unless `allow_empty`: a prepare array's task may get none)."""
     stats = [SourceStats(name) for name in names]
     per_source = {name: {"documents": 0, "empty_documents": 0} for name in names}
     counts = dict.fromkeys(
@@ -217,7 +221,7 @@ def write_corpus(
             counts["sentences"] += int(encoded.sentences.sum())
             counts["tokens"] += len(encoded.batch.ids)
     counts["undecodable_lines"] = sum(s.undecodable_lines for s in stats)
-    if counts["documents"] == 0:
+    if counts["documents"] == 0 and not allow_empty:
         raise PrepareError(
             f"inputs={cfg.inputs}: no document holds any text "
             f"({counts['empty_documents']} empty, {counts['undecodable_lines']} undecodable lines)"
@@ -312,9 +316,10 @@ def write_prepared(
     return out_dir
 
 
-def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
+def prepare(cfg: PrepareConfig, progress: bool | None = None, allow_empty: bool = False) -> Path:
     """Prepare a corpus as `cfg` says; returns the shards directory (`cfg.out_dir`, absolute;
-    a URL out_dir as given, once uploaded with its manifest last: `publish`).
+    a URL out_dir as given, once uploaded with its manifest last: `publish`); `allow_empty`:
+    a corpus without documents is no error (a prepare array's slice).
     Raises PrepareError / SourceError / TokenizerError naming the path or key at fault."""
     out_dir = local_out_dir(cfg.out_dir)  # a URL's: a staging dir, uploaded at the end
     names = expand_inputs(cfg.inputs)
@@ -330,7 +335,7 @@ def prepare(cfg: PrepareConfig, progress: bool | None = None) -> Path:
         start = time.perf_counter()
         tokenizer = make_tokenizer(cfg, names, partial / TOKENIZER_DIR)
         middle = time.perf_counter()
-        corpus = write_corpus(cfg, names, tokenizer, partial, progress)
+        corpus = write_corpus(cfg, names, tokenizer, partial, progress, allow_empty)
         if progress is not False:  # timed apart: training is not tokenizing
             print(
                 f"pretrain-data prepare: tokenizer {'copied' if cfg.tokenizer.path else 'trained'} "

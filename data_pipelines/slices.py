@@ -28,6 +28,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from data_pipelines.cleaning import merge_records
+from data_pipelines.pieces import plan_pieces, source_path
 from data_pipelines.prepare import (
     TOKENIZER_DIR,
     PrepareError,
@@ -58,18 +59,25 @@ def slice_dir(cfg: PrepareConfig, index: int, count: int) -> Path:
     return work_dir(cfg) / f"slice-{index:05d}-of-{count:05d}"
 
 
-def slice_inputs(names: list[str], index: int, count: int) -> list[str]:
-    """Slice `index` of `count` of the expanded input files: contiguous runs of files, sizes
-    differing by at most one file, in input order (so keys and document order are those of a
-    single run). Raises PrepareError when there are fewer files than slices."""
+def slice_inputs(cfg: PrepareConfig, index: int, count: int) -> list[str]:
+    """The sources of slice `index` of `count`: whole files and pieces of files
+    (`data_pipelines.pieces`), in input order, about the same stored bytes in each slice
+    (`plan_pieces`; kept as `<work>/plan-NNNNN.json`, made by the first task to need it).
+    Raises PrepareError for an index outside 0 .. count - 1."""
     if not 0 <= index < count:
         raise PrepareError(f"slice {index} of {count}: the index must lie in 0..{count - 1}")
-    if count > len(names):
-        raise PrepareError(
-            f"inputs expand to {len(names)} source(s) but {count} slices were asked for; a "
-            f"slice is a run of whole files, so use at most {len(names)} array tasks"
-        )
-    return names[index * len(names) // count : (index + 1) * len(names) // count]
+    names = expand_inputs(cfg.inputs)
+    path = work_dir(cfg) / f"plan-{count:05d}.json"
+    if path.is_file():
+        plan = json.loads(path.read_text(encoding="utf-8"))
+        if plan["names"] == names:
+            return plan["tasks"][index]
+    tasks = plan_pieces(names, count)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    partial.write_text(json.dumps({"names": names, "tasks": tasks}) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+    return tasks[index]
 
 
 def prepare_tokenizer(cfg: PrepareConfig) -> Path:
@@ -96,16 +104,35 @@ def prepare_slice(cfg: PrepareConfig, index: int, count: int, progress: bool | N
             f"{tokenizer}: no tokenizer; run `pretrain-data prepare-tokenizer` with the same "
             "overrides first (the array's first job)"
         )
+    inputs = slice_inputs(cfg, index, count)
+    if not inputs:  # a task whose share lies inside a file that cannot be cut
+        return _empty_slice(slice_dir(cfg, index, count), tokenizer)
     part = replace(
         cfg,
-        inputs=slice_inputs(expand_inputs(cfg.inputs), index, count),
+        inputs=inputs,
         out_dir=str(slice_dir(cfg, index, count)),
         tokenizer=replace(cfg.tokenizer, path=str(tokenizer)),
         phrases=PhraseSettings(),
         entities=EntitySettings(),
         overwrite=True,
     )
-    return prepare(part, progress=progress)
+    return prepare(part, progress=progress, allow_empty=True)
+
+
+def _empty_slice(directory: Path, tokenizer: Path) -> Path:
+    """A slice of no source: a manifest with no shard, written atomically."""
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    manifest = {
+        "tokenizer": {"sha256": tokenizer_sha256(tokenizer)},
+        "counts": dict.fromkeys(COUNTS, 0),
+        "sources": [],
+        "shards": [],
+    }
+    partial = directory / f".{MANIFEST_FILE}.partial"
+    partial.write_text(json.dumps(manifest) + "\n", encoding="utf-8")
+    os.replace(partial, directory / MANIFEST_FILE)
+    return directory
 
 
 def _slices(cfg: PrepareConfig) -> list[Path]:
@@ -164,7 +191,7 @@ def merged_corpus(slices: list[Path], sha256: str, partial: Path) -> dict:
             filter_records.append(raw["filters"])
         for key, value in raw["counts"].items():
             counts[key] = counts.get(key, 0) + value
-        sources.extend(raw["sources"])
+        _add_sources(sources, raw["sources"])
         for shard in raw["shards"]:
             name = SHARD_PATTERN.format(len(shards))
             link_shard(directory / shard["name"], partial / name)
@@ -173,6 +200,19 @@ def merged_corpus(slices: list[Path], sha256: str, partial: Path) -> dict:
     if filter_records:
         corpus["filters"] = merge_records(filter_records)
     return corpus
+
+
+def _add_sources(sources: list[dict], more: list[dict]) -> None:
+    """Append the per-source records `more` to `sources`, those of pieces of a file summed
+    into one record of the file (as a single run records it)."""
+    for record in more:
+        record = {**record, "path": source_path(record["path"])}
+        if sources and sources[-1]["path"] == record["path"]:
+            for key, value in record.items():
+                if key != "path":
+                    sources[-1][key] += value
+        else:
+            sources.append(record)
 
 
 def merge_slices(cfg: PrepareConfig) -> Path:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from data_pipelines import formats
+from data_pipelines import formats, pieces
 from data_pipelines.builtin_corpus import BUILTIN, builtin_documents
 from data_pipelines.inputs import DATASETS_STATE, STREAM_ERRORS, SourceError
 
@@ -52,7 +52,7 @@ class SourceStats:
 
 @functools.lru_cache(maxsize=1024)
 def _source_prefix(source: str) -> str:
-    return hashlib.sha1(source.encode("utf-8")).hexdigest()[:8]
+    return hashlib.sha1(pieces.key_source(source).encode("utf-8")).hexdigest()[:8]
 
 
 def document_key(source: str, index: int) -> str:
@@ -85,6 +85,8 @@ def expand_inputs(inputs: list[str]) -> list[str]:
     for item in inputs:
         if item == BUILTIN:
             found = [BUILTIN]
+        elif pieces.parse_piece(item) is not None:  # part of a file (a prepare array task's)
+            found = [item]
         elif _GLOB_CHARS & set(item):
             found = sorted(p for p in glob.glob(item, recursive=True) if Path(p).is_file())
             if not found:
@@ -234,7 +236,7 @@ def read_records(
     `id_field` column's (None without `id_field`). SourceError naming the source when it has
     no such column, or its format no ids (plain text, tar, `builtin`)."""
     if id_field is not None:
-        fmt = "builtin" if name == BUILTIN else formats.detect_format(name)[0]
+        fmt = "builtin" if name == BUILTIN else formats.detect_format(pieces.source_path(name))[0]
         if fmt in ("text", "tar", "builtin"):
             raise SourceError(
                 f"{name}: id_field={id_field!r}, but a {fmt} source has no id column (ids are "
@@ -260,11 +262,19 @@ def read_records(
 def _documents(
     name: str, stats: SourceStats, text_field: str, policy: str, id_field: str | None
 ) -> Iterator[tuple[str, str | None]]:
-    """(text, id) of the documents of the file (or datasets directory) `name`, by its format."""
-    fmt, compression = formats.detect_format(name)
+    """(text, id) of the documents of the file (or datasets directory, or piece of a file:
+    `data_pipelines.pieces`) `name`, by its format."""
+    piece = pieces.parse_piece(name)
+    fmt, compression = formats.detect_format(pieces.source_path(name))
+    if piece is not None and piece.unit == "row_groups":
+        groups = range(piece.start, piece.stop)
+        return formats.parquet_documents(piece.path, text_field, id_field, groups)
     if fmt in ("parquet", "arrow", "datasets"):
         return formats.columnar_documents(name, fmt, text_field, id_field)
-    stream = formats.open_stream(name, fmt, compression)
+    if piece is not None:
+        stream = pieces.open_piece(piece, fmt)
+    else:
+        stream = formats.open_stream(name, fmt, compression)
     if fmt == "jsonl":
         return _jsonl_documents(stream, name, stats, text_field, policy, id_field)
     if fmt in ("csv", "tsv"):
