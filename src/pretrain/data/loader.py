@@ -33,6 +33,7 @@ from pretrain.data.reading import MARKS_KEY
 
 END_OF_EPOCH_KEY = "end_of_epoch"
 DATA_ERROR_KEY = "data_error"
+STREAM_BATCH_KEY = "stream_batch"  # (number, last): a worker's share (`stream.worker_batches`)
 LOSS_TOKENS_KEY = "loss_tokens"  # a micro-batch's predicted tokens (token-budget batches)
 STEP_LOSS_TOKENS_KEY = "step_loss_tokens"  # the rank's, over the step (its first micro-batch)
 
@@ -55,6 +56,26 @@ def step_flag(batch: object) -> int:
     if isinstance(batch, dict) and DATA_ERROR_KEY in batch:
         return -1
     return int(not is_end_of_epoch(batch))
+
+
+def in_stream_order(batches: Iterator[dict]) -> Iterator[dict]:
+    """The batches of workers that build only their share (`stream.worker_batches`, tagged
+    with STREAM_BATCH_KEY, which this removes) as the rank's stream holds them: DataLoader's
+    round-robin hands them over in order until a worker runs out; the rank's stream ends at
+    the first batch that is missing (another worker's comes instead) or a worker's last one.
+    Untagged batches pass unchanged."""
+    expected = 0
+    for batch in batches:
+        if STREAM_BATCH_KEY not in batch:
+            yield batch
+            continue
+        number, last = batch.pop(STREAM_BATCH_KEY)
+        if number != expected:
+            return
+        yield batch
+        if last:
+            return
+        expected += 1
 
 
 def batch_samples(batch: dict) -> int:
@@ -95,7 +116,9 @@ class StepAlignedLoader(DataLoader):
     tokens (`weigh_step`), so the step's loss is the mean over all its predicted tokens
     however the step is cut into micro-batches. With `step_batches` (the
     batch-size warm-up, `batch_warmup.py`) the loader's n-th step holds `step_batches(n)`
-    real micro-batches, after `accumulation - step_batches(n)` skipped ones (markers)."""
+    real micro-batches, after `accumulation - step_batches(n)` skipped ones (markers). Its
+    stream's workers each build only their share of the batches (`stream.worker_batches`),
+    which `in_stream_order` puts back in the stream's order."""
 
     def __init__(
         self,
@@ -109,6 +132,8 @@ class StepAlignedLoader(DataLoader):
         step_batches: Callable[[int], int] | None = None,
         **kwargs,
     ):
+        if getattr(dataset, "worker_shares", None) is False:  # an `EpochStream`: its workers
+            dataset.worker_shares = True  # build their share only; put in order by this loader
         super().__init__(dataset, batch_size=None, **kwargs)
         self.accumulation = accumulation
         self.step_batches = step_batches
@@ -122,18 +147,20 @@ class StepAlignedLoader(DataLoader):
         # (batch index, samples, marks) of the last batches handed out
         self._yielded: deque[tuple[int, int, np.ndarray | None]] = deque()
         self._buffer: deque[dict] = deque()  # batches fetched for the current step
-        self._source: Iterator | None = None
+        self._source: Iterator | None = None  # DataLoader's iterator (its workers)
+        self._batches: Iterator[dict] = iter(())  # its batches in the stream's order
         self.killed_workers: list[int] = []  # pids of workers that died unasked (`close`)
 
     def __iter__(self) -> Iterator[dict]:
         self.close()
         self._source = super().__iter__()
+        self._batches = in_stream_order(self._source)
         self._buffer.clear()
         self._yielded.clear()
         self._skips = 0
         self._positions = dict(self.start_positions)
         self.tail_samples = 0
-        return self._steps(self._source)
+        return self._steps(self._batches)
 
     def _steps(self, source: Iterator[dict]) -> Iterator[dict]:
         index = self.start_batch
@@ -226,7 +253,7 @@ class StepAlignedLoader(DataLoader):
         self._buffer.clear()
         self._yielded.clear()
         if self._source is not None:
-            count += sum(batch_samples(b) for b in self._source)
+            count += sum(batch_samples(b) for b in self._batches)
         self.close()
         return count
 

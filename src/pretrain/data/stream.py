@@ -17,7 +17,7 @@ seeks: it reads from each partition's current chunk on, whatever the position in
 corrupts every W-th micro-batch (formatting is cheap next to collation and corruption), so
 DataLoader's round-robin returns them in order. XLNet's memory format streams the same way,
 with one partition per memory slot of the global batch (P = the global batch size, half of
-it with bi_data; `config.memory_partitions`): a partition's sequences are one slot's
+it with bi_data; `partitions.memory_partitions`): a partition's sequences are one slot's
 consecutive segments, so step t's global batch holds segment t of every slot, and rank r's
 micro-batch m of every step holds the same slots (`memory_rows`), whatever the shape.
 With bi_data a sample is two rows, the slot read forward and backward: a micro-batch's
@@ -25,6 +25,7 @@ first half forward, its second half the same slots backward. Where an epoch ends
 rank alike: `data/loader.py`.
 """
 
+import math
 from collections.abc import Iterator
 from functools import partial
 from itertools import count, islice
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from pretrain.data.input_formats import INPUT_FORMATS
-from pretrain.data.loader import data_error_batch
+from pretrain.data.loader import STREAM_BATCH_KEY, data_error_batch
 from pretrain.data.positions import PartitionPosition, StreamMark
 from pretrain.data.reading import (
     StreamSpec,
@@ -62,12 +63,15 @@ class EpochStream(torch.utils.data.IterableDataset):
         start_sample: int = 0,
         errors_as_batches: bool = False,
         positions: dict[int, PartitionPosition] | None = None,
+        worker_shares: bool = False,
     ) -> None:
         super().__init__()
         self.spec, self.epoch = spec, epoch
         self.start_sample = start_sample
         self.errors_as_batches = errors_as_batches
         self.positions = positions
+        self.worker_shares = worker_shares
+        self._batch = 0  # the stream batch being built (`worker_batches`)
 
     def __iter__(self) -> Iterator[dict]:
         try:
@@ -75,17 +79,37 @@ class EpochStream(torch.utils.data.IterableDataset):
         except ShardError as error:
             if not self.errors_as_batches:
                 raise
-            yield data_error_batch(f"epoch {self.epoch}, rank {self.spec.rank}: {error}")
+            batch = data_error_batch(f"epoch {self.epoch}, rank {self.spec.rank}: {error}")
+            if self._shares():
+                batch[STREAM_BATCH_KEY] = (self._batch, True)
+            yield batch
+
+    def _shares(self) -> bool:
+        """Whether this worker builds only its share (`worker_batches`): asked for, several
+        workers, and batches of a fixed number of samples."""
+        return self.worker_shares and worker_role()[1] > 1 and not self.spec.tokens_per_batch
 
     def _batches(self) -> Iterator[dict]:
         spec, epoch = self.spec, self.epoch
         worker, workers = worker_role()
+        fields = collated_fields(spec)  # only the arrays the corruption reads
+        if self._shares():
+            samples = spec.batch_size // rows_per_sample(spec)
+            shares = worker_batches(
+                spec, epoch, samples, worker, workers, self.start_sample, self.positions
+            )
+            for number, sequences, last in shares:
+                self._batch = number
+                rows = with_backward_rows(sequences)
+                batch = collate(rows, spec.vocab.pad, spec.max_seq_length, fields)
+                batch = corrupt_to_tensors(batch, spec, epoch)
+                yield batch | {STREAM_BATCH_KEY: (number, last)}
+            return
         if spec.tokens_per_batch:
             batches = token_budget_batches(spec, epoch, self.positions)
         else:
             sequences = rank_sequences(spec, epoch, self.start_sample, self.positions)
             batches = _chunks(sequences, spec.batch_size // rows_per_sample(spec))
-        fields = collated_fields(spec)  # only the arrays the corruption reads
         for n, sequences in enumerate(batches):
             if n % workers == worker:
                 rows = with_backward_rows(sequences)
@@ -175,15 +199,37 @@ def rank_sequences(
     its samples before `start_sample` skipped (slow; checkpoints without positions). Stops at the
     first sample whose partition is used up: all samples before it exist, so every rank stops
     at the same global position."""
+    streams = _partition_streams(spec, epoch, start_sample, resume)
+    for i in count(start_sample + spec.rank, spec.world_size):
+        sequence = next(streams[i % spec.stream_partitions], None)
+        if sequence is None:
+            return
+        yield sequence
+
+
+def _partition_streams(
+    spec: StreamSpec,
+    epoch: int,
+    start_sample: int,
+    resume: dict[int, PartitionPosition] | None,
+    wanted: set[int] | None = None,
+) -> dict[int, Iterator[dict]]:
+    """{partition: its sequences from `start_sample` on} of the rank's partitions (those in
+    `wanted` only, when given), as `rank_sequences` reads them; nothing is read yet but the
+    first shards of a remote corpus (prefetched)."""
     partitions, ranks = spec.stream_partitions, spec.world_size
     if partitions % ranks:
         raise ValueError(
             f"data.stream_partitions = {partitions} is not a multiple of the {ranks} ranks "
             "(trainer.devices x trainer.num_nodes); choose a multiple"
         )
-    first = start_sample + spec.rank
+    mine = [
+        p
+        for p in range((start_sample + spec.rank) % ranks, partitions, ranks)
+        if wanted is None or p in wanted
+    ]
     streams = {}
-    for p in range(first % ranks, partitions, ranks):
+    for p in mine:
         used = max(0, -(-(start_sample - p) // partitions))  # samples of p before start_sample
         position = (resume or {}).get(p)
         if position is not None and position.samples == used:
@@ -192,13 +238,65 @@ def rank_sequences(
             streams[p] = islice(partition_sequences(spec, epoch, p), used, None)
     if start_sample == 0 and spec_prefetch(spec):  # a remote corpus: every partition's first
         # shard at once, not each only when its partition's first sample is asked for
-        for p in range(first % ranks, partitions, ranks):
+        for p in mine:
             prefetch(spec, epoch, first_shards(spec, epoch, p, partitions))
-    for i in count(first, ranks):
-        sequence = next(streams[i % partitions], None)
-        if sequence is None:
-            return
-        yield sequence
+    return streams
+
+
+def worker_partitions(
+    spec: StreamSpec, start_sample: int, samples: int, worker: int, workers: int
+) -> set[int]:
+    """The canonical partitions whose sequences the batches of data-loader `worker` (of
+    `workers`) hold: its batches are the rank's stream batches worker, worker + workers, ...
+    (DataLoader's round-robin) of `samples` samples each, and the rank's j-th sample (from
+    `start_sample`) is global sample start_sample + rank + j R, of partition (that) mod P.
+    The pattern repeats every lcm(P / R, samples x workers) samples. When samples x workers
+    divides P / R, the workers' sets are disjoint: every sequence is read by one worker."""
+    partitions, ranks = spec.stream_partitions, spec.world_size
+    first = start_sample + spec.rank
+    period = math.lcm(partitions // ranks, samples * workers)
+    return {
+        (first + j * ranks) % partitions
+        for j in range(period)
+        if (j // samples) % workers == worker
+    }
+
+
+def worker_batches(
+    spec: StreamSpec,
+    epoch: int,
+    samples: int,
+    worker: int,
+    workers: int,
+    start_sample: int = 0,
+    resume: dict[int, PartitionPosition] | None = None,
+) -> Iterator[tuple[int, list[dict], bool]]:
+    """(stream batch number, its sequences, whether the stream ends there) of data-loader
+    `worker`'s (of `workers`) batches of `samples` samples: the rank's batches worker,
+    worker + workers, ... exactly as `rank_sequences` cut in batches holds them, reading only
+    the partitions they draw from (`worker_partitions`): a sequence of a partition this
+    worker shares with another one but that lies in another's batch is made and dropped.
+    A worker stops at the first sample whose partition is used up; the rank's stream ended
+    there or earlier (`loader.in_stream_order` keeps the batches up to the rank's end)."""
+    partitions, ranks = spec.stream_partitions, spec.world_size
+    per_partition = partitions // ranks  # the rank's samples between two of one partition
+    wanted = worker_partitions(spec, start_sample, samples, worker, workers)
+    streams = _partition_streams(spec, epoch, start_sample, resume, wanted)
+    taken = dict.fromkeys(streams, 0)  # sequences drawn from each partition so far
+    first = start_sample + spec.rank
+    for number in count(worker, workers):
+        batch: list[dict] = []
+        for j in range(number * samples, (number + 1) * samples):
+            p = (first + j * ranks) % partitions
+            skip = j // per_partition - taken[p]  # the partition's samples in others' batches
+            sequence = next(islice(streams[p], skip, None), None)
+            taken[p] += skip + 1
+            if sequence is None:
+                if batch:
+                    yield number, batch, True
+                return
+            batch.append(sequence)
+        yield number, batch, False
 
 
 def token_budget_batches(
