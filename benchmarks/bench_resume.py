@@ -27,8 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from prepare import write_corpus  # noqa: E402
 
+from pretrain.config import compose_config, validate  # noqa: E402
 from pretrain.data.positions import next_position  # noqa: E402
 from pretrain.data.reading import effective_partitions  # noqa: E402
+from pretrain.data.reading import stream_spec as run_stream_spec  # noqa: E402
 from pretrain.data.shard_format import load_manifest  # noqa: E402
 from pretrain.data.stream import EpochStream, StreamSpec, rank_sequences  # noqa: E402
 from pretrain.data.vocab import load_vocabulary  # noqa: E402
@@ -69,11 +71,11 @@ def stream_spec(shards_dir: Path) -> StreamSpec:
         seed=1, vocab_size=vocab.size, mask_token_id=vocab.mask, special_ids=vocab.special_ids
     )
     documents = sum(shard["documents"] for shard in manifest.shards)
-    return StreamSpec(
+    return run_stream_spec(
+        validate(compose_config(["data=full_sentences"])),
         shard_paths=tuple(str(p) for p in manifest.shard_paths),
         vocab=vocab,
         corruption=corruption,
-        format="full_sentences",
         shard_tokens=tuple(shard["tokens"] for shard in manifest.shards),
         stream_partitions=effective_partitions(64, documents),
     )

@@ -31,9 +31,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from pretrain.data.reading import effective_partitions  # noqa: E402
+from pretrain.config import compose_config, validate  # noqa: E402
+from pretrain.data.reading import effective_partitions, stream_spec  # noqa: E402
 from pretrain.data.shard_format import file_sha256, load_manifest, read_documents  # noqa: E402
-from pretrain.data.stream import EpochStream, StreamSpec  # noqa: E402
+from pretrain.data.stream import EpochStream  # noqa: E402
 from pretrain.data.vocab import load_vocabulary  # noqa: E402
 from pretrain.objectives.mlm import MaskedLMCorruption  # noqa: E402
 
@@ -60,7 +61,8 @@ def time_stream(paths: list[str], tokenizer_dir: str) -> tuple[float, int, int]:
     )
     manifest = load_manifest(Path(paths[0]).parent)
     partitions = effective_partitions(64, sum(shard["documents"] for shard in manifest.shards))
-    spec = StreamSpec(
+    spec = stream_spec(  # the default run's settings
+        validate(compose_config()),
         shard_paths=tuple(paths),
         vocab=vocab,
         corruption=corruption,

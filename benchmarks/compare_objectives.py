@@ -15,15 +15,16 @@ import argparse
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
 from pretrain.checkpoint.compat import task_state_dict
-from pretrain.config import compose_config
+from pretrain.config import compose_config, validate
 from pretrain.data.datamodule import open_corpus, split_holdout
-from pretrain.data.reading import StreamSpec
+from pretrain.data.reading import StreamSpec, stream_spec
 from pretrain.data.stream import EpochStream
 from pretrain.objectives.mlm import MaskedLMCorruption
 from pretrain.runtime.heldout import heldout_accuracy
@@ -73,16 +74,27 @@ def heldout_batches(
         mask_token_id=spec.vocab.mask,
         special_ids=spec.vocab.special_ids,
     )
-    held = StreamSpec(
-        shard_paths=paths,
-        vocab=spec.vocab,
-        corruption=corruption,
-        format=fmt,
-        max_seq_length=spec.max_seq_length,
-        batch_size=64,
-        seed=7,
+    run = validate(
+        compose_config(
+            [
+                f"data.format={fmt}",
+                f"data.max_seq_length={spec.max_seq_length}",
+                "data.batch_size=64",
+                "data.short_seq_probability=0.0",
+                "seed=7",
+            ]
+        )
+    )
+    held = replace(  # the objective's sentence task, whatever the default run's
+        stream_spec(
+            run,
+            shard_paths=paths,
+            shard_tokens=(),
+            stream_partitions=64,
+            vocab=spec.vocab,
+            corruption=corruption,
+        ),
         pair_task=pair_task,
-        short_seq_probability=0.0,
     )
     return list(DataLoader(EpochStream(held, epoch=0), batch_size=None))
 

@@ -40,8 +40,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from storage_servers import S3_ENV, make_bucket, moto_server  # noqa: E402
 
+from pretrain.config import compose_config, validate  # noqa: E402
 from pretrain.data.datamodule import open_corpus  # noqa: E402
 from pretrain.data.reading import StreamSpec, effective_partitions  # noqa: E402
+from pretrain.data.reading import stream_spec as run_stream_spec  # noqa: E402
 from pretrain.data.stream import EpochStream  # noqa: E402
 from pretrain.objectives.mlm import MaskedLMCorruption  # noqa: E402
 from pretrain.storage import STATS, publish_corpus  # noqa: E402
@@ -80,7 +82,8 @@ def stream_spec(
     )
     corpus = open_corpus(location, None, data)
     vocab, shards = corpus.vocab, corpus.manifest.shards
-    return StreamSpec(
+    return run_stream_spec(  # the default run's settings
+        validate(compose_config()),
         shard_paths=tuple(str(p) for p in corpus.manifest.shard_paths),
         vocab=vocab,
         corruption=MaskedLMCorruption(

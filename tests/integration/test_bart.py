@@ -173,16 +173,21 @@ def test_bart_demo_trains_exports_and_reconstructs_like_transformers(prepared_co
 
 def noised_batch(module, config, vocab) -> dict[str, torch.Tensor]:
     """One corrupted training batch of the run's own stream."""
-    from pretrain.data.reading import StreamSpec
+    from dataclasses import replace
+
+    from pretrain.config import run_config
+    from pretrain.data.reading import stream_spec
     from pretrain.data.stream import EpochStream
 
-    spec = StreamSpec(
+    spec = stream_spec(
+        run_config(config),
         shard_paths=tuple(sorted(str(p) for p in Path(config["data"]["shards_dir"]).glob("*.tar"))),
+        shard_tokens=(),
+        stream_partitions=64,
         vocab=vocab,
         corruption=module.build_corruption(config, vocab),
-        format="full_sentences",
-        max_seq_length=64,
-        batch_size=4,
-        shuffle_buffer_documents=10,
+    )
+    spec = replace(
+        spec, format="full_sentences", max_seq_length=64, batch_size=4, shuffle_buffer_documents=10
     )
     return next(iter(EpochStream(spec, epoch=0)))

@@ -4,11 +4,11 @@ is carried out, not what it trains; any other change, and a global batch that di
 refused on resume (`check_relaunch`) unless resume=force. Torch-free, so reports and CLIs can
 read the policy without loading it."""
 
+from dataclasses import fields
 from fnmatch import fnmatch
-from types import SimpleNamespace
 
 from pretrain.batching import batch_plan
-from pretrain.config import DataConfig, TrainerConfig, settings_from
+from pretrain.config import DataConfig, TrainerConfig
 from pretrain.errors import ConfigError
 
 
@@ -118,7 +118,7 @@ def _global_batch(config: dict) -> int | None:
     try:
         # the schema's fields only: a key an older or newer version saved does not matter
         data, trainer = (
-            settings_from(cls, SimpleNamespace(**config[name]))
+            cls(**{f.name: config[name][f.name] for f in fields(cls) if f.name in config[name]})
             for cls, name in ((DataConfig, "data"), (TrainerConfig, "trainer"))
         )
         return batch_plan(data, trainer).global_batch_size

@@ -28,7 +28,7 @@ class InputFormat:
     """One input format: `sequences(documents, spec, epoch)`, which the stream interleaves
     across partitions and batches. `pairs`: its two segments carry a sentence-relation label.
     `memory`: a partition's sequences are one memory slot's consecutive segments, so the
-    partitions are the global batch's slots (`config.memory_partitions`)."""
+    partitions are the global batch's slots (`partitions.memory_partitions`)."""
 
     sequences: Callable[[Iterable[dict], StreamSpec, int], Sequences]
     pairs: bool = False

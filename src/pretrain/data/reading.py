@@ -50,37 +50,79 @@ MARKS_KEY = "stream_marks"  # (batch, 7) int64: a `positions.StreamMark` a row
 
 @dataclass(frozen=True)
 class StreamSpec:
-    """Everything a data-loader worker needs to rebuild the stream (picklable).
-    `shard_tokens`: tokens per shard (manifest), used to balance readers; empty = equal."""
+    """Everything a data-loader worker needs to rebuild the stream (picklable); built from
+    the typed run config by `stream_spec`, so its settings have no defaults of their own
+    (the config's schema holds them). `shard_tokens`: tokens per shard (manifest), used to
+    balance readers; empty = equal. `rank`, `world_size` and `accumulation` are the process's
+    place, set by the data module (`datamodule.py`) once the trainer knows them."""
 
     shard_paths: tuple[str, ...]
     vocab: Vocabulary
     corruption: Corruption
-    format: str = "segment_pair"
-    max_seq_length: int = 128
-    batch_size: int = 32
-    seed: int = 1234
-    short_seq_probability: float = 0.1
-    nsp_random_probability: float = 0.5
-    pair_task: str = "nsp"
-    shuffle_buffer_documents: int = 1000
-    random_document_pool: int = 100
+    format: str
+    max_seq_length: int
+    batch_size: int
+    seed: int
+    short_seq_probability: float
+    nsp_random_probability: float
+    pair_task: str
+    shuffle_buffer_documents: int
+    random_document_pool: int
+    shard_tokens: tuple[int, ...]
+    stream_partitions: int
+    masking: str  # the objective's: static = dupe_factor copies of the masks
+    dupe_factor: int
+    bad_shards: str  # error | skip (data.bad_shards)
+    tokens_per_batch: int | None  # a token budget per optimizer step (stream.py)
+    document_masks: bool  # packed rows carry "document_ids" (data.document_masks)
+    storage: "StorageSpec | None" = None  # a corpus at a URL; None: local paths
     rank: int = 0
     world_size: int = 1
-    shard_tokens: tuple[int, ...] = ()
-    stream_partitions: int = 64
-    masking: str = "dynamic"  # the objective's: static = dupe_factor copies of the masks
-    dupe_factor: int = 10
-    bad_shards: str = "error"  # error | skip (data.bad_shards)
-    tokens_per_batch: int | None = None  # a token budget per optimizer step (stream.py)
-    document_masks: bool = False  # packed rows carry "document_ids" (data.document_masks)
     accumulation: int = 1  # micro-batches per optimizer step (with tokens_per_batch)
-    storage: "StorageSpec | None" = None  # a corpus at a URL; None: local paths
 
     def mask_epoch(self, epoch: int) -> int:
         """The epoch that seeds the corruption's draws: the epoch itself (dynamic masking) or
         its copy among dupe_factor (static, BERT's dupe_factor copies of the data)."""
         return epoch % self.dupe_factor if self.masking == "static" else epoch
+
+
+def stream_spec(
+    run: Any,
+    *,
+    shard_paths: tuple[str, ...],
+    shard_tokens: tuple[int, ...],
+    stream_partitions: int,
+    vocab: Vocabulary,
+    corruption: Corruption,
+    storage: "StorageSpec | None" = None,
+) -> StreamSpec:
+    """The `StreamSpec` of a typed run config (`run`: a TrainConfig): the data section's
+    settings, the objective's masking, dupe_factor and sentence task (`pair_task`), the run's
+    seed; the corpus's shard paths, tokens per shard and canonical partitions, its vocabulary,
+    the objective's corruption and (a corpus at a URL) its storage as given."""
+    data, objective = run.data, run.objective
+    return StreamSpec(
+        shard_paths=shard_paths,
+        vocab=vocab,
+        corruption=corruption,
+        format=data.format,
+        max_seq_length=data.max_seq_length,
+        batch_size=data.batch_size,
+        seed=run.seed,
+        short_seq_probability=data.short_seq_probability,
+        nsp_random_probability=data.nsp_random_probability,
+        pair_task=objective.sentence_task,
+        shuffle_buffer_documents=data.shuffle_buffer_documents,
+        random_document_pool=data.random_document_pool,
+        shard_tokens=shard_tokens,
+        stream_partitions=stream_partitions,
+        masking=objective.masking,
+        dupe_factor=objective.dupe_factor,
+        bad_shards=data.bad_shards,
+        tokens_per_batch=data.tokens_per_batch,
+        document_masks=data.document_masks,
+        storage=storage,
+    )
 
 
 def worker_role() -> tuple[int, int]:

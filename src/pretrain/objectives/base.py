@@ -5,14 +5,14 @@ training machinery: `pretrain.runtime.task.PretrainingTask` wraps any objective 
 optimizer step, the schedule, non-finite handling, epoch ends and throughput."""
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
 
-from pretrain.config import TrainConfig, plain_config, run_config, settings_from, stage_context
-from pretrain.data.stages import StagedCorruption, StageLengths
+from pretrain.config import TrainConfig, plain_config, run_config
+from pretrain.data.stages import StagedCorruption, StageLengths, stage_context
 from pretrain.data.vocab import Vocabulary
 from pretrain.objectives.configs import ObjectiveConfig, stage_configs
 
@@ -20,6 +20,34 @@ if TYPE_CHECKING:
     import lightning as L
 
 Corruption = Callable[[dict, int], dict]
+
+
+def objective_settings(cls: type, objective: ObjectiveConfig, **given: object) -> object:
+    """An instance of the dataclass `cls` (a corruption, its noise settings) from the typed
+    objective section `objective`: each field `given[name]` when given (ids of the
+    vocabulary, the run's seed), else the
+    objective's setting of that name. No field falls back to a default of `cls`: a field
+    neither given nor a setting of the objective's schema is a TypeError naming both, so a
+    setting renamed on one side only fails when the corruption is first built (every
+    objective's is, in the unit tests), never silently keeping an old default."""
+    settings = {item.name for item in fields(objective)}
+    values = {}
+    for item in fields(cls):
+        if not item.init:
+            continue
+        if item.name in given:
+            values[item.name] = given[item.name]
+        elif item.name in settings:
+            values[item.name] = getattr(objective, item.name)
+        else:
+            raise TypeError(
+                f"{cls.__name__}.{item.name}: not a setting of {type(objective).__name__} "
+                "and not given by the objective's corruption_inputs; add it to one of them"
+            )
+    unknown = set(given) - set(values)
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field {sorted(unknown)[0]!r}")
+    return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -77,17 +105,20 @@ class Objective(nn.Module):
     @classmethod
     def build_corruption(cls, config: TrainConfig | Mapping, vocab: Vocabulary) -> Corruption:
         """The objective's corruption (`corruption_class`) for the run config `config`:
-        each field from `corruption_inputs`, else the objective's setting of that name, else
-        the run's (`seed`); with objective.stages, a `StagedCorruption` of one per stage."""
+        each field from `corruption_inputs` or the run's seed, else the objective's setting of
+        that name (`objective_settings`); with objective.stages, a `StagedCorruption` of one
+        per stage."""
         config = run_config(config)
         inputs = cls.corruption_inputs(config, vocab)
+        if "seed" in {item.name for item in fields(cls.corruption_class)}:
+            inputs.setdefault("seed", config.seed)  # the run's: corruption draws are keyed
         stages = stage_configs(config.objective)
         if not stages:
-            return settings_from(cls.corruption_class, config.objective, config, **inputs)
+            return objective_settings(cls.corruption_class, config.objective, **inputs)
         until = tuple(until for until, _ in stages[:-1])
         lengths, thetas = stage_context(config)  # a context-extension phase, if any
         return StagedCorruption(  # objective.stages: one corruption per stage
-            tuple(settings_from(cls.corruption_class, s, config, **inputs) for _, s in stages),
+            tuple(objective_settings(cls.corruption_class, s, **inputs) for _, s in stages),
             until,
             pad_id=vocab.pad,
             stage_lengths=None if lengths is None else StageLengths(lengths, until),

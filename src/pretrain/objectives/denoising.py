@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from pretrain.config import TrainConfig, settings_from
+from pretrain.config import TrainConfig
 from pretrain.data.keyed_rng import key_hashes
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.noise import NoiseSettings, RowDraws, apply_noise
@@ -35,7 +35,7 @@ from pretrain.models.build import build_encoder
 from pretrain.models.flops import seq2seq_flops
 from pretrain.models.generation import GenerationSetup, beam_search, greedy_search
 from pretrain.models.seq2seq import TiedLMHead
-from pretrain.objectives.base import Losses, Objective
+from pretrain.objectives.base import Losses, Objective, objective_settings
 from pretrain.objectives.denoising_config import DenoisingConfig
 from pretrain.objectives.predictions import (
     gather_positions,
@@ -142,7 +142,7 @@ class DenoisingAutoencoder(Objective):
             "mask_id": vocab.mask,
             "start_id": vocab.sep,
             "max_length": config.data.max_seq_length,
-            "noise": settings_from(NoiseSettings, config.objective),
+            "noise": objective_settings(NoiseSettings, config.objective),
         }
 
     def forward_flops(self, batch: dict) -> torch.Tensor:

@@ -29,13 +29,7 @@ from pretrain.cluster.preemption import (
     raise_if_preempted,
 )
 from pretrain.cluster.watchdog import clear_stall_records, stop_if_stalled, watchdog_callbacks
-from pretrain.config import (
-    TrainConfig,
-    settings_from,
-    stream_partitions,
-    validate,
-    with_schema_defaults,
-)
+from pretrain.config import TrainConfig, validate, with_schema_defaults
 from pretrain.data.datamodule import (
     PretrainingDataModule,
     open_corpus,
@@ -43,8 +37,9 @@ from pretrain.data.datamodule import (
     unrepeated_shards,
     verified_shards,
 )
+from pretrain.data.partitions import stream_partitions
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
-from pretrain.data.reading import StreamSpec
+from pretrain.data.reading import StreamSpec, stream_spec
 from pretrain.data.shard_format import ShardError, load_manifest
 from pretrain.errors import (
     ConfigError,
@@ -93,10 +88,7 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objecti
         training = verified_shards(corpus.manifest, training, run.data.bad_shards, corpus.storage)
     training_paths = tuple(str(corpus.manifest.shard_paths[i]) for i in training)
     training_shards = [corpus.manifest.shards[i] for i in training]
-    spec = settings_from(
-        StreamSpec,
-        run.data,
-        run.objective,  # masking, dupe_factor: the epoch that seeds the corruption
+    spec = stream_spec(
         run,
         shard_paths=training_paths,
         shard_tokens=tuple(shard["tokens"] for shard in training_shards),
@@ -105,7 +97,6 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objecti
         ),
         vocab=corpus.vocab,
         corruption=objective_class.build_corruption(run, corpus.vocab),
-        pair_task=run.objective.sentence_task,
         storage=corpus.storage,
     )
     return run, spec, objective_class

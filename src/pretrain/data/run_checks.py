@@ -1,0 +1,62 @@
+"""The data section's checks against the rest of the run: what the input format, document
+masks and batch-size warm-up need of the model, the objective's stages and the strategy.
+Run once by the config's validation (`pretrain.config.validation.validate_run`); `run` is a
+typed run config (`pretrain.config.TrainConfig`), named in docstrings: the config sits above
+data in the layers."""
+
+from typing import Any
+
+from pretrain.data.input_formats import INPUT_FORMATS
+from pretrain.errors import require
+
+
+def check_data_against_run(run: Any) -> None:
+    """ConfigError naming the key when data.format keeps a memory across steps with
+    objective.stages or a batch-size warm-up, data.document_masks is set without packed
+    documents or a model that masks attention by document, the warm-up runs under DeepSpeed,
+    or data.max_seq_length exceeds the model's positions."""
+    data, model = run.data, run.model
+    memory = INPUT_FORMATS[data.format].memory
+    require(
+        not (run.objective.stages and memory),
+        "objective.stages",
+        run.objective.stages,
+        f"data.format={data.format} carries a memory across steps, which a change of "
+        "corruption would break; use another format or leave objective.stages out",
+    )
+    require(
+        not data.document_masks or data.format == "full_sentences",
+        "data.document_masks",
+        data.document_masks,
+        f"needs rows that pack documents (data=full_sentences; data.format is "
+        f"{data.format!r}); set it to false",
+    )
+    require(
+        not data.document_masks or model.attends_by_document,
+        "data.document_masks",
+        data.document_masks,
+        f"model {model.name} cannot mask attention by document; use a modernbert "
+        "model or set it to false",
+    )
+    warmup = data.batch_size_warmup_tokens is not None
+    require(
+        not warmup or not memory,
+        "data.batch_size_warmup_tokens",
+        data.batch_size_warmup_tokens,
+        f"data.format={data.format} has one memory slot per sample of the global "
+        "batch, which cannot grow; set it to null",
+    )
+    require(
+        not warmup or not run.strategy.name.startswith("deepspeed"),
+        "data.batch_size_warmup_tokens",
+        data.batch_size_warmup_tokens,
+        "DeepSpeed's engine accumulates a fixed number of micro-batches per step; use "
+        "strategy=ddp (or auto) with the warm-up, or set it to null",
+    )
+    longest = model.max_sequence_tokens
+    require(
+        longest is None or data.max_seq_length <= longest,
+        "data.max_seq_length",
+        data.max_seq_length,
+        f"must not exceed the {longest} positions of model {model.name}",
+    )
