@@ -13,9 +13,13 @@ global batch; a checkpoint stores how many global samples of the epoch were cons
 run resumes at the next unseen sample with another number of ranks, workers, micro-batch
 size or accumulation. With it the checkpoint stores every partition's position (its chunk,
 where the chunk's first document lies, the sequences of the chunk trained), so a resume
-seeks: it reads from each partition's current chunk on, whatever the position in the epoch. Every data-loader worker of a rank formats the rank's sequences and
-corrupts every W-th micro-batch (formatting is cheap next to collation and corruption), so
-DataLoader's round-robin returns them in order. XLNet's memory format streams the same way,
+seeks: it reads from each partition's current chunk on, whatever the position in the epoch.
+Any number of ranks works: when R does not divide P, a partition is shared by R / gcd(P, R)
+ranks, each making all of its sequences and keeping its own. Under a `StepAlignedLoader`
+each data-loader worker w of W builds only micro-batches w, w + W, ... of the rank, reading
+only the partitions they draw from (`worker_batches`: one worker per partition when the
+micro-batch's samples x W divide P / R), and the loader puts them back in order; elsewhere
+every worker formats all of the rank's sequences and corrupts every W-th micro-batch. XLNet's memory format streams the same way,
 with one partition per memory slot of the global batch (P = the global batch size, half of
 it with bi_data; `partitions.memory_partitions`): a partition's sequences are one slot's
 consecutive segments, so step t's global batch holds segment t of every slot, and rank r's
@@ -26,7 +30,7 @@ rank alike: `data/loader.py`.
 """
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import count, islice
 
@@ -48,6 +52,7 @@ from pretrain.data.reading import (
     worker_role,
 )
 from pretrain.data.shard_format import ShardError
+from pretrain.errors import ConfigError
 
 
 class EpochStream(torch.utils.data.IterableDataset):
@@ -191,44 +196,39 @@ def rank_sequences(
     resume: dict[int, PartitionPosition] | None = None,
 ) -> Iterator[dict]:
     """This rank's share of the epoch's global sample order, from global sample
-    `start_sample` on. Global sample i is the next sequence of canonical partition
-    i mod P (P = spec.stream_partitions); rank r of R takes samples start_sample + r,
+    `start_sample` on. Global sample i is sequence i // P of canonical partition i mod P
+    (P = spec.stream_partitions); rank r of R takes samples start_sample + r,
     start_sample + r + R, ..., so it reads only the partitions p with p = start_sample + r
-    (mod R). `resume` holds {partition: its `partition_sequences` resume} at `start_sample`
-    (a checkpoint's); a partition without one that agrees is read from the epoch's start and
-    its samples before `start_sample` skipped (slow; checkpoints without positions). Stops at the
-    first sample whose partition is used up: all samples before it exist, so every rank stops
-    at the same global position."""
-    streams = _partition_streams(spec, epoch, start_sample, resume)
+    (mod gcd(P, R)): all of their sequences when R divides P, else every (R / gcd)-th, the
+    others made and dropped (any number of ranks works, at that cost). `resume` holds
+    {partition: its `partition_sequences` resume} at `start_sample` (a checkpoint's); a
+    partition without one that agrees is read from the epoch's start and its samples before
+    `start_sample` skipped (slow; checkpoints without positions). Stops at the first sample
+    whose partition is used up: all samples before it exist, so every rank stops at the same
+    global position."""
+    take = _sample_taker(spec, epoch, start_sample, resume)
     for i in count(start_sample + spec.rank, spec.world_size):
-        sequence = next(streams[i % spec.stream_partitions], None)
+        sequence = take(i)
         if sequence is None:
             return
         yield sequence
 
 
-def _partition_streams(
+def _sample_taker(
     spec: StreamSpec,
     epoch: int,
     start_sample: int,
     resume: dict[int, PartitionPosition] | None,
     wanted: set[int] | None = None,
-) -> dict[int, Iterator[dict]]:
-    """{partition: its sequences from `start_sample` on} of the rank's partitions (those in
-    `wanted` only, when given), as `rank_sequences` reads them; nothing is read yet but the
-    first shards of a remote corpus (prefetched)."""
+) -> Callable[[int], dict | None]:
+    """take(i): global sample i (>= start_sample, rising) of the rank's partitions (those in
+    `wanted` only, when given), None when its partition is used up; nothing is read before a
+    sample is asked for but the first shards of a remote corpus (prefetched)."""
     partitions, ranks = spec.stream_partitions, spec.world_size
-    if partitions % ranks:
-        raise ValueError(
-            f"data.stream_partitions = {partitions} is not a multiple of the {ranks} ranks "
-            "(trainer.devices x trainer.num_nodes); choose a multiple"
-        )
-    mine = [
-        p
-        for p in range((start_sample + spec.rank) % ranks, partitions, ranks)
-        if wanted is None or p in wanted
-    ]
-    streams = {}
+    shared = math.gcd(partitions, ranks)
+    mine = range((start_sample + spec.rank) % shared, partitions, shared)
+    mine = [p for p in mine if wanted is None or p in wanted]
+    streams, numbers = {}, {}
     for p in mine:
         used = max(0, -(-(start_sample - p) // partitions))  # samples of p before start_sample
         position = (resume or {}).get(p)
@@ -236,11 +236,19 @@ def _partition_streams(
             streams[p] = partition_sequences(spec, epoch, p, position)
         else:  # from the epoch's start (fast when nothing is skipped)
             streams[p] = islice(partition_sequences(spec, epoch, p), used, None)
+        numbers[p] = used  # the number of the stream's next sequence in its partition
     if start_sample == 0 and spec_prefetch(spec):  # a remote corpus: every partition's first
         # shard at once, not each only when its partition's first sample is asked for
         for p in mine:
             prefetch(spec, epoch, first_shards(spec, epoch, p, partitions))
-    return streams
+
+    def take(i: int) -> dict | None:
+        p = i % partitions
+        skip = i // partitions - numbers[p]  # its samples of other ranks' or workers' batches
+        numbers[p] += skip + 1
+        return next(islice(streams[p], skip, None), None)
+
+    return take
 
 
 def worker_partitions(
@@ -250,11 +258,11 @@ def worker_partitions(
     `workers`) hold: its batches are the rank's stream batches worker, worker + workers, ...
     (DataLoader's round-robin) of `samples` samples each, and the rank's j-th sample (from
     `start_sample`) is global sample start_sample + rank + j R, of partition (that) mod P.
-    The pattern repeats every lcm(P / R, samples x workers) samples. When samples x workers
-    divides P / R, the workers' sets are disjoint: every sequence is read by one worker."""
+    The pattern repeats every lcm(P / gcd(P, R), samples x workers) samples. When samples x
+    workers divides P / R, the workers' sets are disjoint: every sequence is read by one."""
     partitions, ranks = spec.stream_partitions, spec.world_size
     first = start_sample + spec.rank
-    period = math.lcm(partitions // ranks, samples * workers)
+    period = math.lcm(partitions // math.gcd(partitions, ranks), samples * workers)
     return {
         (first + j * ranks) % partitions
         for j in range(period)
@@ -278,25 +286,32 @@ def worker_batches(
     worker shares with another one but that lies in another's batch is made and dropped.
     A worker stops at the first sample whose partition is used up; the rank's stream ended
     there or earlier (`loader.in_stream_order` keeps the batches up to the rank's end)."""
-    partitions, ranks = spec.stream_partitions, spec.world_size
-    per_partition = partitions // ranks  # the rank's samples between two of one partition
     wanted = worker_partitions(spec, start_sample, samples, worker, workers)
-    streams = _partition_streams(spec, epoch, start_sample, resume, wanted)
-    taken = dict.fromkeys(streams, 0)  # sequences drawn from each partition so far
-    first = start_sample + spec.rank
+    take = _sample_taker(spec, epoch, start_sample, resume, wanted)
+    first, ranks = start_sample + spec.rank, spec.world_size
     for number in count(worker, workers):
         batch: list[dict] = []
         for j in range(number * samples, (number + 1) * samples):
-            p = (first + j * ranks) % partitions
-            skip = j // per_partition - taken[p]  # the partition's samples in others' batches
-            sequence = next(islice(streams[p], skip, None), None)
-            taken[p] += skip + 1
+            sequence = take(first + j * ranks)
             if sequence is None:
                 if batch:
                     yield number, batch, True
                 return
             batch.append(sequence)
         yield number, batch, False
+
+
+def check_world_size(spec: StreamSpec) -> None:
+    """Token-budget batches (data.tokens_per_batch) deal whole partitions to ranks, so the
+    ranks must divide them: ConfigError naming the key otherwise. Any number of ranks reads
+    batches of a fixed size (`rank_sequences`)."""
+    if spec.tokens_per_batch and spec.stream_partitions % spec.world_size:
+        raise ConfigError(
+            f"data.stream_partitions: this corpus is cut into {spec.stream_partitions} "
+            f"canonical partitions, which the {spec.world_size} ranks (trainer.devices x "
+            "trainer.num_nodes) do not divide, as data.tokens_per_batch needs; set "
+            "data.stream_partitions to a multiple of the ranks, or use a larger corpus"
+        )
 
 
 def token_budget_batches(
@@ -314,6 +329,7 @@ def token_budget_batches(
     (checked), every partition has a sequence in every micro-step, so a resume (`resume`, the
     checkpoint's positions, taken at a step's end) starts at the step its partitions agree on.
     Ends before the first micro-step some partition cannot fill (the epoch's end)."""
+    check_world_size(spec)
     partitions, ranks, accumulation = spec.stream_partitions, spec.world_size, spec.accumulation
     streams = [
         partition_sequences(spec, epoch, p, (resume or {}).get(p))
