@@ -62,7 +62,7 @@ SMOKES: dict[str, tuple[list[str], str]] = {
         "| objective | held-out MLM accuracy |",
     ),
     "compression.py": (
-        "--teacher {tmp}/teacher --models {tmp}/int8 --tasks --engines --rounds 1 "
+        "--teacher {tmp}/teacher --models {tmp}/int8 --tasks --rounds 1 "
         "--seq-len 16".split(),
         "| teacher |",
     ),
@@ -126,7 +126,7 @@ def tiny_teacher_and_int8(work: Path) -> None:
     config = BertConfig(vocab_size=200, intermediate_size=64, max_position_embeddings=32, **sizes)
     BertForMaskedLM(config).save_pretrained(work / "teacher")
     model = quantize_dynamic_int8(BertForMaskedLM.from_pretrained(work / "teacher").eval())
-    save_quantized(model, work / "teacher", work / "int8", max_seq_length=16)
+    save_quantized(model, work / "teacher", work / "int8")
 
 
 # script -> what it reads, made in its scratch dir before it runs

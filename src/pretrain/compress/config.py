@@ -56,9 +56,9 @@ class TinyBertMethod:
 
 @dataclass
 class QuantizeMethod:
-    """int8 through torchao (pretrain.compress.quantize): `qat_steps` 0 = post-training
-    dynamic quantization; more = that many Q8BERT-style quantization-aware MLM fine-tuning
-    steps at `lr` first."""
+    """torch dynamic int8, shipped as TorchScript (pretrain.compress.quantize): `qat_steps`
+    0 = post-training dynamic quantization; more = that many Q8BERT-style quantization-aware
+    MLM fine-tuning steps (torchao's fake quantizers) at `lr` first."""
 
     _target_: str = "pretrain.compress.run.quantize_int8"
     name: str = "int8"
