@@ -10,6 +10,8 @@ pretrain-data upgrade <shards_dir>       convert shards of format 1 to format 2,
 As a SLURM job array (slurm/prepare.sbatch; same overrides for every step):
 pretrain-data prepare-tokenizer [overrides...]   the tokenizer of all inputs
 pretrain-data prepare-slice I N [overrides...]   array task I of N: shards of slice I
+pretrain-data dedup-signatures I N [overrides...] array task I: datatrove dedup signatures
+pretrain-data dedup N [overrides...]            the duplicates across all N slices
 pretrain-data merge [overrides...]               slices -> out_dir, one manifest
 """
 
@@ -163,20 +165,36 @@ def _preview(overrides: list[str]) -> int:
 
 
 def _sliced(step: str, overrides: list[str]) -> int:
-    """`prepare-tokenizer`, `prepare-slice I N` and `merge` (see data_pipelines.slices)."""
-    from data_pipelines import slices
+    """`prepare-tokenizer`, `dedup-signatures I N`, `dedup N`, `prepare-slice I N` and
+    `merge` (see data_pipelines.slices)."""
+    from data_pipelines import global_dedup, slices
     from data_pipelines.prepare import PrepareError
     from data_pipelines.prepare_config import compose_prepare_config
 
     try:
-        if step == "prepare-slice":
+        if step in ("prepare-slice", "dedup-signatures"):
             if len(overrides) < 2 or not (overrides[0].isdigit() and overrides[1].isdigit()):
                 raise PrepareError(
-                    "usage: pretrain-data prepare-slice INDEX COUNT [overrides...] "
+                    f"usage: pretrain-data {step} INDEX COUNT [overrides...] "
                     "(e.g. $SLURM_ARRAY_TASK_ID $SLURM_ARRAY_TASK_COUNT)"
                 )
             index, count, overrides = int(overrides[0]), int(overrides[1]), overrides[2:]
+        if step == "dedup":
+            if not overrides or not overrides[0].isdigit():
+                raise PrepareError("usage: pretrain-data dedup COUNT [overrides...]")
+            count, overrides = int(overrides[0]), overrides[1:]
         cfg = compose_prepare_config(overrides)
+        if step in ("dedup-signatures", "dedup") and not global_dedup.is_global(cfg):
+            print(f"{step}: no exact_dedup or near_dedup in filters, nothing to do")
+            return 0
+        if step == "dedup-signatures":
+            print(
+                f"dedup signatures {index} of {count}: {slices.prepare_dedup_signatures(cfg, index, count)}"
+            )
+            return 0
+        if step == "dedup":
+            print(f"dedup of {count} slices removes: {slices.prepare_dedup(cfg, count)}")
+            return 0
         if step == "prepare-tokenizer":
             print(f"tokenizer: {slices.prepare_tokenizer(cfg)}")
             return 0
@@ -239,6 +257,8 @@ COMMANDS = {
     "info": _info,
     "preview": _preview,
     "prepare-tokenizer": lambda args: _sliced("prepare-tokenizer", args),
+    "dedup-signatures": lambda args: _sliced("dedup-signatures", args),
+    "dedup": lambda args: _sliced("dedup", args),
     "prepare-slice": lambda args: _sliced("prepare-slice", args),
     "merge": lambda args: _sliced("merge", args),
 }

@@ -186,10 +186,13 @@ def write_corpus(
     out_dir: Path,
     progress: bool | None = None,
     allow_empty: bool = False,
+    deduplicate=None,
 ) -> dict:
     """Tokenize the sources `names` into shards in `out_dir` (in `cfg.num_proc` processes);
     returns the counts, sources and shards sections of the manifest. Raises PrepareError if
-    no document has any token (unless `allow_empty`: a prepare array's task may get none)."""
+    no document has any token (unless `allow_empty`: a prepare array's task may get none).
+    `deduplicate` (a prepare array's global dedup, `global_dedup.GlobalRemovals`) drops
+    documents after the filters; its record is kept as the `dedup` section."""
     stats = [SourceStats(name) for name in names]
     per_source = {name: {"documents": 0, "empty_documents": 0} for name in names}
     counts = dict.fromkeys(
@@ -202,6 +205,8 @@ def write_corpus(
             names, stats, cfg.text_field, undecodable=cfg.undecodable, id_field=cfg.id_field
         ),
     )
+    if deduplicate is not None:
+        documents = deduplicate(documents)
     chunks = encode_corpus(
         documents,
         tokenizer,
@@ -237,6 +242,8 @@ def write_corpus(
     corpus = {"counts": counts, "sources": sources, "shards": writer.shards}
     if cfg.filters:
         corpus["filters"] = cleaning.record()
+    if deduplicate is not None:
+        corpus["dedup"] = deduplicate.record()
     return corpus
 
 
@@ -316,10 +323,13 @@ def write_prepared(
     return out_dir
 
 
-def prepare(cfg: PrepareConfig, progress: bool | None = None, allow_empty: bool = False) -> Path:
+def prepare(
+    cfg: PrepareConfig, progress: bool | None = None, allow_empty: bool = False, deduplicate=None
+) -> Path:
     """Prepare a corpus as `cfg` says; returns the shards directory (`cfg.out_dir`, absolute;
     a URL out_dir as given, once uploaded with its manifest last: `publish`); `allow_empty`:
-    a corpus without documents is no error (a prepare array's slice).
+    a corpus without documents is no error (a prepare array's slice); `deduplicate`: see
+    `write_corpus`.
     Raises PrepareError / SourceError / TokenizerError naming the path or key at fault."""
     out_dir = local_out_dir(cfg.out_dir)  # a URL's: a staging dir, uploaded at the end
     names = expand_inputs(cfg.inputs)
@@ -335,7 +345,7 @@ def prepare(cfg: PrepareConfig, progress: bool | None = None, allow_empty: bool 
         start = time.perf_counter()
         tokenizer = make_tokenizer(cfg, names, partial / TOKENIZER_DIR)
         middle = time.perf_counter()
-        corpus = write_corpus(cfg, names, tokenizer, partial, progress, allow_empty)
+        corpus = write_corpus(cfg, names, tokenizer, partial, progress, allow_empty, deduplicate)
         if progress is not False:  # timed apart: training is not tokenizing
             print(
                 f"pretrain-data prepare: tokenizer {'copied' if cfg.tokenizer.path else 'trained'} "

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from data_pipelines import global_dedup
 from data_pipelines.cleaning import merge_records
 from data_pipelines.pieces import plan_pieces, source_path
 from data_pipelines.prepare import (
@@ -107,6 +108,16 @@ def prepare_slice(cfg: PrepareConfig, index: int, count: int, progress: bool | N
     inputs = slice_inputs(cfg, index, count)
     if not inputs:  # a task whose share lies inside a file that cannot be cut
         return _empty_slice(slice_dir(cfg, index, count), tokenizer)
+    deduplicate = None
+    if global_dedup.is_global(cfg):
+        work = dedup_dir(cfg, count)
+        if not (work / "summary.json").is_file():
+            raise PrepareError(
+                f"{work}: no duplicates found yet; run `pretrain-data dedup-signatures I "
+                f"{count}` for every I, then `pretrain-data dedup {count}` (same overrides)"
+            )
+        deduplicate = global_dedup.GlobalRemovals(work, index, cfg.filters)
+        cfg = global_dedup.rule_settings(cfg)
     part = replace(
         cfg,
         inputs=inputs,
@@ -116,7 +127,27 @@ def prepare_slice(cfg: PrepareConfig, index: int, count: int, progress: bool | N
         entities=EntitySettings(),
         overwrite=True,
     )
-    return prepare(part, progress=progress, allow_empty=True)
+    return prepare(part, progress=progress, allow_empty=True, deduplicate=deduplicate)
+
+
+def dedup_dir(cfg: PrepareConfig, count: int) -> Path:
+    """Where the global deduplication of an array of `count` tasks keeps its files."""
+    return work_dir(cfg) / f"dedup-{count:05d}"
+
+
+def prepare_dedup_signatures(cfg: PrepareConfig, index: int, count: int) -> Path:
+    """Array task `index` of `count`: the dedup signatures of its slice (see
+    `global_dedup`); returns the dedup directory."""
+    work = dedup_dir(cfg, count)
+    work.mkdir(parents=True, exist_ok=True)
+    global_dedup.dedup_signatures(cfg, slice_inputs(cfg, index, count), index, count, work)
+    return work
+
+
+def prepare_dedup(cfg: PrepareConfig, count: int, workers: int = 1) -> dict:
+    """One job after the signatures: the duplicates across all `count` slices; returns
+    {filter: documents it removes}."""
+    return global_dedup.find_duplicates(cfg, count, dedup_dir(cfg, count), workers)
 
 
 def _empty_slice(directory: Path, tokenizer: Path) -> Path:
@@ -177,18 +208,20 @@ def _slice_manifest(directory: Path, sha256: str) -> dict:
     return raw
 
 
-def merged_corpus(slices: list[Path], sha256: str, partial: Path) -> dict:
+def merged_corpus(cfg: PrepareConfig, slices: list[Path], sha256: str, partial: Path) -> dict:
     """Link the shards of `slices` (in order) into `partial` as shard-000000.tar, ... and
     return the counts, sources, shards (records carried over, renamed: no shard is read or
     hashed) and filters sections of their manifest. Time grows with the number of shards."""
     counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
     sources: list[dict] = []
     shards: list[dict] = []
-    filter_records = []
+    filter_records, dedups = [], []
     for directory in slices:
         raw = _slice_manifest(directory, sha256)
         if raw.get("filters"):
             filter_records.append(raw["filters"])
+        if raw.get("dedup"):
+            dedups.append(raw["dedup"])
         for key, value in raw["counts"].items():
             counts[key] = counts.get(key, 0) + value
         _add_sources(sources, raw["sources"])
@@ -197,8 +230,11 @@ def merged_corpus(slices: list[Path], sha256: str, partial: Path) -> dict:
             link_shard(directory / shard["name"], partial / name)
             shards.append({**shard, "name": name})
     corpus = {"counts": counts, "sources": sources, "shards": shards}
-    if filter_records:
-        corpus["filters"] = merge_records(filter_records)
+    rules = merge_records(filter_records) if filter_records else None
+    if global_dedup.is_global(cfg):
+        corpus["filters"] = global_dedup.merged_filters(cfg, rules, dedups)
+    elif rules:
+        corpus["filters"] = rules
     return corpus
 
 
@@ -232,7 +268,7 @@ def merge_slices(cfg: PrepareConfig) -> Path:
     def write(partial: Path) -> tuple[Tokenizer, dict]:
         source_tokenizer = work_dir(cfg) / TOKENIZER_DIR
         tokenizer: Tokenizer = copy_tokenizer(source_tokenizer, partial / TOKENIZER_DIR)
-        return tokenizer, merged_corpus(slices, tokenizer_sha256(source_tokenizer), partial)
+        return tokenizer, merged_corpus(cfg, slices, tokenizer_sha256(source_tokenizer), partial)
 
     write_prepared(cfg, out_dir, write)
     result = publish(cfg.out_dir, out_dir)

@@ -12,6 +12,7 @@ import pytest
 from conftest import small_english_documents, write_text_corpus
 from storage_servers import S3_ENV, make_bucket, moto_server
 
+from data_pipelines import slices
 from data_pipelines.prepare import prepare
 from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 from data_pipelines.slices import merge_slices, prepare_slice, prepare_tokenizer, work_dir
@@ -141,3 +142,52 @@ def test_a_failed_upload_resumes_with_the_files_not_yet_there(s3, tmp_path, monk
         assert hashlib.sha256(fs.cat_file(f"{url}/{shard['name']}")).hexdigest() == shard["sha256"]
     assert not work_dir(cfg).exists()
     assert "resumed, 5 of" in capfd.readouterr().err
+
+
+def planted_corpus(root: Path) -> tuple[list[str], int]:
+    """8 JSONL files of distinct documents, with exact and near duplicates (one word
+    changed) of documents of other files planted in each; returns (paths, planted)."""
+    import random
+
+    rng = random.Random(1)
+    vocabulary = ["".join(rng.choices("abcdefghijklmnop", k=6)) for _ in range(3000)]
+    originals = [" ".join(rng.choices(vocabulary, k=120)) for _ in range(160)]
+    files: list[list[str]] = [originals[i * 20 : (i + 1) * 20] for i in range(8)]
+    planted = 0
+    for i in range(8):
+        for k in range(3):
+            source = originals[((i + 3) % 8) * 20 + k]  # a document of another file
+            words = source.split()
+            words[60 + k] = "changed"
+            files[i].insert(5 + 4 * k, source if k == 0 else " ".join(words))
+            planted += 1
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, texts in enumerate(files):
+        path = root / f"part{i}.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        paths.append(str(path))
+    return paths, planted
+
+
+def array_run(inputs: list[str], out_dir: Path, count: int) -> Path:
+    cfg = settings(inputs, out_dir, filters=["exact_dedup", "near_dedup"])
+    prepare_tokenizer(cfg)
+    for index in range(count):
+        slices.prepare_dedup_signatures(cfg, index, count)
+    slices.prepare_dedup(cfg, count)
+    for index in range(count):
+        prepare_slice(cfg, index, count, progress=False)
+    return merge_slices(cfg)
+
+
+def test_dedup_across_8_slices_keeps_the_documents_of_one_task(tmp_path):
+    inputs, planted = planted_corpus(tmp_path / "text")
+    one = array_run(inputs, tmp_path / "one", 1)
+    eight = array_run(inputs, tmp_path / "eight", 8)
+    assert corpus_documents(eight) == corpus_documents(one)
+    filters = json.loads((eight / MANIFEST_FILE).read_text())["filters"]
+    assert filters["dedup_scope"] == "global"
+    assert filters["exact_dedup"]["removed"] == 8 and filters["near_dedup"]["removed"] == 16
+    assert filters["documents_in"] == 160 + planted
+    assert filters["documents_kept"] == 160 == load_manifest(eight).counts["documents"]

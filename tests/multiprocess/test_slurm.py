@@ -385,7 +385,7 @@ def test_preparation_as_a_job_array(cluster, tmp_path):
         text=True,
         check=True,
     )
-    tokenizer_job, array_job, merge_job = result.stdout.split()
+    tokenizer_job, _, _, array_job, merge_job = result.stdout.split()
     assert wait_for_job(cluster, merge_job, 600) == "COMPLETED", "\n".join(
         p.read_text()[-2000:] for p in tmp_path.glob("*.out")
     )
