@@ -162,6 +162,9 @@ def test_mask_tokens_handles_rows_without_candidates():
         epoch=0,
         vocab_size=VOCAB,
         mask_token_id=MASK_ID,
+        mlm_probability=0.15,
+        mask_token_probability=0.8,
+        random_token_probability=0.1,
     )
     assert (labels[0] == IGNORE_INDEX).all()
     assert (labels[1] != IGNORE_INDEX).sum() == 1
@@ -203,7 +206,8 @@ def test_corruption_reads_its_draws_where_the_dense_80_10_10_rule_does(units):
         starts = rng.random((200, 64)) < 0.4
         unit_start = np.maximum.accumulate(np.where(starts, np.arange(64), 0), axis=1)
     draws = dict(seed=7, epoch=2, vocab_size=VOCAB, mask_token_id=MASK_ID)
-    got = corrupt_selected(batch["input_ids"], selected, unit_start, hashes, **draws)
+    rule = dict(mask_token_probability=0.8, random_token_probability=0.1)  # BERT's 80/10/10
+    got = corrupt_selected(batch["input_ids"], selected, unit_start, hashes, **draws, **rule)
     action = keyed_uniform(7, 2, STREAM_MASK_ACTION, hashes, 64)
     if units:
         action = np.take_along_axis(action, unit_start, axis=1)

@@ -74,10 +74,12 @@ def corrupt_selected(
     epoch: int,
     vocab_size: int,
     mask_token_id: int,
-    mask_token_probability: float = 0.8,
-    random_token_probability: float = 0.1,
+    mask_token_probability: float,
+    random_token_probability: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Apply the 80/10/10 rule to `selected` tokens, deciding once per masking unit: every
+    """Apply BERT's rule to `selected` tokens (mask_token_probability of them become the mask
+    id, random_token_probability a random id, the rest stay: 80/10/10 in BERT, the
+    objective's settings, so no default here), deciding once per masking unit: every
     token takes the decision drawn at `unit_start` (batch, seq), the index of the first token
     of its unit, or None for token-level masking (every token its own unit). Random replacement ids are drawn per
     token. Returns (corrupted input_ids, labels), both (batch, seq) int64."""
@@ -108,9 +110,9 @@ def mask_tokens(
     epoch: int,
     vocab_size: int,
     mask_token_id: int,
-    mlm_probability: float = 0.15,
-    mask_token_probability: float = 0.8,
-    random_token_probability: float = 0.1,
+    mlm_probability: float,
+    mask_token_probability: float,
+    random_token_probability: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token-level MLM corruption of a padded batch.
 
