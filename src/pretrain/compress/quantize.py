@@ -1,6 +1,7 @@
 """int8 quantization of an exported BERT, shipped as a TorchScript file torch alone loads.
 
-- post-training dynamic int8: every encoder Linear becomes torch's dynamic int8 Linear
+- post-training dynamic int8: every `quantizable` Linear (all but the tied MLM decoder)
+  becomes torch's dynamic int8 Linear
   (`torch.ao.quantization.quantize_dynamic`, per-channel int8 weights prepacked for
   fbgemm/oneDNN, activations quantized per batch at run time); embeddings, LayerNorms and the
   tied MLM decoder stay fp32. torchao's int8 (`Int8DynamicActivationInt8WeightConfig`) ran at
@@ -38,8 +39,8 @@ TOKENIZER_FILES = (
 
 
 def quantizable(module: nn.Module, name: str) -> bool:
-    """torchao's filter: the Linear layers of the encoder (not the MLM decoder, whose weight
-    is the word embeddings)."""
+    """The Linear layers made int8: every one but the MLM decoder, whose weight is the word
+    embeddings (the encoder's and the MLM head's transform)."""
     return isinstance(module, nn.Linear) and "decoder" not in name
 
 
