@@ -22,6 +22,7 @@ in place (and uploaded, for a URL out_dir), so a merge or upload that fails is r
 import json
 import os
 import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from data_pipelines.publish import check_remote_out_dir, local_out_dir, publish
 from data_pipelines.shard_writer import SHARD_PATTERN
 from data_pipelines.sources import expand_inputs
 from data_pipelines.tokenizer import copy_tokenizer, tokenizer_sha256
-from pretrain.data.shard_format import MANIFEST_FILE
+from pretrain.data.shard_format import MANIFEST_FILE, file_sha256
 from pretrain.storage import is_url
 
 COUNTS = ("documents", "sentences", "tokens", "empty_documents", "undecodable_lines")
@@ -88,17 +89,37 @@ def prepare_tokenizer(cfg: PrepareConfig) -> Path:
     check_remote_out_dir(cfg.out_dir, cfg.overwrite)
     _check_out_dir(local_out_dir(cfg.out_dir), cfg.overwrite or is_url(cfg.out_dir), names)
     target = work_dir(cfg) / TOKENIZER_DIR
+    made_for = work_dir(cfg) / "tokenizer-config.json"
+    if (target / "tokenizer.json").is_file() and _same_config(made_for, cfg):
+        _resumed(f"tokenizer: resumed (trained before for these overrides: {target})")
+        return target
     partial = target.with_name(TOKENIZER_DIR + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     make_tokenizer(cfg, names, partial)
     shutil.rmtree(target, ignore_errors=True)
+    made_for.unlink(missing_ok=True)
     partial.rename(target)
+    made_for.write_text(json.dumps(cfg.content_dict(), sort_keys=True) + "\n", encoding="utf-8")
     return target
+
+
+def _same_config(path: Path, cfg: PrepareConfig) -> bool:
+    """Whether the JSON file `path` holds the content of `cfg` (what a step was made for)."""
+    if not path.is_file():
+        return False
+    made_for = json.loads(path.read_text(encoding="utf-8"))
+    return made_for == json.loads(json.dumps(cfg.content_dict(), sort_keys=True))
+
+
+def _resumed(message: str) -> None:
+    """The one line a rerun step prints about the work it found done."""
+    print(message, file=sys.stderr)
 
 
 def prepare_slice(cfg: PrepareConfig, index: int, count: int, progress: bool | None = None) -> Path:
     """Prepare slice `index` of `count` with the tokenizer of `prepare_tokenizer`; returns the
-    slice directory (replaced if present: a rerun array task starts over)."""
+    slice directory (kept, with a line saying so, where a complete one was made with the same
+    settings; an interrupted one leaves only a partial directory, which a rerun replaces)."""
     tokenizer = work_dir(cfg) / TOKENIZER_DIR
     if not (tokenizer / "tokenizer.json").is_file():
         raise PrepareError(
@@ -127,6 +148,12 @@ def prepare_slice(cfg: PrepareConfig, index: int, count: int, progress: bool | N
         entities=EntitySettings(),
         overwrite=True,
     )
+    done = slice_dir(cfg, index, count) / MANIFEST_FILE
+    if done.is_file():
+        made_for = json.loads(done.read_text(encoding="utf-8")).get("config")
+        if made_for == json.loads(json.dumps(part.content_dict())):
+            _resumed(f"slice {index} of {count}: resumed (complete: {done.parent})")
+            return done.parent
     return prepare(part, progress=progress, allow_empty=True, deduplicate=deduplicate)
 
 
@@ -261,6 +288,13 @@ def merge_slices(cfg: PrepareConfig) -> Path:
     fewer than `docs_per_shard` documents."""
     out_dir = local_out_dir(cfg.out_dir)  # a URL's: a staging dir, uploaded at the end
     slices = _slices(cfg)
+    merged = work_dir(cfg) / "merged.sha256"  # the manifest the merge wrote, once in place
+    if merged.is_file() and (out_dir / MANIFEST_FILE).is_file():
+        if file_sha256(out_dir / MANIFEST_FILE) == merged.read_text().strip():
+            _resumed(f"merge: resumed ({out_dir} written before; publishing, removing slices)")
+            result = publish(cfg.out_dir, out_dir)
+            shutil.rmtree(work_dir(cfg))
+            return result
     names = expand_inputs(cfg.inputs)
     check_remote_out_dir(cfg.out_dir, cfg.overwrite)
     _check_out_dir(out_dir, cfg.overwrite or is_url(cfg.out_dir), names)
@@ -271,6 +305,7 @@ def merge_slices(cfg: PrepareConfig) -> Path:
         return tokenizer, merged_corpus(cfg, slices, tokenizer_sha256(source_tokenizer), partial)
 
     write_prepared(cfg, out_dir, write)
+    merged.write_text(file_sha256(out_dir / MANIFEST_FILE) + "\n")
     result = publish(cfg.out_dir, out_dir)
     shutil.rmtree(work_dir(cfg))
     return result

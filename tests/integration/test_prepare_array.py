@@ -5,6 +5,7 @@ resumes where a failed one stopped."""
 import hashlib
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -191,3 +192,75 @@ def test_dedup_across_8_slices_keeps_the_documents_of_one_task(tmp_path):
     assert filters["exact_dedup"]["removed"] == 8 and filters["near_dedup"]["removed"] == 16
     assert filters["documents_in"] == 160 + planted
     assert filters["documents_kept"] == 160 == load_manifest(eight).counts["documents"]
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def fail_once(monkeypatch: pytest.MonkeyPatch, owner, name: str, call: int) -> None:
+    """`owner.name` raises at its `call`-th call (an interrupted task), then works again."""
+    real, calls = getattr(owner, name), [0]
+
+    def wrapper(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            raise RuntimeError(f"killed in {name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+
+
+def test_every_step_interrupted_and_rerun_gives_the_bytes_of_an_uninterrupted_run(
+    tmp_path, monkeypatch, capfd
+):
+    from datatrove.pipeline.dedup.minhash import MinhashDedupSignature
+
+    from data_pipelines import global_dedup, shard_writer
+
+    inputs, _ = planted_corpus(tmp_path / "text")
+    out = tmp_path / "out"
+    reference = tree_bytes(array_run(inputs, out, 4))
+    shutil.rmtree(out)
+    cfg = settings(inputs, out, filters=["exact_dedup", "near_dedup"])
+    with monkeypatch.context() as patch:  # the tokenizer job killed while it trains
+        fail_once(patch, slices, "make_tokenizer", 1)
+        with pytest.raises(RuntimeError, match="killed"):
+            prepare_tokenizer(cfg)
+    prepare_tokenizer(cfg)
+    prepare_tokenizer(cfg)
+    with monkeypatch.context() as patch:  # task 1 killed mid-way through its signatures
+        fail_once(patch, MinhashDedupSignature, "get_signature", 60)
+        with pytest.raises(RuntimeError, match="killed"):
+            for index in range(4):
+                slices.prepare_dedup_signatures(cfg, index, 4)
+    for index in range(4):
+        slices.prepare_dedup_signatures(cfg, index, 4)
+    with monkeypatch.context() as patch:  # killed after datatrove's buckets and clusters
+        fail_once(patch, global_dedup, "_first_of_each_cluster", 1)
+        with pytest.raises(RuntimeError, match="killed"):
+            slices.prepare_dedup(cfg, 4)
+    slices.prepare_dedup(cfg, 4)
+    slices.prepare_dedup(cfg, 4)
+    for index in range(2):
+        prepare_slice(cfg, index, 4, progress=False)
+    with monkeypatch.context() as patch:  # task 2 killed while writing its shards
+        fail_once(patch, shard_writer.ShardWriter, "write_batch", 1)
+        with pytest.raises(RuntimeError, match="killed"):
+            prepare_slice(cfg, 2, 4, progress=False)
+    for index in range(4):
+        prepare_slice(cfg, index, 4, progress=False)
+    with monkeypatch.context() as patch:  # killed once out_dir is written, before the cleanup
+        fail_once(patch, slices, "publish", 1)
+        with pytest.raises(RuntimeError, match="killed"):
+            merge_slices(cfg)
+    assert merge_slices(cfg) == out
+    assert tree_bytes(out) == reference
+    err = capfd.readouterr().err
+    assert "tokenizer: resumed" in err
+    assert "dedup signatures of slice 0 of 4: resumed" in err
+    assert "dedup of 4 slices: resumed" in err
+    assert "slice 0 of 4: resumed" in err
+    assert "merge: resumed" in err
