@@ -31,6 +31,7 @@ SMOKES: dict[str, tuple[list[str], str]] = {
         "DataCollatorForLanguageModeling",
     ),
     "bench_nonfinite_check.py": ("--model bert_tiny --repeats 2".split(), "one foreach pass"),
+    "bench_checkpoint.py": ("--model bert_tiny --repeats 1".split(), "loop blocked per save"),
     "bench_padding.py": (
         "--shards {shards} --lengths 64 --batch-size 8 --batches 2".split(),
         "padding",

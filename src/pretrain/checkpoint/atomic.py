@@ -17,6 +17,7 @@ resuming finishes the replacement (`recover_replacements`).
 import contextlib
 import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -29,6 +30,7 @@ from pretrain.errors import filesystem_error
 
 PARTIAL_SUFFIX = ".partial"
 REPLACED_SUFFIX = ".replaced"
+LINK_SUFFIX = ".link"  # `last.ckpt.link`: the new link, before it is renamed over last.ckpt
 COMPLETE_MARKER = "complete"  # in a ZeRO directory: every rank has written its part
 
 
@@ -72,10 +74,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, path: str | Path, map_location: Any = "cpu", weights_only: bool | None = None
     ) -> dict[str, Any]:
         """Always weights_only (`pretrain.checkpoint.safety`): a checkpoint is data; a
-        pickle that asks for more is refused with a one-line error naming the file."""
+        pickle that asks for more is refused with a one-line error naming the file. Memory-
+        mapped (torch's zip format): every DDP rank of a node maps the same pages of the
+        page cache instead of reading its own copy, and a tensor is read when it is copied
+        into the model or optimizer."""
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no such checkpoint file")
-        return load_weights_only(path, map_location=map_location)
+        mmap = zipfile.is_zipfile(path)  # torch's legacy format cannot be mapped
+        return load_weights_only(path, map_location=map_location, mmap=mmap)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         fs = get_filesystem(path)
@@ -155,6 +161,25 @@ def replace_directory(written: Path, final: Path) -> None:
     shutil.rmtree(replaced, ignore_errors=True)
 
 
+def link_checkpoint(target: Path, link: Path) -> None:
+    """Make `link` (`last.ckpt`) a symbolic link to `target`, a checkpoint file or ZeRO
+    directory beside it, by a relative name, atomically: the link is made aside
+    (`NAME.link`) and renamed over `link`; a ZeRO directory written in full at `link` (a
+    preemption's save) is moved aside first (`replace_directory`'s `.replaced`)."""
+    aside = link.with_name(link.name + LINK_SUFFIX)
+    aside.unlink(missing_ok=True)
+    os.symlink(target.name, aside)
+    replaced = link.with_name(link.name + REPLACED_SUFFIX)
+    if link.is_dir() and not link.is_symlink():
+        if replaced.exists():
+            shutil.rmtree(replaced)
+        os.replace(link, replaced)
+    os.replace(aside, link)
+    fsync_directory(link.parent)
+    if replaced.is_dir():
+        shutil.rmtree(replaced, ignore_errors=True)
+
+
 def recover_replacements(directory: Path) -> None:
     """Finish the replacements of ZeRO directories that a crash interrupted (`replace_directory`):
     a `NAME.partial` marked complete becomes `NAME`; else a `NAME.replaced` (the previous one)
@@ -173,12 +198,14 @@ def recover_replacements(directory: Path) -> None:
     for replaced in sorted(directory.glob(f"*{REPLACED_SUFFIX}")):
         final = replaced.with_name(replaced.name.removesuffix(REPLACED_SUFFIX))
         try:
-            if not final.exists() and is_deepspeed_checkpoint(replaced):
+            if not os.path.lexists(final) and is_deepspeed_checkpoint(replaced):
                 os.replace(replaced, final)
             else:
                 _remove(replaced)
         except FileNotFoundError:
             pass
+    for link in directory.glob(f"*{LINK_SUFFIX}"):  # a link_checkpoint that did not finish
+        link.unlink(missing_ok=True)
     fsync_directory(directory)
 
 

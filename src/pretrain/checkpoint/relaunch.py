@@ -6,6 +6,7 @@ read the policy without loading it."""
 
 from dataclasses import fields
 from fnmatch import fnmatch
+from pathlib import Path
 
 from pretrain.batching import batch_plan
 from pretrain.config import DataConfig, TrainerConfig
@@ -38,6 +39,7 @@ RELAUNCH_KEYS = (
     "trainer.enable_progress_bar",
     "trainer.checkpoint_every_n_steps",
     "trainer.keep_checkpoints",
+    "trainer.async_checkpoint",
     "trainer.preemption_signal",
     "trainer.collective_timeout_s",
     "trainer.startup_timeout_s",
@@ -234,6 +236,40 @@ def check_same_model(
         )
 
 
+def data_parallel_ranks(config: dict) -> int | None:
+    """trainer.devices × trainer.num_nodes of a config (a count or a list of devices);
+    None when Lightning decides (`auto`, -1)."""
+    trainer = config.get("trainer") or {}
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    count = len(devices) if isinstance(devices, list | tuple) else devices
+    if isinstance(count, str) and count.isdigit():
+        count = int(count)
+    if not isinstance(count, int) or count < 1 or not isinstance(nodes, int):
+        return None
+    return count * nodes
+
+
+def check_zero_ranks(saved: dict, current: dict, checkpoint: str) -> None:
+    """ConfigError (one line, every resume mode) when a DeepSpeed ZeRO checkpoint directory
+    is resumed on another number of data-parallel ranks than wrote it: its optimizer state is
+    partitioned by rank, and DeepSpeed loads it only on the same number. The line names
+    DeepSpeed's conversion to its universal checkpoint, which does not depend on it."""
+    latest = Path(checkpoint) / "latest"
+    if (saved.get("strategy") or {}).get("name") != "deepspeed" or not latest.is_file():
+        return
+    before, now = data_parallel_ranks(saved), data_parallel_ranks(current)
+    if before is None or now is None or before == now:
+        return
+    tag = Path(checkpoint) / latest.read_text().strip()
+    raise ConfigError(
+        f"{checkpoint}: a DeepSpeed ZeRO checkpoint of {before} data-parallel ranks, this launch "
+        f"has {now} (trainer.devices × trainer.num_nodes); resume it on {before} ranks, or "
+        "convert it to DeepSpeed's universal checkpoint, which any number of ranks loads: "
+        f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {tag} "
+        f"--output_folder {checkpoint}.universal"
+    )
+
+
 def check_relaunch(saved: dict, current: dict, checkpoint: str, resume: str) -> None:
     """Whether the run may continue `checkpoint` (whose config is `saved`) with `current`:
     ConfigError listing the refused changes (`refused_changes`) and how to proceed for
@@ -241,6 +277,7 @@ def check_relaunch(saved: dict, current: dict, checkpoint: str, resume: str) -> 
     names what it continues). `check_init_from` applies to every mode; for `resume=auto`, a
     data.shards_dir that now holds another corpus is one line (`moved_to_another_corpus`)."""
     check_init_from(saved, current, checkpoint)
+    check_zero_ranks(saved, current, checkpoint)
     if resume == "auto" and (moved := moved_to_another_corpus(saved, current)):
         raise ConfigError(moved)
     changes = refused_changes(saved, current)

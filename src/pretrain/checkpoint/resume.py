@@ -17,6 +17,7 @@ from pretrain.checkpoint.atomic import (
     recover_replacements,
 )
 from pretrain.checkpoint.safety import load_weights_only
+from pretrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -43,11 +44,31 @@ def step_checkpoints(directory: Path) -> list[Path]:
     return sorted(directory.glob("step-*.ckpt"), key=lambda path: (number(path), path.name))
 
 
+def last_checkpoint(directory: Path) -> Path:
+    """`directory/last.ckpt`, a file, a ZeRO directory or a link to a checkpoint beside it
+    (`atomic.link_checkpoint`). A link is read as data, never trusted: one that leads
+    outside `directory` (or through another link) is refused with a ConfigError naming it."""
+    last = directory / "last.ckpt"
+    if not last.is_symlink():
+        return last
+    target = Path(os.readlink(last))
+    resolved = (directory / target).resolve()
+    inside = resolved.parent == directory.resolve() and target.name == resolved.name
+    if not inside or target.parent != Path(".") or target.name == last.name:
+        raise ConfigError(
+            f"{last}: a link to {target}, not to a checkpoint beside it in {directory}; "
+            "remove the link (resume=auto then takes the newest step-*.ckpt) or resume a "
+            "checkpoint by its path (resume=PATH)"
+        )
+    return last
+
+
 def newest_checkpoint(directory: Path) -> str | None:
     """The complete checkpoint of `directory` (`last.ckpt`, `step-*.ckpt`) with the highest
-    stored step, `last.ckpt` on a tie; a file or ZeRO directory that cannot be read (truncated,
+    stored step, `last.ckpt` on a tie (a link to the checkpoint of its step, checked by
+    `last_checkpoint`); a file or ZeRO directory that cannot be read (truncated,
     a shard missing) is skipped with a warning naming it. None when there is none."""
-    candidates = [directory / "last.ckpt", *step_checkpoints(directory)[::-1]]
+    candidates = [last_checkpoint(directory), *step_checkpoints(directory)[::-1]]
     best: tuple[int, Path] | None = None
     for path in candidates:
         if not is_complete_checkpoint(path):

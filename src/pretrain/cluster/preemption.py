@@ -265,9 +265,13 @@ class PreemptionCheckpoint(Callback):
 
     def save_last(self, trainer: L.Trainer) -> None:
         """Save last.ckpt through the checkpoint callback, as its periodic saves do (every
-        rank calls this: sharded strategies save collectively)."""
+        rank calls this: sharded strategies save collectively), and wait until it is on disk
+        (`trainer.async_checkpoint` writes on a background thread): the run exits 75 only
+        with its checkpoint complete."""
         callback = self._checkpoint_callback(trainer)
         callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+        # checkpoint.background's writer (duck-typed: the checkpoint layer is above this one)
+        getattr(trainer.strategy.checkpoint_io, "wait", lambda: None)()
 
 
 def preemption_callbacks(trainer: Any) -> list[Callback]:

@@ -12,9 +12,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, TQDMProgr
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
-from pretrain.checkpoint.atomic import AtomicCheckpointIO, checkpoint_dir
+from pretrain.checkpoint.atomic import AtomicCheckpointIO, checkpoint_dir, link_checkpoint
+from pretrain.checkpoint.background import BackgroundCheckpointIO, run_after_writes
 from pretrain.cluster.preemption import preemption_callbacks, slurm_plugins
-from pretrain.errors import RunEnvironmentError
+from pretrain.errors import ConfigError, RunEnvironmentError
 from pretrain.runtime.progress_log import ProgressLog, is_log_step
 from pretrain.runtime.strategies import build_strategy
 
@@ -26,7 +27,53 @@ class StepCheckpoint(ModelCheckpoint):
     """ModelCheckpoint that also saves (top-k and last) when training ends between two
     `every_n_train_steps` saves, so the final state is always on disk. At `max_steps` it saves
     right after the last optimizer step, before Lightning closes the epoch, so the checkpoint
-    holds the epoch and stream position the next launch continues from."""
+    holds the epoch and stream position the next launch continues from.
+
+    `last.ckpt` is a link to the step checkpoint saved at the same step
+    (`atomic.link_checkpoint`), not a second write of it; only a save of `last` alone (the
+    preemption's, between two periodic saves) writes it in full. The link is made after that
+    step's write has landed (`background.run_after_writes`), and rotation never removes the
+    checkpoint `last.ckpt` links to: such a removal waits until the link has moved on."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._saved: tuple[int, Path] | None = None  # (step, path) of the latest save
+        self._linked: Path | None = None  # what last.ckpt links to (None: not a link)
+        self._read_link = False  # whether _linked was read from disk in this launch
+        self._deferred: list[str] = []  # removals of the linked checkpoint, held back
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        self._saved = (trainer.global_step, Path(filepath))
+
+    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict) -> None:
+        if not self.save_last:
+            return
+        link = Path(self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST))
+        self.last_model_path = str(link)
+        step, saved = self._saved or (None, None)
+        if step != trainer.global_step or saved is None or saved.parent != link.parent:
+            self._linked, self._read_link = None, True
+            self._save_checkpoint(trainer, str(link))  # the only copy of this step
+            return
+        if saved == link:
+            return  # last.ckpt was written in full at this step already
+        self._linked, self._read_link = saved, True
+        if trainer.is_global_zero:
+            run_after_writes(trainer.strategy.checkpoint_io, lambda: link_checkpoint(saved, link))
+        deferred, self._deferred = self._deferred, []
+        for path in deferred:
+            super()._remove_checkpoint(trainer, path)
+
+    def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        if not self._read_link:  # a resumed launch: what the previous one linked
+            last = Path(str(self.dirpath)) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+            self._linked = last.with_name(os.readlink(last)) if last.is_symlink() else None
+            self._read_link = True
+        if self._linked is not None and Path(filepath) == self._linked:
+            self._deferred.append(filepath)  # removed once last.ckpt links elsewhere
+            return
+        super()._remove_checkpoint(trainer, filepath)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object
@@ -272,9 +319,22 @@ def build_trainer(
             StepProgressBar(refresh_rate=5) if t.enable_progress_bar else StepLines(),
         ],
         logger=loggers,
-        plugins=[AtomicCheckpointIO(), *slurm_plugins()],
+        plugins=[checkpoint_io(config), *slurm_plugins()],
         reload_dataloaders_every_n_epochs=1,
         num_sanity_val_steps=0,
         limit_val_batches=0,
         default_root_dir=str(run_dir),
     )
+
+def checkpoint_io(config: "TrainConfig") -> AtomicCheckpointIO:
+    """How the run writes checkpoint files: atomically, on a writer thread with
+    `trainer.async_checkpoint` (`pretrain.checkpoint.background`). DeepSpeed writes its
+    shards itself, so the option is refused there (one line)."""
+    if not config.trainer.async_checkpoint:
+        return AtomicCheckpointIO()
+    if config.strategy.name == "deepspeed":
+        raise ConfigError(
+            "trainer.async_checkpoint=true: not with strategy.name=deepspeed (DeepSpeed's "
+            "engine writes its shards itself, synchronously); set trainer.async_checkpoint=false"
+        )
+    return BackgroundCheckpointIO()
