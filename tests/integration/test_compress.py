@@ -133,6 +133,9 @@ def test_int8_ships_as_torchscript_within_tolerance_of_fp32_without_this_project
     torch.testing.assert_close(load_fresh(out / "model.ts", inputs), quantized)
     hidden = int8.hidden_states(*inputs.values())
     assert hidden.shape == (3, 20, fp32.config.hidden_size)
+    check = [sys.executable, "-m", "pretrain.export.check", str(out)]
+    done = subprocess.run(check, capture_output=True, text=True)
+    assert done.returncode == 0 and "torch.jit.load(model.ts)" in done.stdout, done.stderr[-2000:]
 
 
 def test_quantization_aware_finetuning_trains_then_ships_int8(
