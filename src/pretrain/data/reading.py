@@ -19,7 +19,7 @@ import functools
 import heapq
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ from pretrain.data.shard_format import (
     document_token_counts,
     read_documents,
 )
+from pretrain.data.shard_table import ShardPaths, ShardSharing
 from pretrain.data.stages import PROGRESS_KEY, sample_progress_tokens
 from pretrain.data.vocab import Vocabulary
 from pretrain.errors import write_line
@@ -56,7 +57,7 @@ class StreamSpec:
     balance readers; empty = equal. `rank`, `world_size` and `accumulation` are the process's
     place, set by the data module (`datamodule.py`) once the trainer knows them."""
 
-    shard_paths: tuple[str, ...]
+    shard_paths: Sequence[str]  # a `ShardPaths` (compact) from `stream_spec`
     vocab: Vocabulary
     corruption: Corruption
     format: str
@@ -102,7 +103,7 @@ def stream_spec(
     the objective's corruption and (a corpus at a URL) its storage as given."""
     data, objective = run.data, run.objective
     return StreamSpec(
-        shard_paths=shard_paths,
+        shard_paths=ShardPaths(shard_paths),
         vocab=vocab,
         corruption=corruption,
         format=data.format,
@@ -134,17 +135,17 @@ def worker_role() -> tuple[int, int]:
     return info.id, info.num_workers
 
 
-def shard_sharing(spec: StreamSpec, epoch: int, readers: int) -> list[tuple[int, dict[int, int]]]:
-    """For each shard in the epoch's order: (its index, {reader: units of it}), deterministic
-    in (seed, epoch, readers); see the module docstring. Computed once per process (every
-    partition of a rank asks), read-only."""
+def shard_sharing(spec: StreamSpec, epoch: int, readers: int) -> ShardSharing:
+    """For each shard in the epoch's order: its index and {reader: units of it} (as compact
+    arrays, `ShardSharing`), deterministic in (seed, epoch, readers); see the module
+    docstring. Computed once per process (every partition of a rank asks), read-only."""
     return _shard_sharing(spec.seed, epoch, readers, len(spec.shard_paths), spec.shard_tokens)
 
 
 @functools.lru_cache(maxsize=8)
 def _shard_sharing(
     seed: int, epoch: int, readers: int, shards: int, shard_tokens: tuple[int, ...]
-) -> list[tuple[int, dict[int, int]]]:
+) -> ShardSharing:
     order = np.random.default_rng([seed, epoch, STREAM_SHARD_ORDER]).permutation(shards)
     units = max(1, math.ceil(UNITS_PER_READER * readers / max(1, len(order))))
     tokens = shard_tokens or (1,) * len(order)
@@ -156,7 +157,7 @@ def _shard_sharing(
             reader = int(np.argmin(loads))  # the first of the least loaded
             share[reader] = share.get(reader, 0) + 1
             loads[reader] += tokens[index] / units
-    return list(sharing.items())
+    return ShardSharing(list(sharing.items()))
 
 
 Position = tuple[int, int]  # (index in the epoch's shard order, document index in that shard)
@@ -170,13 +171,13 @@ def read_split(
     before it in its shard not decoded (a seek). A shard shared by several readers is split
     document by document (`shard_owners`), and each sharer builds only its own documents."""
     start_order, start_document = start
-    sharing_order = shard_sharing(spec, epoch, readers)
-    mine = [o for o, (_, share) in enumerate(sharing_order) if o >= start_order and reader in share]
+    table = shard_sharing(spec, epoch, readers)
+    mine = [o for o in table.places(reader).tolist() if o >= start_order]
     for place, order in enumerate(mine):
-        index, share = sharing_order[order]
+        index, share = table[order]
         first = start_document if order == start_order else 0
-        ahead = mine[place + 1 :][: spec_prefetch(spec)]
-        prefetch(spec, epoch, [(o, sharing_order[o][0]) for o in ahead])
+        ahead = mine[place + 1 : place + 1 + spec_prefetch(spec)]
+        prefetch(spec, epoch, [(o, int(table.order[o])) for o in ahead])
         if spec.storage is not None:  # fetched, checked and held in the node's cache; read whole
             from pretrain.storage import StorageError, hold_shard
 
@@ -198,8 +199,9 @@ def read_split(
 def first_shards(spec: StreamSpec, epoch: int, reader: int, readers: int) -> list[tuple[int, int]]:
     """(place in the epoch's shard order, shard index) of the first shard `reader` (of
     `readers`) reads in this epoch; none when it reads none."""
-    sharing = shard_sharing(spec, epoch, readers)
-    return next(([(o, i)] for o, (i, share) in enumerate(sharing) if reader in share), [])
+    places = shard_sharing(spec, epoch, readers).places(reader)
+    order = shard_sharing(spec, epoch, readers).order
+    return [(int(places[0]), int(order[places[0]]))] if len(places) else []
 
 
 def spec_prefetch(spec: StreamSpec) -> int:

@@ -10,8 +10,9 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
 
 from pretrain.storage import cache
 from pretrain.storage.retry import RetryPolicy, StorageError, with_retries
@@ -44,20 +45,60 @@ class StorageSpec:
 
     url: str
     root: str
-    shards: tuple[tuple[str, int, str], ...]
+    shards: "ShardRecords"  # given as (name, bytes, sha256) triples, kept as arrays
     limit_bytes: int | None = None
     prefetch_shards: int = 8
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     options_json: str = "{}"
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.shards, ShardRecords):
+            object.__setattr__(self, "shards", ShardRecords(self.shards))
+
     def record(self, name: str) -> tuple[int, str]:
         """(bytes, sha256) the manifest records for shard `name`."""
-        return _records(self.shards)[name]
+        return self.shards.record(name)
 
 
-@lru_cache(maxsize=8)
-def _records(shards: tuple[tuple[str, int, str], ...]) -> dict[str, tuple[int, str]]:
-    return {name: (size, sha) for name, size, sha in shards}
+class ShardRecords:
+    """(name, bytes, sha256) of each shard of a corpus as sorted numpy arrays, a few tens of
+    bytes a shard in every process that holds a `StorageSpec` (data-loader workers)."""
+
+    def __init__(self, triples) -> None:
+        triples = sorted(triples)
+        width = max((len(name.encode()) for name, _, _ in triples), default=1)
+        self.names = np.asarray([t[0].encode() for t in triples], dtype=f"S{width}")
+        self.sizes = np.asarray([t[1] for t in triples], np.int64)
+        digests = b"".join(bytes.fromhex(t[2]) for t in triples)  # 32 bytes each
+        self.sha256 = np.frombuffer(digests, np.uint8).reshape(len(triples), 32)
+
+    def record(self, name: str) -> tuple[int, str]:
+        """(bytes, sha256 in hex) of shard `name`; KeyError naming it when there is none."""
+        key = name.encode()
+        place = int(np.searchsorted(self.names, key))
+        if place == len(self.names) or self.names[place] != key:
+            raise KeyError(name)
+        return int(self.sizes[place]), self.sha256[place].tobytes().hex()
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ShardRecords) and all(
+            np.array_equal(a, b)
+            for a, b in zip(
+                (self.names, self.sizes, self.sha256),
+                (other.names, other.sizes, other.sha256),
+                strict=True,
+            )
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.names.tobytes(), self.sha256.tobytes()))
+
+    def nbytes(self) -> int:
+        """Bytes its arrays hold."""
+        return self.names.nbytes + self.sizes.nbytes + self.sha256.nbytes
 
 
 def download_file(
