@@ -131,6 +131,9 @@ def test_int8_ships_as_torchscript_within_tolerance_of_fp32_without_this_project
     assert report["mlm_accuracy"] == pytest.approx(report["teacher_mlm_accuracy"], abs=0.05)
     assert "quantized::linear_dynamic" in str(int8.inlined_graph)  # torch's int8 kernels
     torch.testing.assert_close(load_fresh(out / "model.ts", inputs), quantized)
+    ids, types = inputs["input_ids"], inputs["token_type_ids"]
+    unpadded = int8(ids, types, torch.ones_like(ids))
+    assert not torch.allclose(unpadded[2], quantized[2])  # the trace kept the padding mask
     hidden = int8.hidden_states(*inputs.values())
     assert hidden.shape == (3, 20, fp32.config.hidden_size)
     check = [sys.executable, "-m", "pretrain.export.check", str(out)]
