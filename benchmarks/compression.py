@@ -222,12 +222,14 @@ def random_hidden(teacher: Path, seed: int) -> Callable:
 
 
 def score_rows(rows: list[Row], teacher: Path, tasks: list[str], seeds: list[int]) -> Row:
-    """Fill every row's `scores` ({task: per-seed accuracies}); returns the random row."""
+    """Fill the `scores` ({task: per-seed accuracies}) of the teacher and every compressed row
+    (not the teacher's other runtimes: the same model); returns the random row."""
     random = Row("random weights", teacher / "config.json", "-", None, None)
     for task in tasks:
         random.scores[task] = [accuracy(random_hidden(teacher, s), teacher, task, s) for s in seeds]
         for row in rows:
-            row.scores[task] = [accuracy(row.hidden, row.directory, task, s) for s in seeds]
+            if not row.name.startswith("teacher ("):  # traced or exported: the same model
+                row.scores[task] = [accuracy(row.hidden, row.directory, task, s) for s in seeds]
     return random
 
 
