@@ -63,8 +63,7 @@ SMOKES: dict[str, tuple[list[str], str]] = {
         "| objective | held-out MLM accuracy |",
     ),
     "compression.py": (
-        "--teacher {tmp}/teacher --models {tmp}/int8 --tasks --rounds 1 "
-        "--seq-len 16".split(),
+        "--teacher {tmp}/teacher --models {tmp}/int8 --tasks --rounds 1 --seq-len 16".split(),
         "| teacher |",
     ),
     "fidelity.py": (
