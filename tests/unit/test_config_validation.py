@@ -73,7 +73,11 @@ def test_stream_spec_takes_each_setting_from_its_key():
         3,
         run.objective.sentence_task,
     )
-    assert (spec.shard_paths, spec.shard_tokens, spec.stream_partitions) == (("a.tar",), (5,), 4)
+    assert (tuple(spec.shard_paths), spec.shard_tokens, spec.stream_partitions) == (
+        ("a.tar",),
+        (5,),
+        4,
+    )
     for name in ("format", "max_seq_length", "batch_size", "bad_shards", "random_document_pool"):
         assert getattr(spec, name) == getattr(data, name), name
 
