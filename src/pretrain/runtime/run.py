@@ -198,6 +198,12 @@ def train(cfg: DictConfig) -> Path:
                 "data.shuffle_buffer_documents, then resume from the last checkpoint"
             ) from error
         raise
+    except ShardError:
+        # every rank stops at the same step with its own line (`epoch_end.agree_on_step`):
+        # rank 0 lets the ranks it started write theirs, which its exit would cut short
+        if trainer.is_global_zero:
+            wait_for_local_ranks(trainer, run.trainer.collective_timeout_s)
+        raise
     finally:
         # the loader's workers stopped and gone on every path (Lightning's teardown leaves a
         # failed fit's to the interpreter's exit, where one still starting prints a traceback)
