@@ -1,18 +1,18 @@
-"""No host synchronisation in a training step but on log steps (issue 18 item 2), in the real
-Lightning loop: a run of each family under benchmarks/sync_check.py's `HostSyncOps` (the CPU
-stand-in for CUDA's sync debug mode) from each step's start to its end, log steps and the
-launch's first step excepted. The optimizer is torch's fused AdamW, as on CUDA (it takes the
+"""No host synchronisation in a training step but on log steps (issue 18 item 2, issue 58
+item 5), in the real Lightning loop: a run of each family under benchmarks/sync_check.py's
+`HostSyncOps` (the CPU stand-in for CUDA's sync debug mode) and tests/host_reads.py's
+`HostReads` (no `item`, `bool`, `tolist` of a tensor, no `torch.tensor(..., device=...)`, no
+barrier) from each step's start to the next's, log steps and the launch's first step excepted. The optimizer is torch's fused AdamW, as on CUDA (it takes the
 non-finite check's flag as `found_inf`; the unfused one needs the host to decide)."""
 
 import sys
 from pathlib import Path
 
-import lightning as L
 import pytest
 from conftest import cpu_run_overrides
+from host_reads import StepGuard, on_host_side
 
 from pretrain.config import compose_config
-from pretrain.runtime.progress_log import is_log_step
 from pretrain.runtime.run import prepare_run
 from pretrain.runtime.trainer import build_trainer
 
@@ -20,27 +20,18 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
 from sync_check import HostSyncOps  # noqa: E402
 
+
+class DeviceSyncOps(HostSyncOps):
+    """`HostSyncOps` outside the data fetch and the batch's host preparation (`on_host_side`:
+    host tensors there, as on CUDA)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if on_host_side():
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 STEPS, EVERY = 12, 5
-
-
-class SyncGuard(L.Callback):
-    """Every step but the first and the log steps (the run's last included) runs under
-    `HostSyncOps`."""
-
-    def __init__(self) -> None:
-        self.mode, self.guarded = None, []
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if step > 0 and not is_log_step(step + 1, trainer.log_every_n_steps, trainer.max_steps):
-            self.mode = HostSyncOps()
-            self.mode.__enter__()
-            self.guarded.append(step)
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if self.mode is not None:
-            self.mode.__exit__(None, None, None)
-            self.mode = None
 
 
 @pytest.mark.parametrize(
@@ -79,12 +70,12 @@ def test_steps_between_log_steps_never_wait_for_the_device(prepared_corpus, tmp_
         )
     )
     config, module, datamodule = prepare_run(cfg)
-    guard = SyncGuard()
+    guard = StepGuard(extra=DeviceSyncOps)
     trainer = build_trainer(config, tmp_path, [guard])
     try:
         trainer.fit(module, datamodule=datamodule)  # HostSyncOps raises at a syncing operator
     finally:
-        guard.on_train_batch_end(trainer, module, None, None, 0)  # leave it, even on an error
+        guard.leave()  # even on an error
     assert trainer.global_step == STEPS
     guarded = [s for s in range(1, STEPS - 1) if (s + 1) % EVERY != 0]  # micro-batches' steps
     assert guard.guarded == sorted(guarded * config.batch_plan.accumulate_grad_batches)

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 
 import torch
 
+from pretrain.errors import ConfigError
+
 OBJECTIVE_PREFIX = "objective."  # the task's submodule holding the objective
 SENTENCE_HEAD = "sentence_head."
 LEGACY_NAMES = {"nsp_head.": SENTENCE_HEAD}  # an old first component -> today's
@@ -87,3 +89,17 @@ def zero_state_with_task_names(state: object) -> tuple[object, bool]:
             optimizer["param_slice_mappings"] = [_renamed(group) for group in mappings]
             renamed = True
     return state, renamed
+
+
+def check_weight_shapes(
+    saved: Mapping[str, torch.Tensor], ours: Mapping[str, torch.Tensor], source: str
+) -> None:
+    """ConfigError naming `source` (the checkpoint), the first key whose saved shape differs
+    from this model's and both shapes, instead of torch's list of every size mismatch."""
+    for key, tensor in saved.items():
+        if key in ours and tuple(tensor.shape) != tuple(ours[key].shape):
+            raise ConfigError(
+                f"{source}: the checkpoint's {key} has shape {tuple(tensor.shape)}, this "
+                f"run's model {tuple(ours[key].shape)}: it was trained with another model "
+                "config; resume with that model config, or start over (resume=never)"
+            )

@@ -84,6 +84,15 @@ def reduce_on_host(value: int | list[int], op: dist.ReduceOp) -> int | list[int]
     return tensor.tolist() if isinstance(value, list) else int(tensor.item())
 
 
+def sum_on_device(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over all ranks, in place, on its device: one all-reduce, ordered on the
+    device's stream, without Lightning's `strategy.reduce` barrier before it (a barrier that
+    blocks the host under NCCL); itself when the run has one process."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
 def group_timeout_s() -> float | None:
     """The default process group's wait as the group holds it (what `ranks_met` set), in
     seconds; None where it cannot be read (no group, or no CPU backend in it)."""

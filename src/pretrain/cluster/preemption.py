@@ -3,11 +3,15 @@ next optimizer-step boundary, then the job stops (and, under SLURM, is requeued)
 
 Saving from inside a signal handler is unsafe: ranks stand at different points of a step, and
 a sharded (ZeRO) save is a collective that would hang or mix two steps. So the handler only
-sets a flag. After each optimizer step every rank takes part in one all-reduce of the flag
-(`strategy.reduce_boolean_decision`); when any rank was signalled, all of them save one
+sets a flag. After each optimizer step every rank takes part in one all-reduce of the flag on
+the host (`collectives.reduce_on_host`, two integers over the CPU group: no copy to the device,
+no barrier, no read of a device tensor); when any rank was signalled, all of them save one
 complete checkpoint through the run's checkpoint callback to `<run_dir>/checkpoints/last.ckpt`
 (model, optimizer, schedule, loop and data-stream position: a normal Lightning checkpoint, the
-one `resume=auto` continues from), then the trainer stops.
+one `resume=auto` continues from), then the trainer stops: a signal that comes during optimizer
+step N is saved at N's end, every rank at the same step. Lightning's own per-batch broadcast of
+its SIGTERM flag (a device tensor read back each micro-batch) is turned off while these handlers
+hold the signals (`lightning_compat.skip_sigterm_broadcast`).
 
 Signals:
 - `trainer.preemption_signal` (default USR1: `#SBATCH --signal=USR1@90` of slurm/train.sbatch,
@@ -43,10 +47,17 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
+import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from pretrain.cluster.collectives import reduce_on_host
 from pretrain.cluster.signals import PREEMPTION_SIGNALS, is_holding, parse_signal, take_held
+from pretrain.lightning_compat import (
+    clear_lightning_sigterm,
+    save_last_checkpoint,
+    skip_sigterm_broadcast,
+)
 
 STOP_SIGNAL = signal.SIGTERM
 SUBMITIT_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)  # submitit's timeout signal is USR2
@@ -190,7 +201,9 @@ class PreemptionCheckpoint(Callback):
         for signum in self._previous:
             signal.signal(signum, self._handle)
         if self._received is not None:
-            trainer._signal_connector.received_sigterm = False
+            clear_lightning_sigterm(trainer)
+        if self._previous:  # ours hold SIGTERM: Lightning's flag stays unset while training
+            skip_sigterm_broadcast(trainer)
         self._last_checked_step = trainer.global_step
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -205,12 +218,14 @@ class PreemptionCheckpoint(Callback):
         if trainer.global_step == self._last_checked_step:
             return  # inside gradient accumulation: not a step boundary
         self._last_checked_step = trainer.global_step
-        # A collective every optimizer step: all ranks learn whether any was signalled.
-        if not trainer.strategy.reduce_boolean_decision(self._received is not None, all=False):
-            return
-        requeue = trainer.strategy.reduce_boolean_decision(
-            self._received not in (None, STOP_SIGNAL), all=False
+        # One host all-reduce every optimizer step: all ranks learn whether any was signalled
+        # (and asked for a requeue); nothing is read from the device.
+        signalled, requeue = reduce_on_host(
+            [int(self._received is not None), int(self._received not in (None, STOP_SIGNAL))],
+            dist.ReduceOp.SUM,
         )
+        if not signalled:
+            return
         self.save_last(trainer)
         self.saved_step, self.saved_path = trainer.global_step, self._last_path(trainer)
         print(
@@ -269,7 +284,7 @@ class PreemptionCheckpoint(Callback):
         (`trainer.async_checkpoint` writes on a background thread): the run exits 75 only
         with its checkpoint complete."""
         callback = self._checkpoint_callback(trainer)
-        callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+        save_last_checkpoint(trainer, callback)
         # checkpoint.background's writer (duck-typed: the checkpoint layer is above this one)
         getattr(trainer.strategy.checkpoint_io, "wait", lambda: None)()
 

@@ -29,6 +29,7 @@ from pretrain.data.stream import EpochStream, check_world_size, rows_per_sample
 from pretrain.data.vocab import Vocabulary, load_vocabulary
 from pretrain.data.worker_processes import init_data_worker, worker_context
 from pretrain.errors import ConfigError, write_line
+from pretrain.lightning_compat import batches_done_this_epoch, restart_epoch_counters
 from pretrain.storage import (
     RetryPolicy,
     StorageError,
@@ -240,12 +241,7 @@ class PretrainingDataModule(L.LightningDataModule):
             positions = self._resume.get("partitions")
             # batch_idx (and so Lightning's accumulation phase) restarts at this position,
             # which may have been reached with another micro-batch size or accumulation
-            progress = trainer.fit_loop.epoch_loop.batch_progress
-            progress.current.reset()
-            if progress.total.completed == progress.total.processed - 1:
-                # saved at a batch's end: on restart Lightning counts that batch as completed
-                # (+1) and restarts every counter there, so start from -1 to restart at 0
-                progress.current.completed = -1
+            restart_epoch_counters(trainer)
         self._resume = None
         self.teardown("fit")  # the previous epoch's loader and its workers
         self._loader_epoch = epoch
@@ -303,7 +299,7 @@ class PretrainingDataModule(L.LightningDataModule):
         the samples are counted from the partitions' positions. Called on every rank alike
         (each saves or helps save)."""
         trainer = self.trainer
-        trained = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        trained = batches_done_this_epoch(trainer)
         loader = trainer.train_dataloader
         aligned = isinstance(loader, StepAlignedLoader)
         samples = trained * self.spec.batch_size * trainer.world_size

@@ -5,10 +5,17 @@ the same number of steps; a rank that met a bad shard stops every rank at the sa
 from dataclasses import dataclass
 
 import lightning as L
+import torch
 import torch.distributed as dist
 
-from pretrain.cluster.collectives import reduce_on_host
-from pretrain.data.loader import DATA_ERROR_KEY, STEP_LOSS_TOKENS_KEY, StepAlignedLoader, step_flag
+from pretrain.cluster.collectives import ranks_met, reduce_on_host
+from pretrain.data.loader import (
+    DATA_ERROR_KEY,
+    LOSS_TOKENS_KEY,
+    STEP_LOSS_TOKENS_KEY,
+    StepAlignedLoader,
+    step_flag,
+)
 from pretrain.data.shard_format import ShardError
 
 
@@ -59,3 +66,35 @@ def agree_on_step(module: L.LightningModule, batch: dict, batch_idx: int) -> Ste
             flush=True,
         )
     return StepAgreement(False, dropped=dropped)
+
+
+def weighed_loss(task: L.LightningModule, loss: torch.Tensor, batch: dict) -> torch.Tensor:
+    """The micro-batch's `loss` as its step weighs it: with token-budget batches
+    (`loader.weigh_step`) by its predicted tokens over the step's (all ranks), times ranks x
+    accumulation (`task._loss_scale`, from `agree_on_step`), which Lightning and DDP divide
+    back out: the step's gradient is that of the mean loss over every predicted token of the
+    step. Under the batch-size warm-up a step's a real micro-batches weigh accumulation / a
+    each, which Lightning divides back out: the step's gradient is that of the mean loss over
+    its real micro-batches."""
+    if LOSS_TOKENS_KEY in batch:
+        return loss * batch[LOSS_TOKENS_KEY] * task._loss_scale
+    if task.batch_warmup is not None:
+        plan = task.batch_plan
+        real = task.batch_warmup.micro_batches(
+            task.global_step, plan.micro_batch_size * plan.world_size
+        )
+        return loss * (task.trainer.accumulate_grad_batches / real)
+    return loss
+
+
+def start_step(task: L.LightningModule, batch: dict, batch_idx: int) -> bool:
+    """At a step's first micro-batch: whether every rank has a whole optimizer step of
+    batches (`agree_on_step`); keeps the step's loss scale of token-budget batches
+    (`task._loss_scale`) and the epochs ended (`task.loaders`)."""
+    agreed = agree_on_step(task, batch, batch_idx)
+    ranks_met()  # every rank got here: from now on collectives wait collective_timeout_s
+    if agreed.loss_scale is not None:
+        task._loss_scale = agreed.loss_scale
+    if not agreed.continues:
+        task.loaders.append((task.current_epoch, task.global_step, agreed.dropped))
+    return agreed.continues

@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 
 import torch
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 from pretrain.cluster.local_ranks import follow_launcher
 from pretrain.cluster.process_exit import ends_process
+from pretrain.lightning_compat import LocalRanksLauncher
 
 FORK_RANKS = "PRETRAIN_FORK_RANKS"  # "0": start local ranks by running the command line again
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
-class ForkLauncher(_SubprocessScriptLauncher):
+class ForkLauncher(LocalRanksLauncher):
     """Lightning's launcher of a one-node run's local ranks, forking them when `can_fork`
     (the module doc) and otherwise running the command line again, as Lightning does."""
 
@@ -95,10 +95,10 @@ class ForkLauncher(_SubprocessScriptLauncher):
         super().__init__(*args, **kwargs)
         self.devices = devices
 
-    def _call_children_scripts(self) -> None:
+    def start_local_ranks(self) -> None:
         if not can_fork(self.devices):
-            return super()._call_children_scripts()
-        self._check_can_spawn_children()
+            return super().start_local_ranks()
+        self.check_can_start_local_ranks()
         self.procs = []
         environment = self.cluster_environment  # the variables Lightning's command line gets
         os.environ["MASTER_ADDR"] = environment.main_address

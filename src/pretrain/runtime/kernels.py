@@ -152,3 +152,20 @@ def use_layer_norm_impl(module: torch.nn.Module, impl: str, device: torch.device
                 setattr(parent, name, fused)
                 swapped += 1
     return f"layer norm: apex.normalization.FusedLayerNorm (apex, {swapped} modules)"
+
+
+def layer_norm_choice(impl: str, precision: str) -> str:
+    """model.layer_norm_impl as used under Lightning's `precision`: `auto` under mixed
+    precision is torch's LayerNorm, which autocast keeps in fp32 (apex's FusedLayerNorm casts
+    its input and weights to the autocast dtype: BERT's post-LN residual stream in bf16);
+    `apex` is honoured as asked. README: model.layer_norm_impl."""
+    return "torch" if impl == "auto" and precision.endswith("-mixed") else impl
+
+
+def report_kernel(trainer, part: str, choice: str) -> None:
+    """Print which kernels `part` uses (once, rank 0) and log it with the hyperparameters."""
+    if not trainer.is_global_zero:
+        return
+    print(choice, flush=True)
+    for logger in trainer.loggers:
+        logger.log_hyperparams({f"kernels/{part}": choice.split(": ", 1)[1]})

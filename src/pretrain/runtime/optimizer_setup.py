@@ -50,3 +50,19 @@ def first_schedule(run: "TrainConfig", plan: BatchPlan) -> LearningRateSchedule:
     optim = run.optim
     segment = first_segment(warmup_steps(optim, plan), run_schedule_end(run), optim.schedule, optim)
     return LearningRateSchedule([segment])
+
+
+def clip_gradients(task, optimizer, clip_val: float | None, algorithm: str | None) -> None:
+    """Clip `task`'s gradients per trainer.gradient_clip_val. Lightning's mixed-precision
+    plugin refuses to clip for an optimizer that unscales its own gradients (torch's fused
+    AdamW, which GPU runs use) even in bf16, where no gradient scaler exists and nothing is
+    unscaled; there the plugin's plain clipping runs. With fp16's scaler, Lightning's check
+    stands."""
+    import lightning as L
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    plugin = task.trainer.precision_plugin
+    if isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+        Precision.clip_gradients(plugin, optimizer, clip_val or 0.0, algorithm or "norm")
+    else:
+        L.LightningModule.configure_gradient_clipping(task, optimizer, clip_val, algorithm)

@@ -9,19 +9,21 @@ import time
 import lightning as L
 import torch
 
+from pretrain.cluster.collectives import sum_on_device
 from pretrain.data.batch_warmup import is_skipped_batch
 
 
 class ProgressLog(L.Callback):
-    """Counts each micro-batch's tokens and samples on the device; after every optimizer step
-    one all-reduce (sum over ranks, stream-ordered: no host sync) adds them to the run's
-    totals, which are read back on log steps only."""
+    """Counts each micro-batch's tokens on the device and its samples on the host; after every
+    optimizer step one all-reduce (`sum_on_device`: stream-ordered, no host sync) adds both to
+    the run's totals, which are read back on log steps only."""
 
     def __init__(self) -> None:
         self.tokens = self.samples = 0  # before this launch (from the checkpoint)
         self.elapsed_s = 0.0
         self._launch: torch.Tensor | None = None  # (tokens, samples) of this launch, all ranks
-        self._pending: torch.Tensor | None = None  # this rank's, since the last step
+        self._pending: torch.Tensor | None = None  # this rank's tokens, since the last step
+        self._pending_samples = 0  # and samples (a host count: no copy to the device)
         self._start = time.monotonic()
         self._last_step = -1
 
@@ -44,6 +46,7 @@ class ProgressLog(L.Callback):
         self._start = time.monotonic()
         self._last_step = trainer.global_step
         self._launch = self._pending = None
+        self._pending_samples = 0
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
@@ -51,14 +54,16 @@ class ProgressLog(L.Callback):
         if is_skipped_batch(batch):  # a warm-up step's marker: no samples, never its last
             return
         mask = batch["attention_mask"]  # (batch, seq)
-        counts = torch.stack([mask.sum(), torch.tensor(mask.shape[0], device=mask.device)])
-        self._pending = counts if self._pending is None else self._pending + counts
+        tokens = mask.sum()
+        self._pending = tokens if self._pending is None else self._pending + tokens
+        self._pending_samples += mask.shape[0]
         step = trainer.global_step
         if step != self._last_step:  # an optimizer step was taken: add every rank's counts
             self._last_step = step
-            total = trainer.strategy.reduce(self._pending.double(), reduce_op="sum")
+            samples = torch.full_like(self._pending, self._pending_samples)  # a fill, not a copy
+            total = sum_on_device(torch.stack([self._pending, samples]).double())
             self._launch = total if self._launch is None else self._launch + total
-            self._pending = None
+            self._pending, self._pending_samples = None, 0
         else:  # inside an accumulation: the step's row gets its counts at its last micro-batch
             return
         # in the row of the step's training metrics, which Lightning writes on log steps

@@ -117,6 +117,33 @@ def describe_extension(segments: list[dict]) -> str:
     )
 
 
+def set_rates(scheduler, rate: float) -> None:
+    """Set every parameter group's learning rate of `scheduler`'s optimizer to its base rate
+    times `rate`."""
+    for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = base * rate
+
+
+def rewind_schedule(scheduler, schedule: LearningRateSchedule | None, steps: int) -> None:
+    """Move a step-interval LR `scheduler` (None: nothing to move) back by `steps` optimizer
+    steps, skipped on the device after it had advanced, and set the rates from `schedule`."""
+    if scheduler is not None:
+        scheduler.last_epoch -= steps
+        set_rates(scheduler, schedule(scheduler.last_epoch) if schedule else 1.0)
+
+
+def continue_schedule(
+    scheduler, schedule: LearningRateSchedule, saved: list[dict], run: "TrainConfig", warmup: int
+) -> bool:
+    """Make a resumed launch's `schedule` follow the checkpoint's segments `saved`, extended
+    per optim.extend when the run's max_steps passes the end of a decaying one (ConfigError
+    under `refuse`), and set the next step's rate; True when a segment was added."""
+    segments = extended(saved, scheduler.last_epoch, run, warmup)
+    schedule.segments = [dict(s) for s in segments]
+    set_rates(scheduler, schedule(scheduler.last_epoch))
+    return len(segments) > len(saved)
+
+
 def check_extension(checkpoint: str | Path, run: "TrainConfig", warmup_steps: int) -> None:
     """Before any rank starts: ConfigError when continuing `checkpoint` (a file or a ZeRO
     directory) with the run's (typed TrainConfig) max_steps would extend its decaying

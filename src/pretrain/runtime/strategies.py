@@ -25,10 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.connector import _convert_precision_to_unified_args
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 from pretrain.checkpoint.atomic import PARTIAL_SUFFIX, replace_directory
 from pretrain.cluster.collectives import use_timeouts
@@ -36,6 +34,7 @@ from pretrain.data.loader import LOSS_TOKENS_KEY
 from pretrain.data.stages import ROPE_THETA_KEY
 from pretrain.deepspeed_json import deepspeed_config
 from pretrain.errors import ConfigError
+from pretrain.lightning_compat import ReplacesScriptLauncher, unified_precision
 from pretrain.runtime.fork_launcher import ForkLauncher
 
 # batch fields that are numbers the step computes with, not activations: kept in float32
@@ -54,19 +53,17 @@ class DeepSpeedPrecisionKeepingFloat32(DeepSpeedPrecision):
         return {key: kept[key] if key in kept else converted[key] for key in data}
 
 
-class ForkedLocalRanks:
+class ForkedLocalRanks(ReplacesScriptLauncher):
     """Strategy mixin (before a DDPStrategy): the local ranks Lightning would start by running
     the command line again are forked where that is safe (`ForkLauncher`)."""
 
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        if type(self._launcher) is _SubprocessScriptLauncher:
-            self._launcher = ForkLauncher(
-                self.cluster_environment,
-                self.num_processes,
-                self.num_nodes,
-                devices=list(self.parallel_devices or []),
-            )
+    def local_ranks_launcher(self) -> ForkLauncher:
+        return ForkLauncher(
+            self.cluster_environment,
+            self.num_processes,
+            self.num_nodes,
+            devices=list(self.parallel_devices or []),
+        )
 
 
 class LocalDDPStrategy(ForkedLocalRanks, DDPStrategy):
@@ -191,7 +188,7 @@ def build_strategy(config: Any) -> Strategy | str:
     if name == "deepspeed":
         os.environ.setdefault("DS_BUILD_OPS", "0")
         strategy_class = CPUDeepSpeedStrategy if cpu else PretrainDeepSpeedStrategy
-        precision = _convert_precision_to_unified_args(trainer.precision)
+        precision = unified_precision(trainer.precision)
         return strategy_class(
             config=deepspeed_config(config),
             precision_plugin=DeepSpeedPrecisionKeepingFloat32(precision),

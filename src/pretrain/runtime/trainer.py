@@ -8,14 +8,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, TQDMProgressBar
-from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
+from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
 from pretrain.checkpoint.atomic import AtomicCheckpointIO, checkpoint_dir, link_checkpoint
 from pretrain.checkpoint.background import BackgroundCheckpointIO, run_after_writes
 from pretrain.cluster.preemption import preemption_callbacks, slurm_plugins
 from pretrain.errors import ConfigError, RunEnvironmentError
+from pretrain.lightning_compat import (
+    CheckpointHooks,
+    forget_wandb_run,
+    progress_bar_due,
+    set_progress_bar,
+    summary_table,
+    wandb_run_started,
+)
 from pretrain.runtime.progress_log import ProgressLog, is_log_step
 from pretrain.runtime.strategies import build_strategy
 
@@ -23,7 +30,7 @@ if TYPE_CHECKING:
     from pretrain.config import TrainConfig
 
 
-class StepCheckpoint(ModelCheckpoint):
+class StepCheckpoint(CheckpointHooks):
     """ModelCheckpoint that also saves (top-k and last) when training ends between two
     `every_n_train_steps` saves, so the final state is always on disk. At `max_steps` it saves
     right after the last optimizer step, before Lightning closes the epoch, so the checkpoint
@@ -42,11 +49,11 @@ class StepCheckpoint(ModelCheckpoint):
         self._read_link = False  # whether _linked was read from disk in this launch
         self._deferred: list[str] = []  # removals of the linked checkpoint, held back
 
-    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+    def write_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super().write_checkpoint(trainer, filepath)
         self._saved = (trainer.global_step, Path(filepath))
 
-    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict) -> None:
+    def write_last(self, trainer: L.Trainer, monitor_candidates: dict) -> None:
         if not self.save_last:
             return
         link = Path(self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST))
@@ -54,7 +61,7 @@ class StepCheckpoint(ModelCheckpoint):
         step, saved = self._saved or (None, None)
         if step != trainer.global_step or saved is None or saved.parent != link.parent:
             self._linked, self._read_link = None, True
-            self._save_checkpoint(trainer, str(link))  # the only copy of this step
+            self.write_checkpoint(trainer, str(link))  # the only copy of this step
             return
         if saved == link:
             return  # last.ckpt was written in full at this step already
@@ -63,9 +70,9 @@ class StepCheckpoint(ModelCheckpoint):
             run_after_writes(trainer.strategy.checkpoint_io, lambda: link_checkpoint(saved, link))
         deferred, self._deferred = self._deferred, []
         for path in deferred:
-            super()._remove_checkpoint(trainer, path)
+            super().remove_checkpoint_file(trainer, path)
 
-    def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+    def remove_checkpoint_file(self, trainer: L.Trainer, filepath: str) -> None:
         if not self._read_link:  # a resumed launch: what the previous one linked
             last = Path(str(self.dirpath)) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
             self._linked = last.with_name(os.readlink(last)) if last.is_symlink() else None
@@ -73,23 +80,19 @@ class StepCheckpoint(ModelCheckpoint):
         if self._linked is not None and Path(filepath) == self._linked:
             self._deferred.append(filepath)  # removed once last.ckpt links elsewhere
             return
-        super()._remove_checkpoint(trainer, filepath)
+        super().remove_checkpoint_file(trainer, filepath)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, *args)
         final = trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps
-        if final and self._last_global_step_saved != trainer.global_step:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+        if final and self.last_saved_step != trainer.global_step:
+            self.save_now(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._last_global_step_saved != trainer.global_step:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+        if self.last_saved_step != trainer.global_step:
+            self.save_now(trainer)
         super().on_train_end(trainer, pl_module)
 
 
@@ -100,18 +103,26 @@ class StepProgressBar(TQDMProgressBar):
         bar = self.train_progress_bar
         if bar.total != trainer.max_steps:
             bar.reset(total=trainer.max_steps)
-            _update_n(bar, trainer.global_step)
+            set_progress_bar(bar, trainer.global_step)
         bar.set_description(f"epoch {trainer.current_epoch}, step")
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *_: object
     ) -> None:
-        if self._should_update(trainer.global_step, trainer.max_steps):
-            _update_n(self.train_progress_bar, trainer.global_step)
+        if progress_bar_due(self, trainer.global_step, trainer.max_steps):
+            set_progress_bar(self.train_progress_bar, trainer.global_step)
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
+        """Lightning's bar values and the summary loss of the last log step, read on the host
+        there (`loss_history`): the bar reads nothing from the device."""
+        metrics = super().get_metrics(trainer, pl_module)
+        if history := getattr(pl_module, "loss_history", None):
+            metrics["loss"] = f"{history[-1][1]:.3g}"
+        return metrics
 
     def on_train_end(self, *_: object) -> None:
         self.train_progress_bar.close()
@@ -175,7 +186,7 @@ def finish_loggers(trainer: L.Trainer, finished: bool) -> None:
     until it has closed every run's files and exited, so a run's files are complete when
     its launch returns, before the next sweep point starts."""
     for logger in trainer.loggers:
-        if not isinstance(logger, WandbLogger) or logger._experiment is None:
+        if not isinstance(logger, WandbLogger) or not wandb_run_started(logger):
             continue
         import wandb
 
@@ -184,7 +195,7 @@ def finish_loggers(trainer: L.Trainer, finished: bool) -> None:
             final = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
             run.summary.update({"trainer/global_step": trainer.global_step, **final})
         run.finish(exit_code=0 if finished else 1)
-        logger._experiment = None
+        forget_wandb_run(logger)
         try:
             wandb.teardown()
         except SystemExit as error:  # wandb-core's own failure: the run itself is done
@@ -219,14 +230,9 @@ class ParameterSummary(ModelSummary):
     @staticmethod
     def summarize(summary_data, total_parameters, trainable_parameters, model_size, modes, **_):
         from lightning.pytorch.callbacks.model_summary import log
-        from lightning.pytorch.utilities.model_summary.model_summary import (
-            _format_summary_table,
-        )
 
         columns = [column for column in summary_data if column[0] != "FLOPs"]
-        table = _format_summary_table(
-            total_parameters, trainable_parameters, model_size, modes, 0, *columns
-        )
+        table = summary_table(total_parameters, trainable_parameters, model_size, modes, columns)
         log.info("\n" + table.rsplit("\n", 1)[0])  # its last line is the FLOP total
 
 
@@ -325,6 +331,7 @@ def build_trainer(
         limit_val_batches=0,
         default_root_dir=str(run_dir),
     )
+
 
 def checkpoint_io(config: "TrainConfig") -> AtomicCheckpointIO:
     """How the run writes checkpoint files: atomically, on a writer thread with
