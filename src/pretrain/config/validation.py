@@ -45,8 +45,7 @@ def validate_run(run: TrainConfig) -> TrainConfig:
     # Late imports: these read data's format registry, and DeepSpeed's check imports torch.
     from pretrain.data.batch_warmup import batch_size_warmup
     from pretrain.data.partitions import memory_partitions
-    from pretrain.data.run_checks import check_data_against_run
-    from pretrain.data.stages import stage_context
+    from pretrain.data.run_checks import check_data_against_run, stage_context
     from pretrain.deepspeed_json import check_strategy
 
     run.model = component_config("model", run.model)

@@ -40,61 +40,10 @@ import numpy as np
 
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.positions import MARK_COLUMNS
-from pretrain.errors import require
 
 PROGRESS_KEY = "sample_progress_tokens"  # (batch,) int64, put in by the stream, read here
 ROPE_THETA_KEY = "global_rope_theta"  # (batch,) float32: a row's stage's RoPE theta
 OWN_FIELDS = ("stages", "until_tokens", "pad_id", "stage_lengths", "rope_thetas")
-
-
-def stage_context(run: Any) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
-    """The stages' sequence lengths (objective.stages[k].max_seq_length, else
-    data.max_seq_length) and global RoPE thetas (.global_rope_theta, else the model's), each
-    None when no stage sets it. ConfigError naming objective.stages[k].<key> when a length is
-    not in 8 .. data.max_seq_length (the run's longest, which sizes its shapes), a length
-    stage's format does not pack sentences, or the model has no global RoPE theta. `run`: a
-    typed run config (`pretrain.config.TrainConfig`), checked once by its validation and
-    read again when the objective builds its corruption."""
-    from pretrain.data.input_formats import INPUT_FORMATS
-
-    stages = run.objective.stages or []
-    lengths, thetas = [], []
-    for number, stage in enumerate(stages):
-        where = f"objective.stages[{number}]"
-        length = stage.get("max_seq_length", run.data.max_seq_length)
-        require(
-            isinstance(length, int) and 8 <= length <= run.data.max_seq_length,
-            f"{where}.max_seq_length",
-            length,
-            f"must be a whole number of tokens from 8 to data.max_seq_length "
-            f"({run.data.max_seq_length}, the run's longest)",
-        )
-        require(
-            length == run.data.max_seq_length or INPUT_FORMATS[run.data.format].staged_lengths,
-            f"{where}.max_seq_length",
-            length,
-            f"data.format={run.data.format} does not pack sentences to a length; use "
-            "data=full_sentences or doc_sentences",
-        )
-        default_theta = getattr(run.model, "global_rope_theta", None)
-        require(
-            "global_rope_theta" not in stage or default_theta is not None,
-            f"{where}.global_rope_theta",
-            stage.get("global_rope_theta"),
-            f"model {run.model.name} has no RoPE theta (a modernbert model has)",
-        )
-        theta = stage.get("global_rope_theta", default_theta)
-        require(
-            theta is None or theta > 0,
-            f"{where}.global_rope_theta",
-            theta,
-            "must be positive",
-        )
-        lengths.append(length)
-        thetas.append(theta)
-    staged_lengths = any(n != run.data.max_seq_length for n in lengths)
-    staged_thetas = any("global_rope_theta" in stage for stage in stages)
-    return (tuple(lengths) if staged_lengths else None, tuple(thetas) if staged_thetas else None)
 
 
 def sample_progress_tokens(

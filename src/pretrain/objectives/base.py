@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from pretrain.config import TrainConfig, plain_config, run_config
-from pretrain.data.stages import StagedCorruption, StageLengths, stage_context
+from pretrain.data.run_checks import stage_context
+from pretrain.data.stages import StagedCorruption, StageLengths
 from pretrain.data.vocab import Vocabulary
 from pretrain.objectives.configs import ObjectiveConfig, stage_configs
 

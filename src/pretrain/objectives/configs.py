@@ -74,7 +74,7 @@ class ObjectiveConfig:
 # Objective settings a stage may not change: what the stream, the model or the loss use.
 UNSTAGED_SETTINGS = ("name", "_target_", "masking", "dupe_factor", "stages", "seed", "pair_task")
 # What a stage may set besides the corruption: a context-extension phase (checked against the
-# run by `pretrain.config.stage_context`): its samples' sequence length, the global layers'
+# run by `pretrain.data.run_checks.stage_context`): its samples' sequence length, the global layers'
 # RoPE theta.
 CONTEXT_STAGE_SETTINGS = ("max_seq_length", "global_rope_theta")
 
