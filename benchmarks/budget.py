@@ -3,12 +3,15 @@ of training time best buy, held out and downstream?
 
     .venv/bin/python benchmarks/budget.py [--budget-s 150] [--only mlm electra] [--seed 0]
     .venv/bin/python benchmarks/budget.py --merge a.log b.log   # `--only` runs' output, joined
+    .venv/bin/python benchmarks/budget.py --only mlm --budget-s 1 --warm-steps 2 \
+        --calibration-steps 2 --tasks builtin_order --shards DIR --runs-dir DIR --no-publish \
+        --eval-overrides eval.epochs=1 eval.task.train_size=32   # a smoke run (the tests')
 
 Each family trains the `make demo` encoder size (64 features, 2 layers; ELECTRA's
 discriminator at the same sizes, its own encoder class) at the demo's batch, sequence length
 and warm-up, on the built-in corpus minus its last shard, for the same time on one thread:
-its seconds per optimizer step are measured first (CALIBRATION_STEPS after a start-up of
-WARM_STEPS, read from `train/elapsed_s`), then it trains `budget / (seconds per step)` steps
+its seconds per optimizer step are measured first (`--calibration-steps` after a start-up of
+`--warm-steps`, read from `train/elapsed_s`), then it trains `budget / (seconds per step)` steps
 with its schedule fitted to them, so a family whose step costs twice as much (ELECTRA runs a
 generator too) trains half the steps. Scored:
 - held out: the objective's own MLM cross-entropy on that shard (`val/mlm_loss`; ELECTRA's is
@@ -28,8 +31,10 @@ figure from their saved output. `compare_objectives.py` compares more masking va
 
 import argparse
 import json
+import math
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from pretrain.config import compose_config
@@ -71,14 +76,18 @@ def last_value(run_dir: Path, key: str) -> float:
     return values[max(values)]
 
 
-def family_config(objective: str, fmt: str, overrides: list[str], run_dir: Path, steps: int):
+def family_config(
+    objective: str, fmt: str, overrides: list[str], shards: Path, run_dir: Path, steps: int
+):
+    """The demo's training config for one family on `shards` (its last shard held out),
+    `steps` optimizer steps into `run_dir` (emptied first)."""
     shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's logs would join this one's
     return compose_config(
         [
             "experiment=demo",
             f"objective={objective}",
             f"data={fmt}",
-            f"data.shards_dir={CORPUS}",
+            f"data.shards_dir={shards}",
             "data.holdout_shards=1",
             f"run_dir={run_dir}",
             "resume=never",
@@ -93,46 +102,67 @@ def family_config(objective: str, fmt: str, overrides: list[str], run_dir: Path,
     )
 
 
-def seconds_per_step(objective: str, fmt: str, overrides: list[str]) -> float:
-    """A family's training seconds per optimizer step, between its WARM_STEPS-th step and
-    CALIBRATION_STEPS later (start-up, the first loader and validation left out)."""
+def seconds_per_step(
+    objective: str,
+    fmt: str,
+    overrides: list[str],
+    shards: Path,
+    runs: Path,
+    warm_steps: int = WARM_STEPS,
+    calibration_steps: int = CALIBRATION_STEPS,
+) -> float:
+    """A family's training seconds per optimizer step, between its `warm_steps`-th step and
+    `calibration_steps` later (start-up, the first loader and validation left out); its
+    calibration run goes under `runs/calibration`."""
     from pretrain.runtime.run import train
 
-    run_dir = RUNS / "calibration" / objective
-    total = WARM_STEPS + CALIBRATION_STEPS
-    train(
-        family_config(
-            objective, fmt, [*overrides, "trainer.log_every_n_steps=20"], run_dir, total + 1
-        )
-    )
+    run_dir = runs / "calibration" / objective
+    total = warm_steps + calibration_steps
+    every = math.gcd(warm_steps, calibration_steps)  # both ends logged (20 by default)
+    logged = [*overrides, f"trainer.log_every_n_steps={every}"]
+    train(family_config(objective, fmt, logged, shards, run_dir, total + 1))
     elapsed = read_metrics(run_dir)["train/elapsed_s"]
-    first, last = WARM_STEPS - 1, total - 1
+    first, last = warm_steps - 1, total - 1
     return (elapsed[last] - elapsed[first]) / (last - first)
 
 
-def pretrain_family(objective: str, fmt: str, overrides: list[str], steps: int) -> Path:
-    """Train one family for `steps` steps; returns its exported encoder's directory."""
+def pretrain_family(
+    objective: str, fmt: str, overrides: list[str], steps: int, shards: Path, run_dir: Path
+) -> Path:
+    """Train one family for `steps` steps into `run_dir`; returns its exported encoder's
+    directory."""
     from pretrain.export import export_checkpoint
     from pretrain.runtime.run import train
 
-    run_dir = RUNS / objective
-    train(family_config(objective, fmt, overrides, run_dir, steps))
+    train(family_config(objective, fmt, overrides, shards, run_dir, steps))
     return export_checkpoint(run_dir / "checkpoints" / "last.ckpt", run_dir / "hf", overwrite=True)
 
 
-def margins(encoder: Path, seed: int) -> dict[str, dict[str, tuple[float, float]]]:
-    """{mode: {task: (pretrained, random) dev accuracy}} with `make demo-eval`'s recipes."""
+def margins(
+    encoder: Path, seed: int, tasks: Sequence[str] = DEMO_TASKS, extra: Sequence[str] = ()
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """{mode: {task: (pretrained, random) dev accuracy}} with `make demo-eval`'s recipes, then
+    the Hydra overrides `extra` (e.g. `eval.epochs=1` for a smoke run)."""
     out: dict[str, dict[str, tuple[float, float]]] = {}
+    overrides = [f"encoder.path={encoder}", "wandb=never", *extra]
     for mode in RECIPES:
         out[mode] = {}
-        for task in DEMO_TASKS:
-            results = compare(task, [f"encoder.path={encoder}", "wandb=never"], mode, seed)
+        for task in tasks:
+            results = compare(task, overrides, mode, seed)
             out[mode][task] = tuple(results[init]["metrics"]["accuracy"] for init in INITS)
     return out
 
 
+def scored_tasks(results: list[dict]) -> list[str]:
+    """The downstream tasks the results were scored on, in their order (DEMO_TASKS unless
+    `--tasks` chose others)."""
+    return list(results[0]["eval"][next(iter(RECIPES))]) if results else list(DEMO_TASKS)
+
+
 def table(results: list[dict], budget_s: float, seed: int) -> str:
-    short = [t.removeprefix("builtin_") for t in DEMO_TASKS]
+    """The Markdown table (with its caption) of the families' results."""
+    tasks = scored_tasks(results)
+    short = [t.removeprefix("builtin_") for t in tasks]
     columns = [f"{t} ({m})" for m in RECIPES for t in short]
     lines = [
         f"{budget_s:.0f} s of training per family on one thread (its steps from its measured "
@@ -145,9 +175,7 @@ def table(results: list[dict], budget_s: float, seed: int) -> str:
     ]
     for r in results:
         cells = [
-            f"{100 * (p - q):+.1f}"
-            for m in RECIPES
-            for p, q in (r["eval"][m][t] for t in DEMO_TASKS)
+            f"{100 * (p - q):+.1f}" for m in RECIPES for p, q in (r["eval"][m][t] for t in tasks)
         ]
         lines.append(
             f"| {r['name']} | {r['steps']} | {r['s_per_step']:.3f} | {r['trained_s']:.0f} | "
@@ -167,10 +195,11 @@ def figure(results: list[dict], path: Path) -> None:
     axes[0].barh([r["name"] for r in results], [r["mlm_loss"] for r in results])
     axes[0].set_xlabel("held-out MLM loss (nats; lower is better)")
     width = 0.8 / len(results)
-    short = [t.removeprefix("builtin_") for t in DEMO_TASKS]
+    tasks = scored_tasks(results)
+    short = [t.removeprefix("builtin_") for t in tasks]
     for axis, mode in zip(axes[1:], RECIPES, strict=True):
         for i, r in enumerate(results):
-            values = [100 * (p - q) for p, q in (r["eval"][mode][t] for t in DEMO_TASKS)]
+            values = [100 * (p - q) for p, q in (r["eval"][mode][t] for t in tasks)]
             axis.bar([t + i * width for t in range(len(short))], values, width, label=r["name"])
         axis.axhline(10, color="grey", linestyle="--", linewidth=0.8)
         axis.set_xticks([t + 0.4 - width / 2 for t in range(len(short))], short, fontsize=8)
@@ -189,30 +218,56 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="the downstream fits' seed")
     parser.add_argument("--merge", nargs="+", type=Path, help="`--only` runs' saved output")
+    parser.add_argument("--shards", type=Path, default=CORPUS, help="the prepared corpus")
+    parser.add_argument("--runs-dir", type=Path, default=RUNS, help="the families' runs")
+    parser.add_argument("--warm-steps", type=int, default=WARM_STEPS, help="before timing")
+    parser.add_argument("--calibration-steps", type=int, default=CALIBRATION_STEPS)
+    parser.add_argument("--tasks", nargs="+", default=list(DEMO_TASKS), help="downstream")
+    parser.add_argument(
+        "--eval-overrides", nargs="+", default=[], help="Hydra overrides of every fit"
+    )
+    parser.add_argument(
+        "--no-publish", action="store_true", help="print the table only (no RESULTS.md, PNG)"
+    )
     args = parser.parse_args()
+    if min(args.warm_steps, args.calibration_steps) < 1:
+        parser.error("--warm-steps and --calibration-steps must be at least 1")
     if args.merge:
-        publish(*merged(args.merge))
+        results, budget_s, seed = merged(args.merge)
+        if args.no_publish:
+            print(table(results, budget_s, seed))
+        else:
+            publish(results, budget_s, seed)
         return
     results = []
     for name, objective, fmt, overrides in FAMILIES:
         if args.only and objective not in args.only:
             continue
-        s_per_step = seconds_per_step(objective, fmt, overrides)
-        steps = max(WARM_STEPS, round(args.budget_s / s_per_step))
-        encoder = pretrain_family(objective, fmt, overrides, steps)
+        s_per_step = seconds_per_step(
+            objective,
+            fmt,
+            overrides,
+            args.shards,
+            args.runs_dir,
+            args.warm_steps,
+            args.calibration_steps,
+        )
+        steps = max(args.warm_steps, round(args.budget_s / s_per_step))
+        run_dir = args.runs_dir / objective
+        encoder = pretrain_family(objective, fmt, overrides, steps, args.shards, run_dir)
         result = {
             "name": name,
             "steps": steps,
             "s_per_step": s_per_step,
-            "mlm_loss": last_value(RUNS / objective, "val/mlm_loss"),
-            "trained_s": last_value(RUNS / objective, "train/elapsed_s"),
-            "eval": margins(encoder, args.seed),
+            "mlm_loss": last_value(run_dir, "val/mlm_loss"),
+            "trained_s": last_value(run_dir, "train/elapsed_s"),
+            "eval": margins(encoder, args.seed, args.tasks, args.eval_overrides),
             "budget_s": args.budget_s,
             "seed": args.seed,
         }
         results.append(result)
         print(json.dumps(result), flush=True)
-    if args.only:
+    if args.only or args.no_publish:
         print(table(results, args.budget_s, args.seed))
     else:
         publish(results, args.budget_s, args.seed)

@@ -79,6 +79,12 @@ SMOKES: dict[str, tuple[list[str], str]] = {
         "--hidden 32 --layers 1 --vocab 100 --stages 3".split(),
         "DeepSpeed est. MB",
     ),
+    "budget.py": (
+        "--only mlm --budget-s 0 --warm-steps 1 --calibration-steps 1 --shards {shards} "
+        "--runs-dir {tmp}/runs --tasks builtin_order --no-publish --eval-overrides "
+        "eval.epochs=1 eval.probe_epochs=1 eval.task.train_size=16 eval.task.dev_size=8".split(),
+        "| MLM (RoBERTa-style) | 1 |",
+    ),
 }
 
 # script -> the test file that runs it (gpu_check.sh --smoke runs the three scripts it calls)
@@ -91,11 +97,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
 # script -> why no test runs it whole (kept short: each is a decision, not an oversight)
 NOT_RUN: dict[str, str] = {
     "fidelity_corpora.py": "a module of fidelity.py (its corpora), no command of its own",
-    "budget.py": (
-        "one family is 81 calibration steps, its training and 20 downstream fits (minutes); "
-        "its --merge is tests/unit/test_budget_merge.py's, its parts are `make demo`'s and "
-        "`make demo-eval`'s"
-    ),
 }
 
 
@@ -133,6 +134,18 @@ def tiny_teacher_and_int8(work: Path) -> None:
 INPUTS = {"compression.py": tiny_teacher_and_int8}
 
 
+def budget_published() -> tuple[str, bytes]:
+    """RESULTS.md's `budget` block and benchmarks/figures/budget.png: budget.py's smoke run
+    (--no-publish) must leave both as they were."""
+    text = (BENCHMARKS / "RESULTS.md").read_text()
+    block = text[text.index("<!-- budget:begin -->") : text.index("<!-- budget:end -->")]
+    return block, (BENCHMARKS / "figures" / "budget.png").read_bytes()
+
+
+# script -> what it must leave as it was (read before and after it runs)
+UNCHANGED = {"budget.py": budget_published}
+
+
 @pytest.mark.parametrize("script", sorted(SMOKES))
 def test_benchmark_prints_its_table(
     script, prepared_corpus, tmp_path, monkeypatch, capsys, restored_process_state
@@ -144,6 +157,9 @@ def test_benchmark_prints_its_table(
     filled = [a.format(shards=prepared_corpus, tmp=work) for a in arguments]
     monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *filled])
     monkeypatch.chdir(tmp_path)
+    unchanged = UNCHANGED.get(script, lambda: None)
+    before = unchanged()
     runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
     printed = capsys.readouterr().out
     assert table_line in printed, printed[-3000:]
+    assert unchanged() == before, f"benchmarks/{script} changed what its smoke must leave"
