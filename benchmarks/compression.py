@@ -289,8 +289,8 @@ def draw(rows: list[Row], tasks: list[str], path: Path) -> None:
             r.throughput / b.throughput for r, b in zip(rows, base, strict=True)
         ],
         **{
-            f"accuracy {t} / teacher's": [
-                statistics.fmean(r.scores[t]) / max(statistics.fmean(teacher.scores[t]), 1e-9)
+            f"accuracy {t} / teacher's": [  # 0: not scored (the teacher in another runtime)
+                statistics.fmean(r.scores.get(t, [0.0])) / statistics.fmean(teacher.scores[t])
                 for r in rows
             ]
             for t in tasks
