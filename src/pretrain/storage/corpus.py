@@ -5,7 +5,6 @@ locally written corpus to a URL is `pretrain.storage.upload`."""
 import hashlib
 import heapq
 import itertools
-import json
 import os
 import threading
 from collections import OrderedDict
@@ -301,38 +300,30 @@ KNOWN_FILES = (
 
 def mirror_corpus(
     url: str, cache_dir: Path, options_json: str = "{}", retry: RetryPolicy | None = None
-) -> tuple[Path, dict[str, int] | None]:
-    """Copy the manifest, tokenizer and other small files (everything but the shards) of
-    the corpus at `url` into `<cache_dir>/<corpus key>/` (under a lock; fetched anew every
-    time, files renamed into place); returns (that directory, {object name: bytes} of the
-    corpus, None where the storage cannot list: http(s)). Raises StorageError naming the
+) -> tuple[Path, None]:
+    """Copy the manifest, tokenizer and other small files (`KNOWN_FILES`) of the corpus at
+    `url` into `<cache_dir>/<corpus key>/` (under a lock, files renamed into place); returns
+    (that directory, None). The store is never listed: the manifest is authoritative (each
+    shard is checked against it when fetched). Fetched once per launch and node: the first
+    process of a launch (`launch_key`) fetches, the node's others wait on the lock and find
+    its copy; without a launch key, every call fetches anew. Raises StorageError naming the
     URL when there is no manifest."""
     retry = retry or RetryPolicy()
     root = Path(cache_dir) / corpus_key(url)
     root.mkdir(parents=True, exist_ok=True)
-    objects = None
-    if protocol(url) not in ("http", "https"):
-        objects = with_retries(lambda: list_objects(url, options_json), url, retry, "listing")
-        if MANIFEST_FILE not in objects:
-            raise _no_manifest(url)
+    launch, marker = launch_key(), root / ".mirrored"
     with cache.file_lock(root / ".mirror.lock"):
+        if launch and marker.is_file() and marker.read_text() == launch:
+            return root, None  # this launch's copy, by another process of this node
+        marker.unlink(missing_ok=True)
         manifest_part = root / f".{MANIFEST_FILE}.partial-{os.getpid()}"
         try:
             _fetch_small(join_url(url, MANIFEST_FILE), manifest_part, options_json, retry)
         except FileNotFoundError:
             raise _no_manifest(url) from None
-        try:
-            shards = json.loads(manifest_part.read_text(encoding="utf-8")).get("shards", [])
-            shard_names = {s["name"] for s in shards}
-        except (ValueError, AttributeError, TypeError, KeyError):
-            shard_names = set()  # load_manifest names the fault
-        names = KNOWN_FILES
-        if objects is not None:  # what the corpus has of them, and its whole tokenizer/
-            names = sorted(n for n in objects if n in KNOWN_FILES or n.startswith("tokenizer/"))
-        for name in names:
-            if name in shard_names or name == MANIFEST_FILE or name.startswith("."):
-                continue
+        for name in KNOWN_FILES:
             target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
             part = target.with_name(f".{target.name}.partial-{os.getpid()}")
             try:
                 _fetch_small(join_url(url, name), part, options_json, retry)
@@ -345,7 +336,18 @@ def mirror_corpus(
                 continue
             os.replace(part, target)
         os.replace(manifest_part, root / MANIFEST_FILE)
-    return root, objects
+        if launch:
+            marker.write_text(launch)
+    return root, None
+
+
+LAUNCH_VARIABLES = ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "MASTER_PORT")
+
+
+def launch_key() -> str:
+    """What names this launch of a job to its processes on a node: its SLURM job and restart,
+    torchrun's run id, the rendezvous port (those set); "" when none is (a lone process)."""
+    return ",".join(f"{n}={os.environ[n]}" for n in LAUNCH_VARIABLES if os.environ.get(n))
 
 
 def keep_copy(source: Path, target: Path) -> Path:
