@@ -54,6 +54,7 @@ SMOKES: dict[str, tuple[list[str], str]] = {
         "--megabytes 0.05 --kinds short --vocab-size 300 --num-proc 1 --work-dir {tmp}".split(),
         "physical MB",
     ),
+    "prepare_scale.py": ("0.1 2".split(), "recall 1.00"),  # 0.1 MB, 2 tasks: ~25 s, 8 s of CPU
     "remote_stream.py": (
         "{shards} --repeats 1 --partitions 2 --bounded-epochs 1 --prefetch-shards 1".split(),
         "s3 bounded",
@@ -74,6 +75,10 @@ SMOKES: dict[str, tuple[list[str], str]] = {
         "--demos demo --steps 4 --every 2 --from-step 2 --png {tmp}/memory.png "
         "-- data.shards_dir={shards}".split(),
         "| demo |",
+    ),
+    "scale_sim.py": (
+        "--shards {shards} --batches 3 --repeats 1 --table-shards 100,200 --ranks 3".split(),
+        "| ranks: 3 ranks",
     ),
     "bench_zero_memory.py": (
         "--hidden 32 --layers 1 --vocab 100 --stages 3".split(),

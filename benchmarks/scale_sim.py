@@ -1,0 +1,226 @@
+"""What a rank and its data-loader workers cost as a run grows (issue 54), in one table:
+
+- `stream`: one rank's training stream (MLM, batches of --batch-size x 128 tokens) served by
+  1 and 2 data-loader workers, each building only its share of the batches (the training
+  path: `StepAlignedLoader`, `stream.worker_batches`) against every worker reading all the
+  rank's sequences and keeping every W-th batch (before issue 54, a plain DataLoader over
+  the same stream). Batches/s from the first batch on (worker start-up left out), and each
+  row's speed-up over one worker. Target: 2 workers >= 1.8x one (on free cores).
+- `table`: a worker's shard table at 1k, 10k and 100k shards (synthetic manifests of
+  --blocks blocks a shard): the manifest parsed (what each rank holds at start), and the
+  paths, tokens, storage records and one epoch's sharing a worker holds, as Python objects
+  (before issue 54) and as compact arrays (`data/shard_table.py`, `storage.ShardRecords`),
+  in MB (tracemalloc), with the start-up seconds of a rank (parse the manifest, build the
+  table, deal the shards to 64 partitions). Target: <= 20 MB a worker at 100k, linear.
+- `ranks`: the ranks of a simulated --ranks-rank run (default 512; data.stream_partitions
+  left at its default) each build their stream, whose first samples must tile the global
+  order: the check of any world size without planning.
+
+    .venv/bin/python benchmarks/scale_sim.py --shards DIR [--batches 200] [--batch-size 32] \
+        [--repeats 3] [--ranks 512]
+
+DIR: a prepared corpus (`pretrain-data prepare`, or the tests' small one); the stream reads
+up to --batches batches of its first epoch.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import pickle
+import tempfile
+import time
+import tracemalloc
+from dataclasses import replace
+from functools import partial
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from pretrain.config import compose_config  # noqa: E402
+from pretrain.data.loader import StepAlignedLoader, is_end_of_epoch  # noqa: E402
+from pretrain.data.reading import _shard_sharing  # noqa: E402
+from pretrain.data.shard_table import ShardPaths  # noqa: E402
+from pretrain.data.stream import EpochStream, rank_sequences  # noqa: E402
+from pretrain.runtime.run import build_stream  # noqa: E402
+from pretrain.storage.corpus import ShardRecords  # noqa: E402
+
+
+def corpus_spec(shards: str, batch_size: int):
+    """The stream of the default MLM run on `shards`, 128 tokens a row."""
+    overrides = [f"data.shards_dir={shards}", "data.max_seq_length=128"]
+    _, spec, _ = build_stream(compose_config([*overrides, f"data.batch_size={batch_size}"]))
+    return spec
+
+
+def batches_per_second(spec, workers: int, shares: bool, limit: int) -> tuple[float, int]:
+    """(batches/s from the first batch on, batches read) of one rank's stream."""
+    stream = EpochStream(spec, 0, errors_as_batches=True)
+    options = dict(num_workers=workers, generator=torch.Generator().manual_seed(0))
+    if shares:
+        loader = StepAlignedLoader(stream, full_batch=spec.batch_size, **options)
+    else:
+        loader = DataLoader(stream, batch_size=None, **options)
+    batches, first = 0, None
+    for batch in loader:
+        if is_end_of_epoch(batch):
+            break
+        if first is None:
+            first = time.perf_counter()
+        batches += 1
+        if batches > limit:
+            break
+    seconds = time.perf_counter() - first
+    if shares:
+        loader.close()
+    return (batches - 1) / seconds, batches - 1
+
+
+def stream_rows(spec, limit: int, repeats: int) -> list[tuple[str, str, str]]:
+    """The four ways, each the best of `repeats` runs taken in turn (a loaded machine)."""
+    ways = [(shares, workers) for shares in (True, False) for workers in (1, 2)]
+    best: dict[tuple[bool, int], tuple[float, int]] = {}
+    for _ in range(repeats):
+        for way in ways:
+            speed, batches = batches_per_second(spec, way[1], way[0], limit)
+            best[way] = max(best.get(way, (0.0, 0)), (speed, batches))
+    base = best[(True, 1)][0]
+    rows = []
+    for (shares, workers), (speed, batches) in best.items():
+        how = "own share" if shares else "all read, every W-th kept"
+        rows.append(
+            (
+                f"stream, {workers} worker(s), {how}",
+                f"{speed:.1f} batches/s ({batches} batches)",
+                f"{speed / base:.2f}x 1 worker",
+            )
+        )
+    return rows
+
+
+def synthetic_manifest(shards: int, blocks: int) -> dict:
+    """A manifest's "shards" of `shards` shards of `blocks` blocks, as prepare writes them."""
+
+    def digest(*parts) -> str:
+        return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+    return {
+        "shards": [
+            {
+                "name": f"shard-{i:06d}.tar",
+                "bytes": 64_000_000 + i,
+                "sha256": digest(i),
+                "documents": 5000 + i % 97,
+                "tokens": 16_000_000 + i % 1009,
+                "blocks": [
+                    {"documents": 600, "tokens": 2_000_000, "sha256": digest(i, b)}
+                    for b in range(blocks)
+                ],
+            }
+            for i in range(shards)
+        ]
+    }
+
+
+def load_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def held_mb(build) -> tuple[float, object]:
+    """(MB that `build()`'s result holds, by tracemalloc, the result)."""
+    tracemalloc.start()
+    result = build()
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return held / 2**20, result
+
+
+def table_rows(sizes: list[int], blocks: int, partitions: int = 64) -> list[tuple[str, str, str]]:
+    rows = []
+    root = "/scratch/pretrain-cache-user/corpus-0123456789ab"
+    for shards in sizes:
+        with tempfile.TemporaryDirectory() as work:
+            path = os.path.join(work, "manifest.json")
+            with open(path, "w") as f:
+                json.dump(synthetic_manifest(shards, blocks), f)
+            start = time.perf_counter()
+            parsed_mb, manifest = held_mb(partial(load_json, path))
+            parse_s = time.perf_counter() - start
+        records = manifest["shards"]
+        paths = [f"{root}/{r['name']}" for r in records]
+        tokens = tuple(r["tokens"] for r in records)
+        triples = [(r["name"], r["bytes"], r["sha256"]) for r in records]
+
+        start = time.perf_counter()
+        sharing = _shard_sharing.__wrapped__(0, 0, partitions, shards, tokens)
+        sharing_s = time.perf_counter() - start
+        before = (  # a Python object a shard (and the records' dict), as before issue 54
+            tuple(paths),
+            tokens,
+            tuple(triples),
+            {n: (b, h) for n, b, h in triples},
+            list(sharing),
+        )
+        start = time.perf_counter()
+        after = (ShardPaths(paths), tokens, ShardRecords(triples), sharing)
+        build_s = time.perf_counter() - start + sharing_s
+        # what a worker holds: the table unpickled in it (the sharing it computes, the same)
+        before_mb, _ = held_mb(partial(pickle.loads, pickle.dumps(before)))
+        after_mb, _ = held_mb(partial(pickle.loads, pickle.dumps(after)))
+        rows.append(
+            (
+                f"table, {shards:,} shards",
+                f"worker {after_mb:.1f} MB (was {before_mb:.1f} MB); manifest parsed "
+                f"{parsed_mb:.0f} MB",
+                f"rank start-up {parse_s + build_s:.2f} s (parse {parse_s:.2f} s)",
+            )
+        )
+    return rows
+
+
+def ranks_row(spec, ranks: int) -> tuple[str, str, str]:
+    """Ranks 0, 1, R/2 and R-1 of a simulated `ranks`-rank run tile the global order."""
+    start = time.perf_counter()
+    whole = [s["key"] for s in rank_sequences(spec, 0)]
+    checked = 0
+    for rank in sorted({0, 1, ranks // 2, ranks - 1}):
+        mine = [s["key"] for s in rank_sequences(replace(spec, rank=rank, world_size=ranks), 0)]
+        expected = whole[rank::ranks]
+        assert mine[: len(expected)] == expected, f"rank {rank} of {ranks}: not the global order"
+        checked += len(expected)
+    return (
+        f"ranks: {ranks} ranks, {spec.stream_partitions} partitions",
+        f"4 ranks' streams tile the global order ({checked} samples)",
+        f"{time.perf_counter() - start:.1f} s",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", required=True, help="a prepared corpus")
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--ranks", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3, help="best of, per row")
+    parser.add_argument("--table-shards", default="1000,10000,100000")
+    parser.add_argument("--blocks", type=int, default=8, help="blocks a synthetic shard")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    spec = corpus_spec(args.shards, args.batch_size)
+    sizes = [int(n) for n in args.table_shards.split(",")]
+    rows = [
+        *stream_rows(spec, args.batches, args.repeats),
+        *table_rows(sizes, args.blocks),
+        ranks_row(spec, args.ranks),
+    ]
+    print("| what | measured | against |")
+    print("|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
