@@ -3,13 +3,19 @@ batches a `StepAlignedLoader` hands out, their order, masks, stream marks and th
 tail are those of one worker reading everything."""
 
 from dataclasses import replace
+from itertools import islice
 
 import pytest
 import torch
 
 from pretrain.config import compose_config
-from pretrain.data.loader import StepAlignedLoader, is_end_of_epoch
-from pretrain.data.stream import EpochStream, worker_partitions
+from pretrain.data.loader import (
+    STREAM_BATCH_KEY,
+    StepAlignedLoader,
+    in_stream_order,
+    is_end_of_epoch,
+)
+from pretrain.data.stream import EpochStream, rank_sequences, worker_batches, worker_partitions
 from pretrain.runtime.run import build_stream
 
 
@@ -77,3 +83,44 @@ def test_disjoint_shares_when_batch_times_workers_divides_the_rank_partitions(pr
     ranked = replace(spec, rank=1, world_size=2)  # partitions 1, 3, ..., 15
     assert worker_partitions(ranked, 0, 4, 0, 2) == {1, 3, 5, 7}
     assert worker_partitions(spec, 0, 16, 1, 2) == set(range(16))
+
+
+def round_robin(generators):
+    """What DataLoader's in-order iterator hands over from workers' streams: one each in
+    turn, a worker that ends left out from then on."""
+    active = list(generators)
+    while active:
+        for generator in list(active):
+            batch = next(generator, None)
+            if batch is None:
+                active.remove(generator)
+            else:
+                yield batch
+
+
+@pytest.mark.parametrize(
+    ("ranks", "samples", "workers", "start"),
+    [(1, 8, 2, 0), (1, 5, 3, 7), (3, 2, 2, 0), (3, 3, 4, 11), (2, 1, 3, 5)],
+)
+def test_shares_in_round_robin_are_the_ranks_batches(
+    prepared_corpus, ranks, samples, workers, start
+):
+    """In one process: every rank's workers' shares, handed over as DataLoader does and put
+    in order, are `rank_sequences` cut in batches, to the same end (ranks that divide the 16
+    partitions or not, shared partitions, a resumed start)."""
+    spec = replace(stream_spec(prepared_corpus), stream_partitions=16)
+    for rank in range(ranks):
+        rank_spec = replace(spec, rank=rank, world_size=ranks)
+        sequences = rank_sequences(rank_spec, 0, start)
+        want = []
+        while batch := list(islice(sequences, samples)):
+            want.append([s["key"] for s in batch])
+        shares = [
+            (
+                {"keys": [s["key"] for s in batch], STREAM_BATCH_KEY: (number, last)}
+                for number, batch, last in worker_batches(rank_spec, 0, samples, w, workers, start)
+            )
+            for w in range(workers)
+        ]
+        got = [batch["keys"] for batch in in_stream_order(round_robin(shares))]
+        assert got == want, (rank, len(got), len(want))
