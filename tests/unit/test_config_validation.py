@@ -16,7 +16,7 @@ from pretrain.objectives.base import objective_settings
 from pretrain.objectives.configs import ObjectiveConfig
 
 CONFIG_DIR = Path(pretrain.config.__file__).parent
-PLACE_FIELDS = {"storage", "rank", "world_size", "accumulation"}  # not settings: facts
+PLACE_FIELDS = {"storage", "rank", "world_size", "accumulation", "sources", "mix"}  # facts
 
 
 def test_stream_spec_has_no_defaults_for_settings():

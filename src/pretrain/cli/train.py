@@ -64,7 +64,7 @@ def run_training(cfg: DictConfig) -> None:
     except ConfigError as error:
         write_line(f"error: {error}")
         sys.exit(2)
-    if (problem := missing_corpus(str(cfg.data.shards_dir))) is not None:
+    if not cfg.data.sources and (problem := missing_corpus(str(cfg.data.shards_dir))):
         write_line(f"error: {problem}")
         sys.exit(2)
     from pretrain.runtime.run import run_or_exit  # torch and Lightning load here, signals held

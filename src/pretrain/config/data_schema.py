@@ -12,6 +12,32 @@ from pretrain.errors import require, require_unit_interval
 
 
 @dataclass
+class SourceConfig:
+    """One corpus of a mixture (`data.sources`): a prepared corpus (a directory or URL) and
+    its share of the samples, as `weight` (normalized over the sources) or `epochs` (passes
+    over it per mixed epoch, i.e. a share in proportion to epochs x its tokens); one of the
+    two. data/mixture.py says what happens when a source runs out."""
+
+    name: str = ""
+    shards_dir: str = ""
+    weight: float | None = None
+    epochs: float | None = None
+
+    def __post_init__(self) -> None:
+        key = f"data.sources[{self.name or '?'}]"
+        require(bool(self.name), f"{key}.name", self.name, "must name the source")
+        require(bool(self.shards_dir), f"{key}.shards_dir", self.shards_dir, "must be set")
+        require(
+            (self.weight is None) != (self.epochs is None),
+            f"{key}.weight",
+            self.weight,
+            "set exactly one of weight (share of the samples) and epochs (passes per epoch)",
+        )
+        share = self.weight if self.weight is not None else self.epochs
+        require(share > 0, f"{key}.weight", share, "must be positive")
+
+
+@dataclass
 class DataConfig:
     """Where the shards are and how documents become batches. Lengths in tokens."""
 
@@ -62,6 +88,11 @@ class DataConfig:
     prefetch_shards: int = 8
     download_attempts: int = 5
     storage_options: dict[str, Any] = field(default_factory=dict)
+    # A mixture of prepared corpora (data/mixture.py): empty = the one corpus at shards_dir
+    # (then read, else ignored); each global block of mix_block_samples samples holds every
+    # source's share, rounded, in a fixed order (data/mixing.py).
+    sources: list[SourceConfig] = field(default_factory=list)
+    mix_block_samples: int = 1000
 
     def __post_init__(self) -> None:
         from pretrain.data.input_formats import INPUT_FORMATS  # torch: only when validated
@@ -146,6 +177,42 @@ class DataConfig:
             "sets the batch in tokens: leave data.global_batch_size null with it",
         )
         self.check_batch_size_warmup()
+        self.check_sources()
+
+    def check_sources(self) -> None:
+        """data.sources: unique names, weights or epochs alike, and only where a mixture is
+        supported (not token-budget batches, not XLNet's memory stream)."""
+        from pretrain.data.input_formats import INPUT_FORMATS
+
+        require(
+            self.mix_block_samples >= 1,
+            "data.mix_block_samples",
+            self.mix_block_samples,
+            "must be at least 1",
+        )
+        if not self.sources:
+            return
+        names = [source.name for source in self.sources]
+        require(len(set(names)) == len(names), "data.sources", names, "must have distinct names")
+        kinds = {source.weight is None for source in self.sources}
+        require(
+            len(kinds) == 1,
+            "data.sources",
+            names,
+            "give every source a weight, or every source epochs, not both kinds",
+        )
+        require(
+            self.tokens_per_batch is None,
+            "data.tokens_per_batch",
+            self.tokens_per_batch,
+            "is not supported with data.sources (a mixture counts samples); set it to null",
+        )
+        require(
+            not INPUT_FORMATS[self.format].memory,
+            "data.format",
+            self.format,
+            "keeps a memory per batch slot, which data.sources cannot mix; use one corpus",
+        )
 
     def check_batch_size_warmup(self) -> None:
         """data.batch_size_warmup_*: both set or both null; the start divides the full

@@ -14,6 +14,7 @@ import torch
 
 from pretrain.data.batch_warmup import BatchSizeWarmup
 from pretrain.data.loader import StepAlignedLoader
+from pretrain.data.mixture import source_samples
 from pretrain.data.positions import POSITION_FORMAT, PartitionPosition, positions_from_saved
 from pretrain.data.reading import StreamSpec
 from pretrain.data.shard_checks import repeat_message, repeated_shards
@@ -318,6 +319,8 @@ class PretrainingDataModule(L.LightningDataModule):
             "partitions": {partition: list(p) for partition, p in positions.items()},
             "position_format": POSITION_FORMAT,
             "epoch_tokens": sum(self.spec.shard_tokens),  # T of objective.stages' progress
+            # a mixture's samples of the epoch per source (data/mixture.py); {} for one corpus
+            "source_samples": source_samples(self.spec, samples),
         }
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -80,6 +80,10 @@ class StreamSpec:
     rank: int = 0
     world_size: int = 1
     accumulation: int = 1  # micro-batches per optimizer step (with tokens_per_batch)
+    # a mixture of corpora (data.sources, `data/mixture.py`): its sources (`SourceStream`s)
+    # and schedule (`mixing.MixSchedule`); () and None for one corpus
+    sources: tuple = ()
+    mix: Any = None
 
     def mask_epoch(self, epoch: int) -> int:
         """The epoch that seeds the corruption's draws: the epoch itself (dynamic masking) or

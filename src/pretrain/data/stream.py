@@ -224,6 +224,10 @@ def _sample_taker(
     """take(i): global sample i (>= start_sample, rising) of the rank's partitions (those in
     `wanted` only, when given), None when its partition is used up; nothing is read before a
     sample is asked for but the first shards of a remote corpus (prefetched)."""
+    if spec.sources:  # a mixture (data.sources): each partition opened when first wanted
+        from pretrain.data.mixture import mixture_taker
+
+        return mixture_taker(spec, epoch, start_sample, resume)
     partitions, ranks = spec.stream_partitions, spec.world_size
     shared = math.gcd(partitions, ranks)
     mine = range((start_sample + spec.rank) % shared, partitions, shared)

@@ -37,6 +37,7 @@ from pretrain.data.datamodule import (
     unrepeated_shards,
     verified_shards,
 )
+from pretrain.data.mixture import mixture_sha256, mixture_stream_spec
 from pretrain.data.partitions import stream_partitions
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
 from pretrain.data.reading import StreamSpec, stream_spec
@@ -74,6 +75,9 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objecti
     URL, and its tokenizer is copied into `<run_dir>/tokenizer` (the cache may be
     node-local and temporary, the run's tokenizer must not be)."""
     run = validate(cfg)
+    if run.data.sources:  # a mixture of corpora (data/mixture.py)
+        objective_class = get_class(run.objective._target_)
+        return run, mixture_stream_spec(run, objective_class.build_corruption), objective_class
     corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir, run.data)
     tokenizer_dir = corpus.tokenizer_dir
     if corpus.storage is None:  # a URL stays as given
@@ -111,7 +115,8 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, Pretrain
     module = PretrainingTask(objective_class(run, spec.vocab))
     # What the corpus holds, wherever it lies: a relaunch may move it (checkpoint.relaunch).
     manifest_root = spec.storage.root if spec.storage is not None else run.data.shards_dir
-    module.config["data_runtime"] = {"corpus_sha256": load_manifest(manifest_root).content_sha256}
+    sha256 = mixture_sha256(spec) if spec.sources else load_manifest(manifest_root).content_sha256
+    module.config["data_runtime"] = {"corpus_sha256": sha256}
     datamodule = PretrainingDataModule(
         spec,
         num_workers=run.data.num_workers,
