@@ -22,7 +22,7 @@ DEMO_THREADS ?= 1
 DEMO_ENV := OMP_NUM_THREADS=$(DEMO_THREADS)
 CHINESE_INPUTS := tests/data/chinese_prose.txt$(if $(wildcard ../shared/seeds/*.txt),$(comma)../shared/seeds)
 
-.PHONY: setup demo demo-ddp demo-chinese demo-families demo-sweep demo-compress test test-unit golden conf-tables lint clean
+.PHONY: setup demo demo-mix demo-ddp demo-chinese demo-families demo-sweep demo-compress test test-unit golden conf-tables lint clean
 
 # Byte code: pip compiles the installed modules one at a time; `--no-compile`, then compileall
 # on every core, writes the same files (setup on 2 cores: 52 s against 87). compileall's
@@ -49,6 +49,22 @@ demo: $(STAMP) data/builtin/manifest.json
 	$(DEMO_ENV) $(VENV)/bin/pretrain experiment=demo || $(call not_finished,$(VENV)/bin/pretrain experiment=demo)
 	$(VENV)/bin/pretrain-export $(DEMO_RUN)/checkpoints/last.ckpt $(DEMO_EXPORT) --overwrite
 	$(PY) -m pretrain.export.check $(DEMO_EXPORT)
+
+# demo_mix's two sources (issue 55): the built-in corpus's two parts, the help topics and the
+# standard library's docstrings, written apart and prepared with data/builtin's tokenizer.
+data/builtin-parts/docstrings.txt: | $(STAMP)
+	$(PY) -c "from pathlib import Path; from data_pipelines import builtin_corpus as b; \
+	p = Path('data/builtin-parts'); p.mkdir(parents=True, exist_ok=True); \
+	[(p / f'{n}.txt').write_text(chr(10).join(t + chr(10) for _, t in g()), encoding='utf-8') \
+	 for n, g in (('topics', b.pydoc_topic_documents), ('docstrings', b.stdlib_docstring_documents))]"
+
+data/builtin-topics/manifest.json data/builtin-docstrings/manifest.json: data/builtin-%/manifest.json: \
+		data/builtin-parts/docstrings.txt data/builtin/manifest.json
+	$(VENV)/bin/pretrain-data prepare inputs=[data/builtin-parts/$*.txt] out_dir=data/builtin-$* \
+		docs_per_shard=64 tokenizer.path=data/builtin/tokenizer
+
+demo-mix: $(STAMP) data/builtin-topics/manifest.json data/builtin-docstrings/manifest.json
+	$(DEMO_ENV) $(VENV)/bin/pretrain experiment=demo_mix
 
 # The demo on 2 CPU ranks (DDP, gloo), long enough to cross epoch ends: every rank ends each
 # epoch at the same step, and the tail the ranks did not share equally is printed. Each rank
@@ -202,4 +218,5 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src data_pipelines tests benchmarks
 
 clean:
-	rm -rf runs exports data/builtin data/builtin-bpe data/builtin-unigram data/chinese
+	rm -rf runs exports data/builtin data/builtin-bpe data/builtin-unigram data/chinese \
+		data/builtin-parts data/builtin-topics data/builtin-docstrings

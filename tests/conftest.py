@@ -12,7 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_pipelines.builtin_corpus import pydoc_topic_documents
+from data_pipelines.builtin_corpus import (
+    module_docstrings,
+    pydoc_topic_documents,
+    stdlib_source_files,
+)
 from data_pipelines.prepare import prepare
 from data_pipelines.prepare_config import (
     EntitySettings,
@@ -322,3 +326,30 @@ def assert_corrupts_like_the_full_batch(corrupt, full: dict, fields: tuple[str, 
             assert got[name].dtype == expected[name].dtype
         np.testing.assert_array_equal(got[name], expected[name])
     return got
+
+
+def prepare_docstring_corpus(root: Path, tokenizer: Path) -> Path:
+    """120 documents of standard-library docstrings, tokenized with `tokenizer`."""
+    documents = []
+    for path in stdlib_source_files():
+        text = "\n".join(module_docstrings(path.read_text(encoding="utf-8", errors="replace")))
+        if len(text.split()) > 40:
+            documents.append(text[:3000])
+        if len(documents) == 120:
+            break
+    config = PrepareConfig(
+        inputs=[str(write_text_corpus(root / "docstrings.txt", documents))],
+        out_dir=str(root / "shards"),
+        tokenizer=TokenizerSettings(path=str(tokenizer)),
+        docs_per_shard=30,
+        num_proc=1,
+    )
+    return prepare(config, progress=False)
+
+
+@pytest.fixture(scope="session")
+def docstring_corpus(build_once, prepared_corpus) -> Path:
+    """Shards dir of a second corpus for data.sources: 120 documents of the standard
+    library's docstrings in 4 shards of 30, tokenized with prepared_corpus's tokenizer."""
+    make = lambda root: prepare_docstring_corpus(root, prepared_corpus / "tokenizer")  # noqa: E731
+    return build_once("docstring_corpus", make) / "shards"

@@ -3,47 +3,16 @@ of every block of samples exactly, the same global order for any ranks and worke
 that seeks each source's partitions, and the refusals."""
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from conftest import write_text_corpus
 from torch.utils.data import DataLoader
 
-from data_pipelines.builtin_corpus import module_docstrings, stdlib_source_files
-from data_pipelines.prepare import prepare
-from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings
 from pretrain.config import compose_config
 from pretrain.data.stream import EpochStream, rank_sequences
 from pretrain.errors import ConfigError
 from pretrain.runtime.run import build_stream
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def prepare_docstring_corpus(root: Path, tokenizer: Path) -> Path:
-    """120 documents of standard-library docstrings, tokenized with `tokenizer`."""
-    documents = []
-    for path in stdlib_source_files():
-        text = "\n".join(module_docstrings(path.read_text(encoding="utf-8", errors="replace")))
-        if len(text.split()) > 40:
-            documents.append(text[:3000])
-        if len(documents) == 120:
-            break
-    config = PrepareConfig(
-        inputs=[str(write_text_corpus(root / "docstrings.txt", documents))],
-        out_dir=str(root / "shards"),
-        tokenizer=TokenizerSettings(path=str(tokenizer)),
-        docs_per_shard=30,
-        num_proc=1,
-    )
-    return prepare(config, progress=False)
-
-
-@pytest.fixture(scope="module")
-def docstring_corpus(build_once, prepared_corpus) -> Path:
-    """Shards dir of a second corpus with the small corpus's tokenizer."""
-    make = lambda root: prepare_docstring_corpus(root, prepared_corpus / "tokenizer")  # noqa: E731
-    return build_once("docstring_corpus", make) / "shards"
 
 
 def mixture_spec(help_dir, doc_dir, *overrides, help_share="weight: 0.7", doc="weight: 0.3"):
@@ -157,3 +126,54 @@ def test_refusals_name_the_key(prepared_corpus, docstring_corpus, tmp_path):
         )
     with pytest.raises(ConfigError, match="weight"):
         mixture_spec(prepared_corpus, docstring_corpus, doc="epochs: 1")
+
+
+def test_a_run_logs_and_saves_each_sources_samples_and_tokens(
+    prepared_corpus, docstring_corpus, tmp_path
+):
+    """6 steps of 8 samples, blocks of 10 (7 help, 3 docs): the metrics log each source's
+    samples as the schedule gives them, tokens summing to train/tokens_seen, and the last
+    checkpoint holds them (callback state) with the data module's per-source samples."""
+    import csv
+
+    import torch
+    from conftest import cpu_run_overrides
+
+    from pretrain.data.mixing import mix_schedule
+    from pretrain.runtime.run import train
+
+    sources = (
+        f"data.sources=[{{name: help, shards_dir: '{prepared_corpus}', weight: 0.7}}, "
+        f"{{name: docs, shards_dir: '{docstring_corpus}', weight: 0.3}}]"
+    )
+    overrides = cpu_run_overrides(
+        prepared_corpus,
+        tmp_path / "run",
+        sources,
+        "data.mix_block_samples=10",
+        "objective=mlm",
+        "data=full_sentences",
+        "trainer.max_steps=6",
+        "trainer.log_every_n_steps=1",
+    )
+    run_dir = train(compose_config(overrides))
+    rows = [
+        row
+        for path in run_dir.glob("csv/version_*/metrics.csv")
+        for row in csv.DictReader(path.open())
+        if row.get("train/source/help/samples")
+    ]
+    schedule = mix_schedule(["help", "docs"], [0.7, 0.3], 10)
+    assert len(rows) == 6
+    for row in rows:
+        seen = int(float(row["train/samples_seen"]))
+        help_samples, doc_samples = schedule.counts_before(seen)
+        assert float(row["train/source/help/samples"]) == help_samples
+        assert float(row["train/source/docs/samples"]) == doc_samples
+        tokens = float(row["train/source/help/tokens"]) + float(row["train/source/docs/tokens"])
+        assert tokens == float(row["train/tokens_seen"])
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    progress = next(v for k, v in state["callbacks"].items() if "ProgressLog" in k)
+    assert progress["sources"]["help"][0] == 34 and progress["sources"]["docs"][0] == 14
+    data_state = state["PretrainingDataModule"]
+    assert data_state["source_samples"] == {"help": 34, "docs": 14}

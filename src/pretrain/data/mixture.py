@@ -30,6 +30,8 @@ from pretrain.data.partitions import stream_partitions
 from pretrain.data.positions import PartitionPosition
 from pretrain.errors import ConfigError
 
+SOURCE_KEY = "source_rows"  # (batch,) int64: each row's source in a mixture's batches
+
 
 @dataclass(frozen=True)
 class SourceStream:
@@ -112,6 +114,15 @@ def mixture_taker(
         return next(islice(streams[s, p], skip, None), None)
 
     return take
+
+
+def row_sources(spec: Any, marks: Any) -> Any:
+    """(rows,) int64: the source (its index in spec.sources) of each row, from the rows'
+    marks ((rows, 7) int64, `positions.StreamMark` a row: the partition is column 0)."""
+    import numpy as np
+
+    offsets = np.asarray([source.offset for source in spec.sources])
+    return np.searchsorted(offsets, np.asarray(marks)[:, 0], side="right").astype(np.int64) - 1
 
 
 def source_samples(spec: Any, samples: int) -> dict[str, int]:

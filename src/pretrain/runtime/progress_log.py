@@ -2,7 +2,9 @@
 and samples trained (all ranks, the logged step's batch included) and wall-clock seconds of
 training, logged as `train/tokens_seen`, `train/samples_seen` and `train/elapsed_s` with the
 training metrics of every log step. They are saved in checkpoints (callback state), so a
-resumed run continues its counts; the time between two launches is not counted."""
+resumed run continues its counts; the time between two launches is not counted. A mixture
+of corpora (data.sources) adds each source's samples and tokens, `train/source/<name>/samples`
+and `.../tokens`, counted from the rows' sources (`data.mixture.SOURCE_KEY`) the same way."""
 
 import time
 
@@ -11,6 +13,7 @@ import torch
 
 from pretrain.cluster.collectives import sum_on_device
 from pretrain.data.batch_warmup import is_skipped_batch
+from pretrain.data.mixture import SOURCE_KEY
 
 
 class ProgressLog(L.Callback):
@@ -26,18 +29,34 @@ class ProgressLog(L.Callback):
         self._pending_samples = 0  # and samples (a host count: no copy to the device)
         self._start = time.monotonic()
         self._last_step = -1
+        self.sources: tuple[str, ...] = ()  # a mixture's source names (on_train_start)
+        self.source_counts: dict[str, list[int]] = {}  # {name: [samples, tokens]} before
 
     def state_dict(self) -> dict:
-        tokens, samples = self._launch.tolist() if self._launch is not None else (0, 0)
-        return {
+        totals = self._launch.tolist() if self._launch is not None else [0, 0]
+        tokens, samples = totals[:2]
+        state = {
             "tokens": self.tokens + int(tokens),
             "samples": self.samples + int(samples),
             "elapsed_s": self._elapsed(),
         }
+        if self.sources:
+            state["sources"] = self._source_totals(totals[2:])
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.tokens, self.samples = state["tokens"], state["samples"]
         self.elapsed_s = state["elapsed_s"]
+        self.source_counts = {k: list(v) for k, v in state.get("sources", {}).items()}
+
+    def _source_totals(self, launch: list) -> dict[str, list[int]]:
+        """{source: [samples, tokens]} of the run: the checkpoint's and this launch's."""
+        out = {}
+        for i, name in enumerate(self.sources):
+            before = self.source_counts.get(name, [0, 0])
+            here = launch[2 * i : 2 * i + 2] or [0, 0]
+            out[name] = [int(before[0] + here[0]), int(before[1] + here[1])]
+        return out
 
     def _elapsed(self) -> float:
         return self.elapsed_s + time.monotonic() - self._start
@@ -47,6 +66,8 @@ class ProgressLog(L.Callback):
         self._last_step = trainer.global_step
         self._launch = self._pending = None
         self._pending_samples = 0
+        spec = getattr(getattr(trainer, "datamodule", None), "spec", None)
+        self.sources = tuple(source.name for source in getattr(spec, "sources", ()))
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
@@ -55,25 +76,34 @@ class ProgressLog(L.Callback):
             return
         mask = batch["attention_mask"]  # (batch, seq)
         tokens = mask.sum()
+        if self.sources:  # (samples, tokens) of each source after the batch's totals
+            per_source = torch.zeros(len(self.sources), 2, device=mask.device, dtype=mask.dtype)
+            rows = batch[SOURCE_KEY]
+            per_source.index_add_(0, rows, torch.stack([torch.ones_like(rows), mask.sum(1)], 1))
+            tokens = torch.cat([tokens[None], per_source.flatten()])
         self._pending = tokens if self._pending is None else self._pending + tokens
         self._pending_samples += mask.shape[0]
         step = trainer.global_step
         if step != self._last_step:  # an optimizer step was taken: add every rank's counts
             self._last_step = step
-            samples = torch.full_like(self._pending, self._pending_samples)  # a fill, not a copy
-            total = sum_on_device(torch.stack([self._pending, samples]).double())
+            pending = self._pending.reshape(-1)  # tokens, then each source's samples, tokens
+            samples = torch.full_like(pending[:1], self._pending_samples)  # a fill, not a copy
+            total = sum_on_device(torch.cat([pending[:1], samples, pending[1:]]).double())
             self._launch = total if self._launch is None else self._launch + total
             self._pending, self._pending_samples = None, 0
         else:  # inside an accumulation: the step's row gets its counts at its last micro-batch
             return
         # in the row of the step's training metrics, which Lightning writes on log steps
-        pl_module.queue_log(
-            {
-                "train/tokens_seen": self._launch[0] + self.tokens,
-                "train/samples_seen": self._launch[1] + self.samples,
-                "train/elapsed_s": self._elapsed(),
-            }
-        )
+        row = {
+            "train/tokens_seen": self._launch[0] + self.tokens,
+            "train/samples_seen": self._launch[1] + self.samples,
+            "train/elapsed_s": self._elapsed(),
+        }
+        for i, name in enumerate(self.sources):
+            before = self.source_counts.get(name, [0, 0])
+            row[f"train/source/{name}/samples"] = self._launch[2 + 2 * i] + before[0]
+            row[f"train/source/{name}/tokens"] = self._launch[3 + 2 * i] + before[1]
+        pl_module.queue_log(row)
 
 
 def is_log_step(steps_done: int, every: int, max_steps: int) -> bool:
