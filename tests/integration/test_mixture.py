@@ -113,7 +113,7 @@ def test_epochs_set_the_shares_by_passes_over_each_sources_tokens(
     assert spec.mix.counts[1] == round(share * 10)
 
 
-def test_refusals_name_the_key(prepared_corpus, docstring_corpus, tmp_path):
+def test_refusals_name_the_key(prepared_corpus, docstring_corpus):
     with pytest.raises(ConfigError, match="data.tokens_per_batch"):
         mixture_spec(prepared_corpus, docstring_corpus, "data.tokens_per_batch=4096")
     with pytest.raises(ConfigError, match="objective.stages"):
@@ -126,6 +126,17 @@ def test_refusals_name_the_key(prepared_corpus, docstring_corpus, tmp_path):
         )
     with pytest.raises(ConfigError, match="weight"):
         mixture_spec(prepared_corpus, docstring_corpus, doc="epochs: 1")
+    with pytest.raises(ConfigError, match="data.holdout_shards"):
+        mixture_spec(prepared_corpus, docstring_corpus, "data.holdout_shards=1")
+    with pytest.raises(ConfigError, match="data.format"):
+        mixture_spec(prepared_corpus, docstring_corpus, "data=xlnet_memory")
+
+
+def test_sources_with_other_tokenizers_are_refused_naming_both(
+    prepared_corpus, prepared_chinese_corpus
+):
+    with pytest.raises(ConfigError, match=r"docs \(.*\) was tokenized .* than help \("):
+        mixture_spec(prepared_corpus, prepared_chinese_corpus)
 
 
 def test_a_run_logs_and_saves_each_sources_samples_and_tokens(
