@@ -132,7 +132,9 @@ class PrepareConfig:
     `tokens_per_block` in tokens (a shard's block closes after the document that reaches it),
     `num_proc` in processes (None: every core this process may use)."""
 
+    # Files, directories (recursive), globs, or `builtin` (prose shipped with Python).
     inputs: list[str] = field(default_factory=lambda: ["builtin"])
+    # JSONL, CSV/TSV, Parquet, Arrow, datasets dirs, tar .json: the field of a document's text.
     text_field: str = "text"
     # The column or field that holds each document's id (Parquet, Arrow, datasets, JSONL,
     # CSV/TSV): kept as the document's key in the shards and in the cleaning statistics.
@@ -145,14 +147,15 @@ class PrepareConfig:
     # Lines that are not UTF-8 (or, in JSONL, not a JSON object): error | skip | replace
     # (data_pipelines.sources).
     undecodable: str = "error"
-    out_dir: str = "data/builtin"
+    out_dir: str = "data/builtin"  # must be empty or absent, unless overwrite=true
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
-    segmenter: str = "none"
+    segmenter: str = "none"  # none | jieba: word starts of Chinese text (Chinese BERT-wwm)
     phrases: PhraseSettings = field(default_factory=PhraseSettings)
     entities: EntitySettings = field(default_factory=EntitySettings)
     docs_per_shard: int = 1000
     tokens_per_block: int = 1 << 20
     num_proc: int | None = None
+    # Replace a non-empty out_dir (the old one is removed only once the new one is complete).
     overwrite: bool = False
 
     def __post_init__(self) -> None:

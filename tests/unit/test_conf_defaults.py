@@ -1,7 +1,11 @@
-"""The run config's schemas are the one place of its defaults: every yaml of the data, optim,
-trainer, strategy and logger groups gives only what differs from its schema's defaults (or
-from the yaml of its group it starts from), so a default changes in one place. The model and
-objective groups are checked the same way in test_config_schemas.py."""
+"""The schemas are the one place of the defaults: every yaml of the data, optim, trainer,
+strategy and logger groups gives only what differs from its schema's defaults (or from the
+yaml of its group it starts from), and so do the other commands' yamls (evaluate.yaml and
+`eval/`, compress/compress.yaml and `compress/method/`, prepare.yaml), so a default changes in
+one place. The model and objective groups are checked the same way in test_config_schemas.py.
+Not checked: experiment/, sweep/ and sweep_point/ (overlays that may restate a value on
+purpose), compress/student/ (plain model dicts with no schema of defaults: every key is the
+student's) and hydra/launcher/ (Hydra plugins' schemas, the job shape spelt out)."""
 
 import dataclasses
 from pathlib import Path
@@ -9,6 +13,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from data_pipelines.prepare_config import PrepareConfig
+from pretrain.compress.config import (
+    CompressConfig,
+    PruneMethod,
+    QuantizeMethod,
+    TinyBertMethod,
+    register_compress_schema,
+)
 from pretrain.config import (
     DataConfig,
     LoggerConfig,
@@ -18,7 +30,11 @@ from pretrain.config import (
     TrainerConfig,
     compose_config,
 )
+from pretrain.eval.config import EvalConfig, EvalRunConfig, register_eval_schema
 from pretrain.paths import CONF_DIR
+
+register_eval_schema()
+register_compress_schema()
 
 SCHEMAS = {
     "data": DataConfig,
@@ -113,3 +129,43 @@ def test_train_yaml_gives_no_run_key_at_its_default():
     run_keys = {k: v for k, v in own.items() if k not in SCHEMAS and not isinstance(v, dict)}
     repeated = repeated_keys(base, run_keys)
     assert not repeated, f"conf/train.yaml repeats TrainConfig's defaults; remove: {repeated}"
+
+
+METHOD_SCHEMAS = {
+    "tinybert_schema": TinyBertMethod,
+    "quantize_schema": QuantizeMethod,
+    "prune_schema": PruneMethod,
+}
+# The other commands' yamls and their schemas; a method's schema is named by its defaults list.
+APP_SCHEMAS = [
+    (CONF_DIR / "evaluate.yaml", EvalRunConfig),
+    (CONF_DIR / "compress" / "compress.yaml", CompressConfig),
+    (CONF_DIR / "prepare.yaml", PrepareConfig),
+    *[(path, EvalConfig) for path in sorted((CONF_DIR / "eval").glob("*.yaml"))],
+    *[
+        (path, METHOD_SCHEMAS[own_values(path)[1][0]])
+        for path in sorted((CONF_DIR / "compress" / "method").glob("*.yaml"))
+    ],
+]
+APP_YAMLS = [pytest.param(p, s, id=str(p.relative_to(CONF_DIR))) for p, s in APP_SCHEMAS]
+
+
+@pytest.mark.parametrize("path, schema", APP_YAMLS)
+def test_a_commands_yaml_gives_only_values_that_differ_from_its_schema(path, schema):
+    """Hydra's own settings (`hydra:`) are not the schema's and are left out."""
+    own, _ = own_values(path)
+    own.pop("hydra", None)
+    base = OmegaConf.to_container(OmegaConf.structured(schema))
+    name = path.relative_to(CONF_DIR)
+    unknown = sorted(set(own) - set(base))
+    assert not unknown, f"conf/{name}: not settings of {schema.__name__}: {unknown}"
+    repeated = repeated_keys(base, own)
+    assert not repeated, (
+        f"conf/{name} repeats {schema.__module__}.{schema.__name__}'s defaults; remove: {repeated}"
+    )
+
+
+def test_every_method_names_its_schema():
+    for path in sorted((CONF_DIR / "compress" / "method").glob("*.yaml")):
+        _, defaults = own_values(path)
+        assert len(defaults) == 1 and defaults[0] in METHOD_SCHEMAS, path.name
