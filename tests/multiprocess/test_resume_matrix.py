@@ -12,11 +12,12 @@ last launch crosses another epoch end. The schedule is constant after a short wa
 learning rate does not depend on max_steps (a decaying one: tests/integration/test_extend_run.py).
 
 Cells, a subset of objective x strategy x accumulation in which every objective, strategy,
-accumulation and kind of stop appears (12 launches in all): MLM on ZeRO-2 with accumulation
+accumulation and kind of stop appears (15 launches in all): MLM on ZeRO-2 with accumulation
 (stops: max_steps mid-epoch, then a signal inside an accumulation after an epoch end);
 SOP (a pair objective) on DDP without accumulation (epoch end, then a signal); XLNet's memory
 stream on DDP with accumulation (a signal inside an accumulation, then the epoch end), and
-reshaped from 1 rank to 2 with the same global batch. Reshaped MLM chains: the micro-batch and
+reshaped from 1 rank to 2 with the same global batch; MLM on a mixture of two corpora
+(data.sources) on DDP (max_steps mid-epoch, then a signal). Reshaped MLM chains: the micro-batch and
 accumulation, the ranks and the data-loader workers changed at each launch (resume=auto),
 every step holding the samples, `train/samples_seen` and the loss (1e-3) of one launch.
 """
@@ -148,6 +149,23 @@ def test_sop_ddp(prepared_corpus, tmp_path):
         (*SOP, "strategy=ddp"),
         total=36,
         stops=lambda ends: [("max_steps", ends[0]), ("sigterm", ends[0] + 2)],
+    )
+
+
+@pytest.mark.slow
+def test_mlm_mixture_ddp(prepared_corpus, docstring_corpus, tmp_path):
+    """A mixture of two corpora (data.sources, 70/30 in blocks of 10) on DDP: max_steps in
+    mid-epoch 0, then a signal in mid-epoch 1; each launch seeks every source's partitions."""
+    sources = (
+        f"data.sources=[{{name: help, shards_dir: '{prepared_corpus}', weight: 0.7}}, "
+        f"{{name: docs, shards_dir: '{docstring_corpus}', weight: 0.3}}]"
+    )
+    run_chain(
+        prepared_corpus,
+        tmp_path,
+        (*MLM, "strategy=ddp", sources, "data.mix_block_samples=10"),
+        total=40,
+        stops=lambda ends: [("max_steps", 5), ("sigterm", ends[0] + 2)],
     )
 
 

@@ -192,6 +192,9 @@ class DataConfig:
         )
         if not self.sources:
             return
+        self.sources = [  # a saved config's plain dicts (checkpoint.relaunch) become typed
+            s if isinstance(s, SourceConfig) else SourceConfig(**s) for s in self.sources
+        ]
         names = [source.name for source in self.sources]
         require(len(set(names)) == len(names), "data.sources", names, "must have distinct names")
         kinds = {source.weight is None for source in self.sources}
