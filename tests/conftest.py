@@ -5,6 +5,7 @@ import multiprocessing.process
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,16 @@ def unit_tests_stay_in_one_process(request: pytest.FixtureRequest, monkeypatch) 
         multiprocessing.process.BaseProcess, "start", _refuse("a multiprocessing process")
     )
     monkeypatch.setattr(Trainer, "fit", _refuse("a training run (Trainer.fit)"))
+
+
+@pytest.fixture
+def apex_stub(monkeypatch: pytest.MonkeyPatch):
+    """apex importable as tests/stubs' stand-in (apex's real signatures), for one test only."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "stubs"))
+    yield
+    for name in list(sys.modules):
+        if name.split(".")[0] in ("apex", "amp_C", "fused_layer_norm_cuda"):
+            del sys.modules[name]
 
 
 @pytest.fixture

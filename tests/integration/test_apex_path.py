@@ -4,9 +4,6 @@ a plain Adam(W) update. A non-finite step is skipped with apex's optimizer, on t
 where it is capturable; torch's implementation switches never reach apex; optimizer offload
 never gets apex's optimizer."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -16,19 +13,8 @@ from pretrain.config import compose_config, validate
 from pretrain.errors import ConfigError
 from pretrain.runtime.kernels import optimizer_settings
 
-STUBS = Path(__file__).parents[1] / "stubs"
 ADAMW = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3, "weight_decay": 0.01}
 CUDA = torch.device("cuda")  # only the device's type is read
-
-
-@pytest.fixture
-def apex_stub(monkeypatch: pytest.MonkeyPatch):
-    """apex (the stub) importable, for this test only."""
-    monkeypatch.syspath_prepend(str(STUBS))
-    yield
-    for name in list(sys.modules):
-        if name.split(".")[0] in ("apex", "amp_C", "fused_layer_norm_cuda"):
-            del sys.modules[name]
 
 
 def strategy(name: str):

@@ -30,6 +30,7 @@ from pretrain.config import (
     TrainerConfig,
     compose_config,
 )
+from pretrain.config.upgrade import merged
 from pretrain.eval.config import EvalConfig, EvalRunConfig, register_eval_schema
 from pretrain.paths import CONF_DIR
 
@@ -62,14 +63,6 @@ def starting_point(group: str, path: Path) -> dict:
         return OmegaConf.to_container(OmegaConf.structured(SCHEMAS[group]))
     parent = path.with_name(f"{defaults[0]}.yaml")
     return merged(starting_point(group, parent), own_values(parent)[0])
-
-
-def merged(base: dict, own: dict) -> dict:
-    out = dict(base)
-    for key, value in own.items():
-        both = isinstance(value, dict) and isinstance(base.get(key), dict)
-        out[key] = merged(base[key], value) if both else value
-    return out
 
 
 def repeated_keys(base: dict, own: dict, prefix: str = "") -> list[str]:

@@ -2,10 +2,6 @@
 which autocast keeps in fp32, rather than apex's FusedLayerNorm, which normalizes in the
 autocast dtype (BERT's post-LN residual stream would run in bf16). With `tests/stubs/apex`."""
 
-import sys
-from pathlib import Path
-
-import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -14,18 +10,7 @@ from pretrain.models.build import build_encoder
 from pretrain.runtime.kernels import use_layer_norm_impl
 from pretrain.runtime.task import layer_norm_choice
 
-STUBS = Path(__file__).parents[1] / "stubs"
 CUDA = torch.device("cuda")  # only the device's type is read
-
-
-@pytest.fixture
-def apex_stub(monkeypatch: pytest.MonkeyPatch):
-    """apex (the stub) importable, for this test only."""
-    monkeypatch.syspath_prepend(str(STUBS))
-    yield
-    for name in list(sys.modules):
-        if name.split(".")[0] in ("apex", "amp_C", "fused_layer_norm_cuda"):
-            del sys.modules[name]
 
 
 def bert_tiny() -> torch.nn.Module:

@@ -12,12 +12,13 @@ def with_schema_defaults(saved: dict) -> dict:
         defaults = plain_config(run_config(saved))
     except Exception:  # noqa: BLE001 (then only its own keys count)
         return saved
-
-    def merged(base: dict, own: dict) -> dict:
-        out = dict(base)
-        for key, value in own.items():
-            both = isinstance(value, dict) and isinstance(base.get(key), dict)
-            out[key] = merged(base[key], value) if both else value
-        return out
-
     return merged(defaults, saved)
+
+
+def merged(base: dict, own: dict) -> dict:
+    """`base` with `own`'s values over it, nested dicts merged key by key (a new dict)."""
+    out = dict(base)
+    for key, value in own.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = merged(base[key], value) if both else value
+    return out
