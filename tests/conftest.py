@@ -141,6 +141,16 @@ def write_text_corpus(path: Path, documents: list[str]) -> Path:
     return path
 
 
+def three_file_corpus(root: Path) -> list[str]:
+    """Three text inputs under `root` of 100 small English documents each; their paths."""
+    documents = small_english_documents()
+    root.mkdir(parents=True, exist_ok=True)
+    return [
+        str(write_text_corpus(root / f"part{i}.txt", documents[i * 100 : (i + 1) * 100]))
+        for i in range(3)
+    ]
+
+
 def prepare_small_corpus(root: Path, **settings) -> Path:
     """Prepare the small corpus under `root` (tokenized in this process); returns its shards dir."""
     source = write_text_corpus(root / "corpus.txt", small_english_documents())

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import small_english_documents, write_text_corpus
+from conftest import three_file_corpus
 from storage_servers import S3_ENV, make_bucket, moto_server
 
 from data_pipelines import slices
@@ -21,16 +21,6 @@ from pretrain.data.shard_format import MANIFEST_FILE, load_manifest, read_docume
 from pretrain.storage import StorageError, filesystem
 
 BUCKET = "corpora"
-
-
-def three_files(root: Path) -> list[str]:
-    """Three text inputs of 100, 100 and 100 documents."""
-    documents = small_english_documents()
-    root.mkdir(parents=True, exist_ok=True)
-    return [
-        str(write_text_corpus(root / f"part{i}.txt", documents[i * 100 : (i + 1) * 100]))
-        for i in range(3)
-    ]
 
 
 def settings(inputs: list[str], out_dir: Path | str, **extra) -> PrepareConfig:
@@ -59,7 +49,7 @@ def corpus_documents(root: Path) -> list[tuple]:
 
 
 def test_the_merge_holds_the_documents_and_counts_of_one_run(tmp_path):
-    inputs = three_files(tmp_path / "text")
+    inputs = three_file_corpus(tmp_path / "text")
     single = prepare(settings(inputs, tmp_path / "single"), progress=False)
     cfg = settings(inputs, tmp_path / "sliced")
     sliced(cfg, 2)  # part1.txt cut in the middle; each slice's last shard is short
@@ -80,7 +70,7 @@ def test_the_merge_reads_no_shard(tmp_path):
     """Each slice's shards overwritten with zeros of the same size: a merge that read them
     would fail to decode them, one that hashed them would record other sha256s; this one
     lists them with the slices' records, as links to the very files."""
-    cfg = settings(three_files(tmp_path / "text"), tmp_path / "out")
+    cfg = settings(three_file_corpus(tmp_path / "text"), tmp_path / "out")
     records, inodes = [], []
     for directory in sliced(cfg, 3):
         for shard in json.loads((directory / MANIFEST_FILE).read_text())["shards"]:
@@ -111,7 +101,7 @@ def test_a_failed_upload_resumes_with_the_files_not_yet_there(s3, tmp_path, monk
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
     url = f"s3://{BUCKET}/resumed"
-    cfg = settings(three_files(tmp_path / "text"), url)
+    cfg = settings(three_file_corpus(tmp_path / "text"), url)
     sliced(cfg, 3)
     fs = filesystem(url)  # the instance the upload uses (cached), its put_file patched
     real_put = fs.put_file

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cpu_run_overrides, small_english_documents, write_text_corpus
+from conftest import (
+    cpu_run_overrides,
+    three_file_corpus,
+)
 from dist_helpers import RECORDING_MLM
 from test_prepare_array import corpus_documents
 from test_train import step_losses
@@ -134,15 +137,6 @@ def tiny_run(shards: Path, run_dir: Path, *extra: str) -> list[str]:
 
 def last_checkpoint(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-
-
-def three_file_corpus(root: Path) -> list[str]:
-    documents = small_english_documents()
-    root.mkdir(parents=True, exist_ok=True)
-    return [
-        str(write_text_corpus(root / f"part{i}.txt", documents[i * 100 : (i + 1) * 100]))
-        for i in range(3)
-    ]
 
 
 def prepare_settings(inputs: list[str], out_dir: Path) -> PrepareConfig:
