@@ -4,6 +4,7 @@ uninterrupted run's losses, and corpus preparation as a job array. They need a c
 (`slurm/local-cluster start`, as .ci/run does) and skip only when `sinfo` is not installed. The sliced preparation itself is tested
 without SLURM too."""
 
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from conftest import (
     three_file_corpus,
 )
 from dist_helpers import RECORDING_MLM
-from test_prepare_array import corpus_documents
+from test_prepare_array import corpus_documents, planted_corpus
 from test_train import step_losses
 
 from data_pipelines.prepare import prepare
@@ -362,14 +363,20 @@ def test_sweep_through_the_submitit_launcher(cluster, prepared_corpus, tmp_path)
 @pytest.mark.slow
 @needs_slurm
 def test_preparation_as_a_job_array(cluster, tmp_path):
-    inputs = three_file_corpus(tmp_path / "text")
-    single = prepare(prepare_settings(inputs, tmp_path / "single"), progress=False)
+    """`slurm/prepare-array` on the local cluster's two nodes, 3 tasks over 8 files with exact
+    and near duplicates planted across files, deduplicated globally (datatrove's stages):
+    the documents one `prepare` in one process keeps, in its order."""
+    inputs, planted = planted_corpus(tmp_path / "text")
+    single_settings = prepare_settings(inputs, tmp_path / "single")
+    single_settings.filters = ["exact_dedup", "near_dedup"]
+    single = prepare(single_settings, progress=False)
     overrides = [
         f"inputs=[{','.join(inputs)}]",
         f"out_dir={tmp_path / 'array'}",
         "tokenizer.vocab_size=1000",
         "docs_per_shard=40",
         "num_proc=1",
+        "filters=[exact_dedup,near_dedup]",
     ]
     result = subprocess.run(
         ["slurm/prepare-array", "3", f"--output={tmp_path}/%x-%A_%a.out", "--", *overrides],
@@ -385,4 +392,8 @@ def test_preparation_as_a_job_array(cluster, tmp_path):
     )
     assert wait_for_job(cluster, array_job, 5) == "COMPLETED"  # all 3 tasks
     # each slice's last shard is short (the merge rewrites nothing): one run's documents
-    assert corpus_documents(tmp_path / "array") == corpus_documents(single)
+    kept = corpus_documents(tmp_path / "array")
+    assert kept == corpus_documents(single) and len(kept) == 160  # every planted copy gone
+    assert planted == 24
+    filters = json.loads((tmp_path / "array" / "manifest.json").read_text())["filters"]
+    assert filters["dedup_scope"] == "global", filters
