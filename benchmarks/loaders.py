@@ -1,0 +1,388 @@
+"""Our loader against the ones users pick instead (issue 54 item 6), in one process on the
+same tokens: MLM batches of --batch-size x --seq-len from local shards, each way with 1 and 2
+data-loader workers.
+
+- `ours`: `pretrain-data prepare` shards read by the training stream (`EpochStream` under
+  `StepAlignedLoader`, the default MLM run: its own packing and 15% 80/10/10 corruption).
+- `litdata`: LitData's `optimize()` (tokens written per document, `TokensLoader` blocks of
+  --seq-len, its documented pre-training way) read by its `StreamingDataset` /
+  `StreamingDataLoader`.
+- `mosaic`: Mosaic streaming's `MDSWriter` (one int32 array of --seq-len a sample) read by
+  its `StreamingDataset` under a torch DataLoader.
+- `webdataset`: `webdataset.TarWriter` (one .npy a sample, shards of --wds-samples) read by
+  `WebDataset` under a torch DataLoader.
+
+Theirs pack as run_mlm.py's group_texts does (each document tokenized with [CLS]/[SEP] by the
+corpus's own tokenizer as a HF fast tokenizer, concatenated, cut into --seq-len blocks) and mask
+with transformers' DataCollatorForLanguageModeling (15%, 80/10/10); every way shuffles. A
+library that does not import is skipped with a line saying so. Printed: conversion seconds
+(ours: `prepare` with the tokenizer given, so no training; theirs: tokenize + pack + write,
+one process), and batches/s from the first batch on (worker start-up left out) with batches/s
+per worker, the machine's load average beside them.
+
+    .venv/bin/python benchmarks/loaders.py [--megabytes 8] [--batches 150] [--workers 1,2] \
+        [--only ours,litdata,mosaic,webdataset] [--work-dir DIR]
+"""
+
+import argparse
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+import types
+from importlib import util
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from data_pipelines.builtin_corpus import builtin_documents  # noqa: E402
+from data_pipelines.prepare import prepare  # noqa: E402
+from data_pipelines.prepare_config import PrepareConfig, TokenizerSettings  # noqa: E402
+from pretrain.config import compose_config  # noqa: E402
+from pretrain.data.loader import StepAlignedLoader, is_end_of_epoch  # noqa: E402
+from pretrain.data.shard_format import load_manifest  # noqa: E402
+from pretrain.data.stream import EpochStream  # noqa: E402
+from pretrain.data.worker_processes import worker_context  # noqa: E402
+from pretrain.runtime.run import build_stream  # noqa: E402
+
+WAYS = ("ours", "litdata", "mosaic", "webdataset")
+
+
+def write_corpus(path: Path, megabytes: float) -> list[str]:
+    """The built-in corpus's documents, reshuffled copies until `megabytes` MB, written as
+    plain text (documents split by blank lines, none inside one); returns the documents."""
+    base = [re.sub(r"\n\s*\n", "\n", text).strip() for _, text in builtin_documents()]
+    base = [text for text in base if text]
+    documents, size, rng = [], 0, random.Random(0)
+    while size < megabytes * 1e6:
+        for text in rng.sample(base, len(base)):
+            documents.append(text)
+            size += len(text.encode()) + 2
+            if size >= megabytes * 1e6:
+                break
+    path.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
+    return documents
+
+
+def prepare_ours(text: Path, out_dir: Path, vocab_size: int, tokenizer: str | None) -> Path:
+    """`pretrain-data prepare` of `text` into `out_dir` (one process); returns the shards dir."""
+    settings = TokenizerSettings(vocab_size=vocab_size, path=tokenizer)
+    config = PrepareConfig(
+        inputs=[str(text)], out_dir=str(out_dir), tokenizer=settings, num_proc=1, overwrite=True
+    )
+    return Path(prepare(config, progress=False))
+
+
+def hf_tokenizer(tokenizer_dir: Path):
+    """The corpus's tokenizer as a transformers fast tokenizer."""
+    from transformers import BertTokenizerFast
+
+    return BertTokenizerFast.from_pretrained(str(tokenizer_dir), model_max_length=1 << 30)
+
+
+def document_ids(documents: list[str], tokenizer, chunk: int = 1000):
+    """Each document's ids with [CLS]/[SEP] (run_mlm's tokenize_function), int32."""
+    for start in range(0, len(documents), chunk):
+        for ids in tokenizer(documents[start : start + chunk])["input_ids"]:
+            yield np.asarray(ids, dtype=np.int32)
+
+
+def packed_blocks(documents: list[str], tokenizer, seq_len: int):
+    """run_mlm's group_texts: the documents' ids concatenated, cut into `seq_len` blocks (the
+    remainder dropped)."""
+    buffer = np.zeros(0, dtype=np.int32)
+    for ids in document_ids(documents, tokenizer):
+        buffer = np.concatenate([buffer, ids])
+        while len(buffer) >= seq_len:
+            yield buffer[:seq_len]
+            buffer = buffer[seq_len:]
+
+
+class MaskedBatch:
+    """collate_fn: samples -> transformers' MLM batch (15%, 80/10/10), picklable."""
+
+    def __init__(self, tokenizer, key: str | None = None):
+        from transformers import DataCollatorForLanguageModeling
+
+        self.collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
+        self.key = key
+
+    def __call__(self, samples) -> dict:
+        if self.key is not None:
+            samples = [sample[self.key] for sample in samples]
+        return self.collator([torch.as_tensor(np.asarray(s, dtype=np.int64)) for s in samples])
+
+
+def _litdata_tokens(path: str, tokenizer_dir: str = ""):
+    tokenizer = hf_tokenizer(Path(tokenizer_dir))
+    documents = Path(path).read_text(encoding="utf-8").split("\n\n")
+    for ids in document_ids(documents, tokenizer):
+        yield torch.from_numpy(ids)
+
+
+def convert(way: str, text: Path, documents: list[str], tokenizer_dir: Path, out: Path, args):
+    """Write `way`'s format of the corpus under `out`."""
+    tokenizer = hf_tokenizer(tokenizer_dir)
+    if way == "litdata":
+        from functools import partial
+
+        from litdata import optimize
+        from litdata.streaming.item_loader import TokensLoader
+
+        optimize(  # litdata's LLM pre-training recipe: token arrays, blocks cut when read
+            fn=partial(_litdata_tokens, tokenizer_dir=str(tokenizer_dir)),
+            inputs=[str(text)],
+            output_dir=str(out),
+            chunk_size=args.seq_len * 2048,
+            item_loader=TokensLoader(),
+            num_workers=1,
+            verbose=False,
+        )
+    elif way == "mosaic":
+        from streaming import MDSWriter
+
+        with MDSWriter(out=str(out), columns={"input_ids": "ndarray:int32"}) as writer:
+            for block in packed_blocks(documents, tokenizer, args.seq_len):
+                writer.write({"input_ids": block})
+    elif way == "webdataset":
+        import webdataset
+
+        out.mkdir(parents=True)
+        writer = None
+        for index, block in enumerate(packed_blocks(documents, tokenizer, args.seq_len)):
+            if index % args.wds_samples == 0:
+                if writer is not None:
+                    writer.close()
+                writer = webdataset.TarWriter(str(out / f"{index // args.wds_samples:05d}.tar"))
+            writer.write({"__key__": f"{index:09d}", "input_ids.npy": block})
+        writer.close()
+
+
+def loader(way: str, out: Path, tokenizer_dir: Path, workers: int, args):
+    """`way`'s data loader of MLM batches over its converted corpus."""
+    collate = MaskedBatch(hf_tokenizer(tokenizer_dir))
+    if way == "ours":
+        spec = corpus_spec(out, args.batch_size, args.seq_len)
+        stream = EpochStream(spec, 0, errors_as_batches=True)
+        context = worker_context(workers, spec.corruption)  # the datamodule's: forkserver
+        return StepAlignedLoader(
+            stream, full_batch=args.batch_size, num_workers=workers, multiprocessing_context=context
+        )
+    if way == "litdata":
+        from litdata import StreamingDataLoader, StreamingDataset
+        from litdata.streaming.item_loader import TokensLoader
+
+        dataset = StreamingDataset(
+            str(out), item_loader=TokensLoader(block_size=args.seq_len), shuffle=True
+        )
+        return StreamingDataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            num_workers=workers,
+            collate_fn=collate,
+            **fork(workers),
+        )
+    if way == "mosaic":
+        from streaming import StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+        dataset = StreamingDataset(local=str(out), batch_size=args.batch_size, shuffle=True)
+        collate.key = "input_ids"
+        return torch.utils.data.DataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            num_workers=workers,
+            collate_fn=collate,
+            **fork(workers),
+        )
+    import webdataset
+
+    urls = sorted(str(p) for p in out.glob("*.tar"))
+    dataset = webdataset.WebDataset(urls, shardshuffle=len(urls)).shuffle(1000).decode()
+    collate.key = "input_ids.npy"
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=args.batch_size, num_workers=workers, collate_fn=collate
+    )
+
+
+def corpus_spec(shards: Path, batch_size: int, seq_len: int):
+    """The stream of an MLM run (15%, 80/10/10) on `shards`, rows packed across documents."""
+    overrides = [  # packed rows of --seq-len across documents, as group_texts packs
+        "objective=mlm",
+        "data=full_sentences",
+        f"data.shards_dir={shards}",
+        f"data.max_seq_length={seq_len}",
+    ]
+    _, spec, _ = build_stream(compose_config([*overrides, f"data.batch_size={batch_size}"]))
+    return spec
+
+
+def batches_per_second(batches, limit: int, shape: tuple[int, int]) -> tuple[float, int, float]:
+    """(batches/s from the first batch on, batches timed, mean non-padding tokens a batch)."""
+    count, first, tokens = 0, None, 0
+    for batch in batches:
+        if is_end_of_epoch(batch):
+            break
+        rows, width = batch["input_ids"].shape  # ours: whole sentences, up to seq_len
+        assert rows == shape[0] and width <= shape[1], batch["input_ids"].shape
+        assert batch["labels"].ne(-100).any()
+        if first is None:
+            first = time.perf_counter()
+            continue
+        count += 1
+        mask = batch.get("attention_mask")
+        tokens += int(mask.sum()) if mask is not None else rows * width
+        if count >= limit:
+            break
+    if count == 0:
+        raise SystemExit(f"loaders.py: fewer than 2 batches; raise --megabytes ({shape})")
+    return count / (time.perf_counter() - first), count, tokens / count / shape[0]
+
+
+def importable(way: str) -> str | None:
+    """None when `way`'s library imports, else why not."""
+    module = {"ours": None, "litdata": "litdata", "mosaic": "streaming", "webdataset": "webdataset"}
+    if module[way] is None:
+        return None
+    try:
+        __import__(module[way])
+    except Exception as error:  # noqa: BLE001 - any failure to import skips the library
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def stub_torchvision() -> bool:
+    """Mosaic streaming's package imports its vision datasets (torchvision), unused for text.
+    With torchvision not importable (or built for another torch) and streaming installed,
+    stand-in modules in sys.modules let `import streaming` work; run at import, after
+    lightning's imports (which look for torchvision), so spawned data-loader workers, which
+    import this script first, have them too. Returns whether they were made."""
+    if util.find_spec("streaming") is None or "torchvision" in sys.modules:
+        return False
+    try:
+        import torchvision  # noqa: F401
+
+        return False
+    except Exception:  # noqa: BLE001 - missing, or built for another torch
+        pass
+    for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
+        del sys.modules[name]
+    for name in ("torchvision", "torchvision.datasets", "torchvision.transforms"):
+        sys.modules[name] = types.ModuleType(name)
+        sys.modules[name].__path__ = []
+    sys.modules["torchvision.transforms.functional"] = types.ModuleType("functional")
+    sys.modules["torchvision.datasets"].VisionDataset = type("VisionDataset", (), {})
+    sys.modules["torchvision.transforms.functional"].to_tensor = None
+    return True
+
+
+def fork(workers: int) -> dict:
+    """Theirs: workers forked, Linux's default (litdata's optimize() sets the process's)."""
+    return {"multiprocessing_context": "fork"} if workers else {}
+
+
+_STAND_IN = stub_torchvision()  # torchvision stand-in modules made (for `import streaming`)
+
+
+def remove_stand_in() -> None:
+    """Take the torchvision stand-in out of sys.modules (a caller's process goes on without
+    it)."""
+    global _STAND_IN
+    if _STAND_IN:
+        for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
+            del sys.modules[name]
+    _STAND_IN = False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--megabytes", type=float, default=8.0, help="text of the corpus")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=150, help="timed batches at most")
+    parser.add_argument("--workers", default="0,1,2", help="0: in the main process")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--wds-samples", type=int, default=256, help="samples a tar shard")
+    parser.add_argument("--only", default=",".join(WAYS))
+    parser.add_argument("--repeats", type=int, default=2, help="best of this many rounds")
+    parser.add_argument("--work-dir", help="kept; default a temporary directory")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="loaders-"))
+    work.mkdir(parents=True, exist_ok=True)
+    text = work / "corpus.txt"
+    documents = write_corpus(text, args.megabytes)
+    # the tokenizer, trained once (untimed); every way then uses it
+    tokenizer_dir = load_manifest(
+        prepare_ours(text, work / "tokenizer-run", args.vocab_size, None)
+    ).tokenizer_dir
+    print(f"corpus: {text.stat().st_size / 1e6:.1f} MB, {len(documents)} documents")
+    if _STAND_IN:
+        print("mosaic: torchvision not importable; stand-in modules for streaming.vision's import")
+    converted = {}  # way -> (conversion seconds, its directory)
+    for way in [w for w in args.only.split(",") if w]:
+        why = importable(way)
+        if why is not None:
+            print(f"{way}: skipped, its library does not import ({why})")
+            continue
+        out = work / way
+        shutil.rmtree(out, ignore_errors=True)
+        start = time.perf_counter()
+        if way == "ours":
+            prepare_ours(text, out, args.vocab_size, str(tokenizer_dir))
+        else:
+            convert(way, text, documents, tokenizer_dir, out, args)
+        converted[way] = (time.perf_counter() - start, out)
+    shape = (args.batch_size, args.seq_len)
+    print(f"load average before measuring: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    runs = [(way, int(w)) for way in converted for w in args.workers.split(",")]
+    measured = {}  # (way, workers) -> the best (batches/s, batches, tokens a row)
+    for _ in range(args.repeats):  # rounds taken in turn: a loaded machine's swings spread
+        for way, workers in runs:
+            batches = loader(way, converted[way][1], tokenizer_dir, workers, args)
+            result = batches_per_second(batches, args.batches, shape)
+            if hasattr(batches, "close"):
+                batches.close()
+            del batches
+            measured[(way, workers)] = max(measured.get((way, workers), result), result)
+    print(
+        f"\nMLM batches of {args.batch_size} x {args.seq_len}, local shards, best of "
+        f"{args.repeats}; load average {os.getloadavg()[0]:.2f} at the end:\n"
+    )
+    print(
+        "| way | convert s | workers | batches/s | per worker | batches | tokens/row "
+        "| k tokens/s per worker |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    per_worker: dict[tuple[str, int], float] = {}  # real tokens/s a worker
+    for (way, workers), (speed, count, tokens) in measured.items():
+        per_worker[(way, workers)] = speed / max(workers, 1) * tokens * args.batch_size
+        print(
+            f"| {way} | {converted[way][0]:.1f} | {workers} | {speed:.2f} "
+            f"| {speed / max(workers, 1):.2f} | {count} | {tokens:.0f} "
+            f"| {per_worker[(way, workers)] / 1e3:.0f} |"
+        )
+    print()
+    for workers in sorted({w for _, w in runs}):
+        theirs = {w: s for (w, n), s in per_worker.items() if n == workers and w != "ours"}
+        if ("ours", workers) in per_worker and theirs:
+            way = max(theirs, key=theirs.get)
+            ratio = per_worker[("ours", workers)] / theirs[way]
+            print(
+                f"{workers} worker(s): ours / the best of theirs ({way}), real tokens/s a "
+                f"worker: {ratio:.2f}x"
+            )
+    remove_stand_in()
+    if not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
