@@ -1,9 +1,10 @@
 """Our loader against the ones users pick instead (issue 54 item 6), in one process on the
-same tokens: MLM batches of --batch-size x --seq-len from local shards, each way with 1 and 2
-data-loader workers.
+same tokens: MLM batches of --batch-size x --seq-len from local shards, each way in the main
+process (0 workers: one core's work alone) and with 1 and 2 data-loader workers.
 
 - `ours`: `pretrain-data prepare` shards read by the training stream (`EpochStream` under
-  `StepAlignedLoader`, the default MLM run: its own packing and 15% 80/10/10 corruption).
+  `StepAlignedLoader`, its forkserver workers as the datamodule starts them; `objective=mlm
+  data=full_sentences`: whole sentences packed across documents, 15% 80/10/10).
 - `litdata`: LitData's `optimize()` (tokens written per document, `TokensLoader` blocks of
   --seq-len, its documented pre-training way) read by its `StreamingDataset` /
   `StreamingDataLoader`.
@@ -17,11 +18,14 @@ corpus's own tokenizer as a HF fast tokenizer, concatenated, cut into --seq-len 
 with transformers' DataCollatorForLanguageModeling (15%, 80/10/10); every way shuffles. A
 library that does not import is skipped with a line saying so. Printed: conversion seconds
 (ours: `prepare` with the tokenizer given, so no training; theirs: tokenize + pack + write,
-one process), and batches/s from the first batch on (worker start-up left out) with batches/s
-per worker, the machine's load average beside them.
+one process), and batches/s from the first batch on (worker start-up left out), the best of
+--repeats rounds, with batches/s and real (non-padding) tokens/s a worker, the machine's load
+average before and after; then ours against the best of theirs at each worker count.
 
-    .venv/bin/python benchmarks/loaders.py [--megabytes 8] [--batches 150] [--workers 1,2] \
-        [--only ours,litdata,mosaic,webdataset] [--work-dir DIR]
+    .venv/bin/python benchmarks/loaders.py [--megabytes 8] [--batches 150] [--workers 0,1,2] \
+        [--repeats 2] [--only ours,litdata,mosaic,webdataset] [--work-dir DIR]
+
+Not measured yet: the same from the moto S3 server (theirs' remote readers against ours).
 """
 
 import argparse

@@ -52,7 +52,7 @@ SMOKES: dict[str, tuple[list[str], str]] = {
     "int8_cpu.py": ("32 1 fp32,ao".split(), "x of fp32"),
     "loaders.py": (  # ours, and LitData / Mosaic / webdataset where they import
         "--megabytes 0.2 --seq-len 64 --batch-size 4 --batches 3 --vocab-size 300 "
-        "--wds-samples 32 --work-dir {tmp}".split(),
+        "--wds-samples 32 --repeats 1 --work-dir {tmp}".split(),
         "| ours | ",
     ),
     "prepare.py": (
