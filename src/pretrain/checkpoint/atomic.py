@@ -152,13 +152,12 @@ def replace_directory(written: Path, final: Path) -> None:
     marker.touch()
     fsync_tree(written)
     replaced = final.with_name(final.name + REPLACED_SUFFIX)
-    if replaced.exists():
-        shutil.rmtree(replaced)
-    if final.exists():
+    _remove(replaced)
+    if os.path.lexists(final):  # a directory, or `last`'s link to a step's (`link_checkpoint`)
         os.replace(final, replaced)
     os.replace(written, final)
     fsync_directory(final.parent)
-    shutil.rmtree(replaced, ignore_errors=True)
+    _remove(replaced)
 
 
 def link_checkpoint(target: Path, link: Path) -> None:
@@ -171,13 +170,11 @@ def link_checkpoint(target: Path, link: Path) -> None:
     os.symlink(target.name, aside)
     replaced = link.with_name(link.name + REPLACED_SUFFIX)
     if link.is_dir() and not link.is_symlink():
-        if replaced.exists():
-            shutil.rmtree(replaced)
+        _remove(replaced)
         os.replace(link, replaced)
     os.replace(aside, link)
     fsync_directory(link.parent)
-    if replaced.is_dir():
-        shutil.rmtree(replaced, ignore_errors=True)
+    _remove(replaced)
 
 
 def recover_replacements(directory: Path) -> None:
@@ -210,7 +207,8 @@ def recover_replacements(directory: Path) -> None:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir():
+    """Remove a file, a link (never what it points to) or a directory, if there."""
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
