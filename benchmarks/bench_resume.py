@@ -72,7 +72,7 @@ def stream_spec(shards_dir: Path) -> StreamSpec:
     )
     documents = sum(shard["documents"] for shard in manifest.shards)
     return run_stream_spec(
-        validate(compose_config(["data=full_sentences"])),
+        validate(compose_config(["objective=mlm", "data=full_sentences"])),
         shard_paths=tuple(str(p) for p in manifest.shard_paths),
         vocab=vocab,
         corruption=corruption,

@@ -77,6 +77,7 @@ def heldout_batches(
     run = validate(
         compose_config(
             [
+                "objective=mlm",  # plain token masking; the default run's NSP needs pairs
                 f"data.format={fmt}",
                 f"data.max_seq_length={spec.max_seq_length}",
                 "data.batch_size=64",
