@@ -14,7 +14,7 @@ from test_train import tiny_overrides
 from pretrain.checkpoint import atomic
 from pretrain.checkpoint.atomic import AtomicCheckpointIO
 from pretrain.config import compose_config, validate
-from pretrain.data import preview
+from pretrain.runtime import preview
 from pretrain.data.shard_blocks import ShardError
 from pretrain.errors import ConfigError, RunEnvironmentError, report_error
 from pretrain.runtime.run import run_or_exit
