@@ -46,6 +46,14 @@ PRELOAD = (  # what a training run imports; the test helpers (dist_helpers) load
     "s3fs",  # Lightning's loggers and checkpoint IO import it (with aiohttp, 0.45 s per launch)
 )
 MULTIPROCESS_TESTS = Path(__file__).parent / "multiprocess"
+# Rank 0's rendezvous port (MASTER_PORT) of each launch. Launches inherited the test process's
+# MASTER_PORT, which an in-process distributed run had set (Lightning writes it to os.environ):
+# three launches of one xdist worker in three seconds used the same port, and those that
+# started while another still held it failed with EADDRINUSE. So each launch gets its own,
+# below Linux's ephemeral range (32768-60999, where clients' ports come from): a block of
+# PORTS_PER_WORKER per pytest-xdist worker (the SLURM lane's pytest: the last block).
+FIRST_PORT, PORTS_PER_WORKER, WORKER_BLOCKS = 20000, 1000, 12
+_launches = iter(range(10**9))
 _server: subprocess.Popen | None = None
 _address: str | None = None
 _lock = threading.Lock()
@@ -81,6 +89,23 @@ def _stop(server: subprocess.Popen, directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def launch_port() -> int:
+    """A rendezvous port for the next launch of this test process, free now, that no other
+    pytest-xdist worker of the session hands out (`FIRST_PORT`)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    block = int(worker[2:]) if worker.startswith("gw") else WORKER_BLOCKS - 1
+    first = FIRST_PORT + (block % WORKER_BLOCKS) * PORTS_PER_WORKER
+    for _ in range(PORTS_PER_WORKER):
+        port = first + next(_launches) % PORTS_PER_WORKER
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # in use (a run still ending on it): the next one
+                continue
+        return port
+    raise RuntimeError(f"no free port in {first}..{first + PORTS_PER_WORKER - 1}")
+
+
 def run_pretrain(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess:
@@ -88,7 +113,9 @@ def run_pretrain(
     `subprocess.run(command, env=os.environ | env, cwd=cwd, capture_output=True, text=True,
     timeout=timeout)` would run it, with tests/multiprocess on PYTHONPATH (dist_helpers'
     recording objectives)."""
-    env = os.environ | (env or {})
+    # this launch's own port unless given: not this process's MASTER_PORT either, which an
+    # in-process distributed run (Lightning sets it) left behind for every later launch
+    env = os.environ | {"MASTER_PORT": str(launch_port())} | (env or {})
     env["PYTHONPATH"] = os.pathsep.join([str(MULTIPROCESS_TESTS), env.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "pretrain.cli.train", *args]
     with tempfile.TemporaryDirectory(prefix="pretrain-launch-") as outputs:

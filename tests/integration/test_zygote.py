@@ -53,3 +53,22 @@ def test_a_launch_past_its_timeout_is_killed(prepared_corpus, tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(expired.value.pid, 0)  # killed and reaped
     assert run_pretrain(["--cfg", "job"], tmp_path).returncode == 0  # the server serves on
+
+
+def test_a_two_rank_launch_does_not_take_this_process_s_master_port(
+    prepared_corpus, tmp_path, monkeypatch
+):
+    """The port an in-process distributed run left in this process's MASTER_PORT, held by
+    another listener: a 2-rank launch rendezvouses on a port of its own (it failed with
+    EADDRINUSE when launches inherited the port)."""
+    import socket
+
+    from conftest import cpu_run_overrides
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        monkeypatch.setenv("MASTER_PORT", str(held.getsockname()[1]))
+        args = cpu_run_overrides(prepared_corpus, tmp_path / "run", "trainer.max_steps=1")
+        result = run_pretrain([*args, "strategy=ddp", "trainer.devices=2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
