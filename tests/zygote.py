@@ -89,6 +89,30 @@ def _stop(server: subprocess.Popen, directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+# What Lightning writes into os.environ when a run is distributed in this process (an
+# in-process DDP or DeepSpeed test): inherited by a launch, LOCAL_RANK made it believe its
+# ranks were started by someone else, so rank 0 waited for a rank 1 nobody started (a
+# 30-minute hang in a full run), and MASTER_PORT sent launches to one port (EADDRINUSE).
+DISTRIBUTED_VARIABLES = (
+    "LOCAL_RANK",
+    "RANK",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def launch_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without what a distributed run left in it
+    (`DISTRIBUTED_VARIABLES`), with a rendezvous port of the launch's own (`launch_port`),
+    then `env` (the caller's, which may set any of them)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    return inherited | {"MASTER_PORT": str(launch_port())} | (env or {})
+
+
 def launch_port() -> int:
     """A rendezvous port for the next launch of this test process, free now, that no other
     pytest-xdist worker of the session hands out (`FIRST_PORT`)."""
@@ -113,9 +137,7 @@ def run_pretrain(
     `subprocess.run(command, env=os.environ | env, cwd=cwd, capture_output=True, text=True,
     timeout=timeout)` would run it, with tests/multiprocess on PYTHONPATH (dist_helpers'
     recording objectives)."""
-    # this launch's own port unless given: not this process's MASTER_PORT either, which an
-    # in-process distributed run (Lightning sets it) left behind for every later launch
-    env = os.environ | {"MASTER_PORT": str(launch_port())} | (env or {})
+    env = launch_environment(env)
     env["PYTHONPATH"] = os.pathsep.join([str(MULTIPROCESS_TESTS), env.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "pretrain.cli.train", *args]
     with tempfile.TemporaryDirectory(prefix="pretrain-launch-") as outputs:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from zygote import launch_port
+from zygote import launch_environment
 
 SCRIPTS = Path(sys.executable).parent
 MARKER = "PRETRAIN_FAULT_TEST"  # an environment variable every process of a run inherits
@@ -139,12 +139,11 @@ def unprivileged(command: list[str]) -> list[str]:
 
 def script_env(marker: str | None = None) -> dict[str, str]:
     """The environment of a console script run by a test: this checkout's code first, one
-    thread per process, a rendezvous port of its own (`zygote.launch_port`), and `MARKER` set
+    thread per process, none of the variables an in-process distributed run left (`zygote.launch_environment`), and `MARKER` set
     to `marker` (to find its processes later)."""
     root = Path(__file__).resolve().parents[2]
     path = os.pathsep.join([str(root / "src"), str(root), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    env["MASTER_PORT"] = str(launch_port())  # its own, not one an earlier run left here
+    env = launch_environment({"PYTHONPATH": path, "OMP_NUM_THREADS": "1"})
     if marker:
         env[MARKER] = marker
     return env

@@ -55,12 +55,14 @@ def test_a_launch_past_its_timeout_is_killed(prepared_corpus, tmp_path):
     assert run_pretrain(["--cfg", "job"], tmp_path).returncode == 0  # the server serves on
 
 
-def test_a_two_rank_launch_does_not_take_this_process_s_master_port(
+def test_a_two_rank_launch_ignores_what_an_in_process_distributed_run_left(
     prepared_corpus, tmp_path, monkeypatch
 ):
-    """The port an in-process distributed run left in this process's MASTER_PORT, held by
-    another listener: a 2-rank launch rendezvouses on a port of its own (it failed with
-    EADDRINUSE when launches inherited the port)."""
+    """What an in-process distributed run leaves in this process's environment (Lightning
+    writes it): its MASTER_PORT, here held by another listener, and LOCAL_RANK and the rest.
+    A 2-rank launch starts its own rank 1 and rendezvouses on a port of its own: inherited,
+    LOCAL_RANK left rank 0 waiting for a rank nobody started (a hang), and the port failed
+    with EADDRINUSE."""
     import socket
 
     from conftest import cpu_run_overrides
@@ -69,6 +71,9 @@ def test_a_two_rank_launch_does_not_take_this_process_s_master_port(
         held.bind(("127.0.0.1", 0))
         held.listen()
         monkeypatch.setenv("MASTER_PORT", str(held.getsockname()[1]))
+        for name, value in (("LOCAL_RANK", "0"), ("RANK", "0"), ("WORLD_SIZE", "1")):
+            monkeypatch.setenv(name, value)
         args = cpu_run_overrides(prepared_corpus, tmp_path / "run", "trainer.max_steps=1")
-        result = run_pretrain([*args, "strategy=ddp", "trainer.devices=2"], tmp_path)
+        ranks = ["strategy=ddp", "trainer.devices=2", "trainer.startup_timeout_s=60"]
+        result = run_pretrain([*args, *ranks], tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
