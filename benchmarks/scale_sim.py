@@ -97,7 +97,14 @@ def batches_per_second(spec, workers: int, shares: bool, limit: int) -> tuple[fl
         loader.close()
     else:
         iterator._shutdown_workers()
-    return (batches - 1) / seconds, (batches - 1) / busiest, batches - 1
+    # a few batches may take less than the clock tick /proc counts CPU in: no figure then
+    per_cpu_second = (batches - 1) / busiest if busiest > 0 else float("nan")
+    return (batches - 1) / seconds, per_cpu_second, batches - 1
+
+
+def ratio(value: float, base: float) -> float:
+    """value / base; nan where the base was too short to measure (0, a smoke run's)."""
+    return value / base if base > 0 else float("nan")
 
 
 def stream_rows(spec, limit: int, repeats: int) -> list[tuple[str, str, str]]:
@@ -118,7 +125,7 @@ def stream_rows(spec, limit: int, repeats: int) -> list[tuple[str, str, str]]:
                 f"stream, {workers} worker(s), {how}",
                 f"{cpu:.1f} batches per busiest worker's CPU s; {wall:.1f} batches/s wall "
                 f"({batches} batches)",
-                f"{cpu / base_cpu:.2f}x 1 worker (wall {wall / base_wall:.2f}x)",
+                f"{ratio(cpu, base_cpu):.2f}x 1 worker (wall {ratio(wall, base_wall):.2f}x)",
             )
         )
     return rows
