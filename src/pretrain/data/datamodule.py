@@ -14,7 +14,7 @@ import torch
 
 from pretrain.data.batch_warmup import BatchSizeWarmup
 from pretrain.data.loader import StepAlignedLoader
-from pretrain.data.mixture import source_samples
+from pretrain.data.mixing import source_samples
 from pretrain.data.positions import POSITION_FORMAT, PartitionPosition, positions_from_saved
 from pretrain.data.reading import StreamSpec
 from pretrain.data.shard_checks import repeat_message, repeated_shards

@@ -103,3 +103,21 @@ def mix_schedule(names: Sequence[str], shares: Sequence[float], block: int) -> M
     prefix = np.vstack([np.zeros(len(counts), np.int64), np.cumsum(onehot, axis=0)])
     within = prefix[np.arange(len(order)), order]
     return MixSchedule(tuple(names), counts, order, within, prefix)
+
+
+SOURCE_KEY = "source_rows"  # (batch,) int64: each row's source in a mixture's batches
+
+
+def row_sources(spec, marks):
+    """(rows,) int64: the source (its index in spec.sources) of each row, from the rows'
+    marks ((rows, 7) int64, `positions.StreamMark` a row: the partition is column 0)."""
+    offsets = np.asarray([source.offset for source in spec.sources])
+    return np.searchsorted(offsets, np.asarray(marks)[:, 0], side="right").astype(np.int64) - 1
+
+
+def source_samples(spec, samples: int) -> dict[str, int]:
+    """{source name: its samples among the mixture's first `samples` global samples}; {}
+    for one corpus."""
+    if not getattr(spec, "sources", ()):
+        return {}
+    return dict(zip(spec.mix.names, spec.mix.counts_before(samples), strict=True))

@@ -459,7 +459,7 @@ def corrupt_to_tensors(batch: dict, spec: StreamSpec, epoch: int) -> dict:
     if marks is not None:
         batch[MARKS_KEY] = marks
         if spec.sources:  # a mixture: each row's source, for the per-source counts
-            from pretrain.data.mixture import SOURCE_KEY, row_sources
+            from pretrain.data.mixing import SOURCE_KEY, row_sources
 
             batch[SOURCE_KEY] = row_sources(spec, marks)
     return {k: (v if k == "keys" else torch.from_numpy(v)) for k, v in batch.items()}

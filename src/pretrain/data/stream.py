@@ -227,7 +227,7 @@ def _sample_taker(
     if spec.sources:  # a mixture (data.sources): each partition opened when first wanted
         from pretrain.data.mixture import mixture_taker
 
-        return mixture_taker(spec, epoch, start_sample, resume)
+        return mixture_taker(spec, epoch, start_sample, resume, partition_sequences)
     partitions, ranks = spec.stream_partitions, spec.world_size
     shared = math.gcd(partitions, ranks)
     mine = range((start_sample + spec.rank) % shared, partitions, shared)

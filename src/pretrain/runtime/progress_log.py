@@ -4,7 +4,7 @@ training, logged as `train/tokens_seen`, `train/samples_seen` and `train/elapsed
 training metrics of every log step. They are saved in checkpoints (callback state), so a
 resumed run continues its counts; the time between two launches is not counted. A mixture
 of corpora (data.sources) adds each source's samples and tokens, `train/source/<name>/samples`
-and `.../tokens`, counted from the rows' sources (`data.mixture.SOURCE_KEY`) the same way."""
+and `.../tokens`, counted from the rows' sources (`data.mixing.SOURCE_KEY`) the same way."""
 
 import time
 
@@ -13,7 +13,7 @@ import torch
 
 from pretrain.cluster.collectives import sum_on_device
 from pretrain.data.batch_warmup import is_skipped_batch
-from pretrain.data.mixture import SOURCE_KEY
+from pretrain.data.mixing import SOURCE_KEY
 
 
 class ProgressLog(L.Callback):

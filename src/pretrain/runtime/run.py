@@ -37,7 +37,7 @@ from pretrain.data.datamodule import (
     unrepeated_shards,
     verified_shards,
 )
-from pretrain.data.mixture import mixture_sha256, mixture_stream_spec
+from pretrain.data.mixture_spec import mixture_sha256, mixture_stream_spec
 from pretrain.data.partitions import stream_partitions
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
 from pretrain.data.reading import StreamSpec, stream_spec

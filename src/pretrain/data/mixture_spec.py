@@ -1,0 +1,100 @@
+"""A mixture's run-level pieces (`data.sources`): its stream spec, each source opened and
+checked as one corpus, and its content hash. Above the data module and the stream, which the
+mixture's sampling (`mixture.py`) sits below."""
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from pretrain.data.mixing import mix_schedule, source_shares
+from pretrain.data.mixture import SourceStream, source_seed
+from pretrain.data.partitions import stream_partitions
+from pretrain.errors import ConfigError
+
+
+def check_mixture_objective(run: Any, corruption: Any) -> None:
+    """ConfigError naming the key where the objective needs what a mixture lacks: the
+    stage schedule's progress and lengths are counted in one corpus's samples."""
+    if getattr(corruption, "uses_progress", False) or getattr(corruption, "stage_lengths", None):
+        raise ConfigError(
+            "objective.stages: a stage schedule is not supported with data.sources (its "
+            "progress counts one corpus's samples); drop the stages or train on one corpus"
+        )
+
+
+def mixture_stream_spec(run: Any, build_corruption: Callable) -> Any:
+    """The `StreamSpec` of the typed run's `data.sources`: each source opened and checked
+    as one corpus (`open_corpus`: its manifest, shards and tokenizer; data.holdout_shards
+    and data.bad_shards apply to each), all with the first source's tokenizer (ConfigError
+    naming both sources otherwise), the mixture's shard paths and tokens the sources' in
+    order, its partitions theirs one after another. `build_corruption(run, vocab)` makes
+    the objective's corruption. Local paths become absolute in `run.data.sources`."""
+    from pathlib import Path
+
+    from pretrain.data.datamodule import open_corpus, split_holdout, unrepeated_shards
+    from pretrain.data.reading import stream_spec
+    from pretrain.data.shard_table import ShardPaths
+    from pretrain.storage import local_path
+
+    data = run.data
+    opened, sources, offset = [], [], 0
+    for config in data.sources:
+        corpus = open_corpus(config.shards_dir, data.tokenizer_dir, data)
+        if corpus.storage is None:
+            config.shards_dir = str(Path(local_path(config.shards_dir)).resolve())
+        if opened and corpus.manifest.tokenizer_sha256 != opened[0][1].manifest.tokenizer_sha256:
+            first = opened[0][0]
+            raise ConfigError(
+                f"data.sources: {config.name} ({config.shards_dir}) was tokenized with another "
+                f"tokenizer than {first.name} ({first.shards_dir}); prepare both with one"
+            )
+        training = range(len(split_holdout(corpus, data.holdout_shards)[0]))
+        training = unrepeated_shards(corpus.manifest, training, data.bad_shards)
+        shards = [corpus.manifest.shards[i] for i in training]
+        parts = stream_partitions(run, sum(shard["documents"] for shard in shards))
+        sources.append(
+            SourceStream(
+                name=config.name,
+                offset=offset,
+                shard_paths=ShardPaths([str(corpus.manifest.shard_paths[i]) for i in training]),
+                shard_tokens=tuple(shard["tokens"] for shard in shards),
+                stream_partitions=parts,
+                seed=source_seed(run.seed, config.name),
+                content_sha256=corpus.manifest.content_sha256,
+                storage=corpus.storage,
+            )
+        )
+        opened.append((config, corpus))
+        offset += parts
+    tokens = [sum(source.shard_tokens) for source in sources]
+    shares = source_shares(
+        [c.weight for c in data.sources], [c.epochs for c in data.sources], tokens
+    )
+    try:
+        mix = mix_schedule([s.name for s in sources], shares, data.mix_block_samples)
+    except ValueError as error:
+        raise ConfigError(f"data.sources: {error}") from error
+    vocab = opened[0][1].vocab
+    data.tokenizer_dir = str(opened[0][1].tokenizer_dir)
+    corruption = build_corruption(run, vocab)
+    check_mixture_objective(run, corruption)
+    spec = stream_spec(
+        run,
+        shard_paths=tuple(path for s in sources for path in s.shard_paths),
+        shard_tokens=tuple(t for s in sources for t in s.shard_tokens),
+        stream_partitions=offset,
+        vocab=vocab,
+        corruption=corruption,
+    )
+    return replace(spec, sources=tuple(sources), mix=mix)
+
+
+def mixture_sha256(spec: Any) -> str:
+    """Hex sha256 of what a mixture holds: its sources' names, counts per block and
+    corpora (their manifests' content_sha256), so a relaunch onto other sources is seen."""
+    held = [
+        (s.name, count, s.content_sha256)
+        for s, count in zip(spec.sources, spec.mix.counts, strict=True)
+    ]
+    return hashlib.sha256(repr(held).encode()).hexdigest()
