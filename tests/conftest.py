@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +80,23 @@ def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Calla
         return path
 
     return build
+
+
+@pytest.fixture(autouse=True)
+def no_distributed_run_leaks_into_the_next_test() -> Iterator[None]:
+    """What an in-process distributed run wrote into os.environ (Lightning sets LOCAL_RANK,
+    WORLD_SIZE, MASTER_PORT, ...; `zygote.DISTRIBUTED_VARIABLES`) is put back as it was
+    after each test: left there, the next test of the worker ran as a launch of a job
+    (`storage.corpus.launch_key` saw a MASTER_PORT and reused its corpus mirror)."""
+    from zygote import DISTRIBUTED_VARIABLES
+
+    before = {name: os.environ.get(name) for name in DISTRIBUTED_VARIABLES}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)
