@@ -126,8 +126,6 @@ def test_refusals_name_the_key(prepared_corpus, docstring_corpus):
         )
     with pytest.raises(ConfigError, match="weight"):
         mixture_spec(prepared_corpus, docstring_corpus, doc="epochs: 1")
-    with pytest.raises(ConfigError, match="data.holdout_shards"):
-        mixture_spec(prepared_corpus, docstring_corpus, "data.holdout_shards=1")
     with pytest.raises(ConfigError, match="data.format"):
         mixture_spec(prepared_corpus, docstring_corpus, "data=xlnet_memory")
 

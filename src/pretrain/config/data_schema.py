@@ -181,7 +181,7 @@ class DataConfig:
 
     def check_sources(self) -> None:
         """data.sources: unique names, weights or epochs alike, and only where a mixture is
-        supported (not token-budget batches, held-out shards or XLNet's memory stream)."""
+        supported (not token-budget batches or XLNet's memory stream)."""
         from pretrain.data.input_formats import INPUT_FORMATS
 
         require(
@@ -209,12 +209,6 @@ class DataConfig:
             "data.tokens_per_batch",
             self.tokens_per_batch,
             "is not supported with data.sources (a mixture counts samples); set it to null",
-        )
-        require(
-            self.holdout_shards == 0,
-            "data.holdout_shards",
-            self.holdout_shards,
-            "held-out curves of a mixture (data.sources) are not supported yet; set it to 0",
         )
         require(
             not INPUT_FORMATS[self.format].memory,

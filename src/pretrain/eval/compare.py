@@ -7,13 +7,15 @@ config (the newest `hparams.yaml` beside them) and how its last launch ended
 `report.html`, a single self-contained page (figures embedded). Its first table reads: the
 run and its state (finished, preempted or failed at step s of max), the final losses
 (training and held-out), the downstream results `pretrain-eval` wrote in the run
-(`<run>/eval/<name>.json`: a column `eval/<name>/<metric>` each), progress and throughput;
-the second, the config keys that differ between the runs and change what is trained
-(logging, checkpointing, kernel and worker settings, `checkpoint.relaunch.RELAUNCH_KEYS`, left
-out; a batch-size sweep reads like RoBERTa's Table 3). `summary.csv` has both, in that order.
+(`<run>/eval/<name>.json`: a column `eval/<name>/<metric>` each), progress and throughput,
+a mixture's samples and tokens per source (`train/source/<name>/*`); the second, the config
+keys that differ between the runs and change what is trained (logging, checkpointing,
+kernel and worker settings, `checkpoint.relaunch.RELAUNCH_KEYS`, left out; a batch-size
+sweep reads like RoBERTa's Table 3). `summary.csv` has both, in that order.
 Figures: each kind of loss on its own axes (an MLM+NSP total is never drawn beside an
 MLM-only loss: the total is drawn only when every run has the same objective, and not when
-it repeats a term, as an MLM-only run's does), against tokens seen and against wall-clock
+it repeats a term, as an MLM-only run's does; a mixture's held-out loss per source,
+`val/source/<name>/loss`, is a loss of its own), against tokens seen and against wall-clock
 seconds; throughput (tokens/s, model TFLOP/s by the FLOP model of pretrain/models/flops.py,
 and MFU against the device peak where logged: not on CPU), learning rate and skipped steps
 against tokens seen. Never needs wandb.
@@ -69,9 +71,17 @@ PROGRESS_COLUMNS = (
 
 
 def is_loss(column: str) -> bool:
-    """Whether a logged column is a loss (`train/loss`, `train/mlm_loss`, `val/nsp_loss`)."""
+    """Whether a logged column is a loss (`train/loss`, `train/mlm_loss`, `val/nsp_loss`,
+    a mixture's `val/source/<name>/loss`)."""
     prefix, _, name = column.partition("/")
+    name = name.rpartition("/")[2]  # val/source/<name>/loss: its last part
     return prefix in ("train", "val") and (name == "loss" or name.endswith("_loss"))
+
+
+def is_source_count(column: str) -> bool:
+    """Whether a column is a mixture's samples or tokens of one source
+    (`train/source/<name>/samples`, `.../tokens`)."""
+    return column.startswith("train/source/") and column.endswith(("/samples", "/tokens"))
 
 
 def loss_panels(metrics: list[dict], objectives: list[object]) -> list[tuple[str, str]]:
@@ -80,13 +90,14 @@ def loss_panels(metrics: list[dict], objectives: list[object]) -> list[tuple[str
     objective (totals of different objectives sum different terms)."""
     columns = sorted({c for m in metrics for c in m if is_loss(c) and m[c]})
     same_objective = len({repr(o) for o in objectives}) <= 1
-    if not same_objective:
-        columns = [c for c in columns if c.partition("/")[2] != "loss"]
+    if not same_objective:  # totals (a source's held-out total too) sum different terms
+        columns = [c for c in columns if c.rpartition("/")[2] != "loss"]
     columns = [c for c in columns if not total_repeats_a_term(c, columns, metrics)]
     names = {"train": "training", "val": "held-out"}
     order = sorted(columns, key=lambda c: (c.partition("/")[2] != "loss", c.partition("/")[2], c))
     return [
-        (f"{names[c.partition('/')[0]]} {c.partition('/')[2].replace('_', ' ')}", c) for c in order
+        (f"{names[c.partition('/')[0]]} {re.sub('[_/]', ' ', c.partition('/')[2])}", c)
+        for c in order
     ]
 
 
@@ -204,11 +215,17 @@ def x_values(
 def final_metrics(metrics: dict[str, dict[int, float]]) -> dict[str, float]:
     """The optimizer steps the run took ("step"; a training row's step s is its batch's, after
     which s + 1 steps were taken), and the last logged value of each column of
-    `PROGRESS_COLUMNS`, every loss (`is_loss`) and every `val/*`."""
+    `PROGRESS_COLUMNS`, every loss (`is_loss`), every `val/*` and a mixture's per-source
+    counts (`is_source_count`)."""
     taken = [max(v) + (0 if k.startswith("val/") else 1) for k, v in metrics.items() if v]
     final = {"step": float(max(taken, default=0))}
     for key, values in metrics.items():
-        if key in PROGRESS_COLUMNS or is_loss(key) or key.startswith("val/"):
+        if (
+            key in PROGRESS_COLUMNS
+            or is_loss(key)
+            or key.startswith("val/")
+            or is_source_count(key)
+        ):
             final[key] = values[max(values)]
     return final
 
@@ -291,7 +308,8 @@ def summary_table(
 ) -> tuple[list[str], list[list[str]], int]:
     """(header, rows, split): run and state, the final losses (training, then held-out; a
     total that repeats a term left out, `total_repeats_a_term`), downstream results
-    (`eval/*`), progress and throughput, other held-out metrics, then, from column `split`
+    (`eval/*`), progress and throughput, a mixture's per-source samples and tokens, other
+    held-out metrics, then, from column `split`
     on, the differing config keys that change training (`differing_keys`); blank where a run
     lacks one."""
     present = sorted({k for f in finals for k in f})
@@ -299,8 +317,9 @@ def summary_table(
     losses = [k for k in losses if not total_repeats_a_term(k, losses, finals)]
     results = [k for k in present if k.startswith("eval/")]
     progress = [c for c in PROGRESS_COLUMNS if c in present]
+    sources = [k for k in present if is_source_count(k)]
     other = [k for k in present if k.startswith("val/") and not is_loss(k)]
-    metrics = [*losses, *results, *progress, *other]
+    metrics = [*losses, *results, *progress, *sources, *other]
     keys = differing_keys(configs)
     header = ["run", "status", *metrics, *keys]
     rows = [

@@ -11,6 +11,12 @@ returns: its loss, MLM / sentence-task accuracy, ELECTRA's generator and discrim
 metrics, ...). Perplexities are exp of the mean loss (`PERPLEXITY_OF`). Evaluation runs in
 eval mode (no dropout) under a forked random state seeded by the run's seed (ELECTRA's
 sampled replacements), so the training's random state is untouched.
+
+A mixture (`data.sources`) holds out the last `data.holdout_shards` shards of each source:
+the held-out batches are each source's first `trainer.val_batches`, read as that source's
+own stream; `val/*` are the means over all of them, and `val/source/<name>/loss` is the
+source's loss weighed by each batch's predicted tokens (`data.loader.predicted_tokens`), as
+the training step weighs its micro-batches.
 """
 
 import math
@@ -22,6 +28,8 @@ from lightning.fabric.utilities import move_data_to_device
 
 from pretrain.data.datamodule import open_corpus, split_holdout
 from pretrain.data.input_formats import INPUT_FORMATS
+from pretrain.data.loader import predicted_tokens
+from pretrain.data.mixture import source_spec
 from pretrain.data.reading import StreamSpec, effective_partitions
 from pretrain.data.shard_format import ShardError
 from pretrain.data.stages import StagedCorruption
@@ -38,11 +46,12 @@ PERPLEXITY_OF = {
 }
 
 
-def heldout_spec(run, spec: StreamSpec) -> StreamSpec:
+def heldout_spec(run, spec: StreamSpec, shards_dir: str | None = None) -> StreamSpec:
     """The training stream's `spec` on the held-out shards of the run (`data.holdout_shards`
-    >= 1), as one reader (rank 0 of 1), corrupted as the last stage of objective.stages
-    (so held-out curves stay comparable across stages). `run`: the typed TrainConfig."""
-    corpus = open_corpus(run.data.shards_dir, run.data.tokenizer_dir, run.data)
+    >= 1) of `shards_dir` (default `data.shards_dir`), as one reader (rank 0 of 1), corrupted
+    as the last stage of objective.stages (so held-out curves stay comparable across
+    stages). `run`: the typed TrainConfig."""
+    corpus = open_corpus(shards_dir or run.data.shards_dir, run.data.tokenizer_dir, run.data)
     heldout = split_holdout(corpus, run.data.holdout_shards)[1]
     shards = corpus.manifest.shards[len(corpus.manifest.shards) - len(heldout) :]
     documents = sum(shard["documents"] for shard in shards)
@@ -59,6 +68,16 @@ def heldout_spec(run, spec: StreamSpec) -> StreamSpec:
         world_size=1,
         tokens_per_batch=None,  # held-out batches of data.batch_size sequences
     )
+
+
+def source_heldout_specs(run, spec: StreamSpec) -> dict[str, StreamSpec]:
+    """{source name: `heldout_spec` of that source} of a mixture's training `spec`, each a
+    one-corpus stream seeded as the source's own order (`data.mixture.source_spec`)."""
+    configs = {config.name: config for config in run.data.sources}
+    return {
+        source.name: heldout_spec(run, source_spec(spec, source), configs[source.name].shards_dir)
+        for source in spec.sources
+    }
 
 
 def heldout_partitions(spec: StreamSpec, documents: int) -> int:
@@ -87,12 +106,18 @@ def heldout_batches(spec: StreamSpec, limit: int) -> list[dict]:
 
 @torch.no_grad()
 def metric_sums(
-    module: L.LightningModule, batches: list[dict], seed: int
+    module: L.LightningModule,
+    batches: list[dict],
+    seed: int,
+    sources: list[str] | None = None,
+    names: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Sum over `batches` of the loss and every scalar metric the task `module` returns
-    (`Losses`), and "batches": their number; tensors on the module's device. Eval mode and a
-    forked random state seeded with `seed`; XLNet's carried memory starts empty and is put
-    back afterwards."""
+    (`Losses`), and "batches": their number; tensors on the module's device. `sources`: the
+    source name of each batch (a mixture), which adds "source/<name>/loss_x_tokens" and
+    "source/<name>/tokens" for every name of `names` (zeros where none of its batches is
+    here, so every rank sums the same keys). Eval mode and a forked random state seeded with
+    `seed`; XLNet's carried memory starts empty and is put back afterwards."""
     device = module.device
     objective = module.objective
     memory = getattr(objective, "_mems", None), getattr(objective, "_mems_mask", None)
@@ -101,14 +126,21 @@ def metric_sums(
     was_training = module.training
     module.eval()
     sums: dict[str, torch.Tensor] = {}
+    for name in names:
+        for part in ("loss_x_tokens", "tokens"):
+            sums[f"source/{name}/{part}"] = torch.zeros((), device=device)
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
-        for batch in batches:
+        for i, batch in enumerate(batches):
             out = module(move_data_to_device(batch, device))
             for key, value in out.items():
                 if torch.is_tensor(value) and value.numel() == 1:
                     sums[key] = sums.get(key, 0.0) + value.detach().float().reshape(())
+            if sources is not None:
+                tokens = float(predicted_tokens(batch))
+                sums[f"source/{sources[i]}/loss_x_tokens"] += out["loss"].detach().float() * tokens
+                sums[f"source/{sources[i]}/tokens"] += tokens
     module.train(was_training)
     if hasattr(objective, "reset_memory"):
         objective._mems, objective._mems_mask = memory
@@ -118,9 +150,18 @@ def metric_sums(
 
 def means_of(sums: dict[str, float]) -> dict[str, float]:
     """`val/<key>`: the mean over batches of each summed metric (`metric_sums`), plus the
-    perplexities of `PERPLEXITY_OF`."""
+    perplexities of `PERPLEXITY_OF`; a mixture's `val/source/<name>/loss`: its loss
+    weighed by predicted tokens."""
     count = sums["batches"]
-    means = {key: value / count for key, value in sums.items() if key != "batches"}
+    means = {
+        key: value / count
+        for key, value in sums.items()
+        if key != "batches" and not key.startswith("source/")
+    }
+    for key, value in sums.items():
+        if key.startswith("source/") and key.endswith("/loss_x_tokens"):
+            source = key.removesuffix("/loss_x_tokens")
+            means[f"{source}/loss"] = value / max(sums[f"{source}/tokens"], 1.0)
     for loss, perplexity in PERPLEXITY_OF.items():
         if loss in means:
             means[perplexity] = math.exp(min(means[loss], 700.0))
@@ -132,25 +173,41 @@ class HeldoutEvaluation(L.Callback):
     step and the last (`max_steps`), reduces over ranks and logs `val/*` at that step (rank
     0, to every logger; also into `trainer.callback_metrics`, hence the wandb summary)."""
 
-    def __init__(self, spec: StreamSpec, every_n_steps: int, max_batches: int, seed: int):
+    def __init__(
+        self,
+        spec: StreamSpec,
+        every_n_steps: int,
+        max_batches: int,
+        seed: int,
+        sources: dict[str, StreamSpec] | None = None,
+    ):
         self.spec = spec  # the held-out stream (`heldout_spec`)
+        self.sources = sources or {}  # a mixture's held-out stream of each source, by name
         self.every_n_steps = every_n_steps  # optimizer steps
-        self.max_batches = max_batches  # held-out batches per evaluation, all ranks
+        self.max_batches = max_batches  # held-out batches per evaluation (per source), all ranks
         self.seed = seed  # of the random draws made while evaluating
         self.batches: list[dict] = []
+        self.batch_sources: list[str] | None = None  # each batch's source (a mixture)
         self._last_step = -1
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        ranks = trainer.world_size
-        available = heldout_batches(self.spec, self.max_batches)
-        usable = len(available) // ranks * ranks
-        if usable == 0:
-            raise ConfigError(
-                f"data.holdout_shards = {len(self.spec.shard_paths)}: the held-out shards give "
-                f"{len(available)} full batches of {self.spec.batch_size} sequences, fewer than "
-                f"the {ranks} ranks; hold out more shards or set trainer.val_check_interval=null"
-            )
-        self.batches = available[trainer.global_rank : usable : ranks]
+        ranks, rank = trainer.world_size, trainer.global_rank
+        self.batches, names = [], []
+        for name, spec in self.sources.items() or [("", self.spec)]:
+            available = heldout_batches(spec, self.max_batches)
+            usable = len(available) // ranks * ranks
+            if usable == 0:
+                where = f" of source {name}" if name else ""
+                raise ConfigError(
+                    f"data.holdout_shards = {len(spec.shard_paths)}: the held-out shards{where} "
+                    f"give {len(available)} full batches of {spec.batch_size} sequences, fewer "
+                    f"than the {ranks} ranks; hold out more shards or set "
+                    "trainer.val_check_interval=null"
+                )
+            mine = available[rank:usable:ranks]
+            self.batches += mine
+            names += [name] * len(mine)
+        self.batch_sources = names if self.sources else None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_step = trainer.global_step  # a resumed run evaluated this step already
@@ -170,7 +227,9 @@ class HeldoutEvaluation(L.Callback):
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         """`val/*` of the module now, the same on every rank (one all-reduce)."""
         with trainer.strategy.precision_plugin.val_step_context():
-            sums = metric_sums(pl_module, self.batches, self.seed)
+            sums = metric_sums(
+                pl_module, self.batches, self.seed, self.batch_sources, tuple(self.sources)
+            )
         keys = sorted(sums)
         total = trainer.strategy.reduce(torch.stack([sums[k] for k in keys]), reduce_op="sum")
         return means_of(dict(zip(keys, total.tolist(), strict=True)))
@@ -183,4 +242,8 @@ def heldout_callbacks(run, spec: StreamSpec) -> list[L.Callback]:
     every = run.trainer.val_check_interval
     if not run.data.holdout_shards or not every:
         return []
+    if spec.sources:  # a mixture: each source's held-out shards
+        sources = source_heldout_specs(run, spec)
+        first = next(iter(sources.values()))
+        return [HeldoutEvaluation(first, every, run.trainer.val_batches, run.seed, sources)]
     return [HeldoutEvaluation(heldout_spec(run, spec), every, run.trainer.val_batches, run.seed)]
