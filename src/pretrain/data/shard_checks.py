@@ -3,20 +3,25 @@ against a shard's block index, and shards whose content repeats another's (by th
 each shard and of each block that the manifest records). `pretrain.data.shard_format` and the
 data module use them."""
 
+import io
 from pathlib import Path
 from typing import Any
 
 from pretrain.data.shard_blocks import PREPARE_HINT, ForwardReader, ShardError, block_index
 
 
-def check_block_index(shard: dict, path: Path) -> None:
+def check_block_index(shard: dict, path: Path, data: bytes | None = None) -> None:
     """Compare the manifest's blocks of one shard (documents and tokens each) with the
     shard's own block index (`block_index`: its tar headers and small members, the ids not
-    read). Raises ShardError naming the shard when they disagree: a manifest whose counts
-    were edited, or another shard under this name."""
+    read), from its bytes `data` when read already, else from the file. Raises ShardError
+    naming the shard when they disagree: a manifest whose counts were edited, or another
+    shard under this name. Run by whoever reads the shard (`shard_format.checked_blocks`)."""
     try:
-        with open(path, "rb") as f:
-            found = block_index(path, ForwardReader(f))
+        if data is not None:
+            found = block_index(path, ForwardReader(io.BytesIO(data)))
+        else:
+            with open(path, "rb") as f:
+                found = block_index(path, ForwardReader(f))
     except OSError as error:
         raise ShardError(f"{path}: cannot be read ({error}); {PREPARE_HINT}") from error
     listed = [(int(block["documents"]), int(block["tokens"])) for block in shard["blocks"]]

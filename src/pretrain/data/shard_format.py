@@ -43,13 +43,14 @@ import functools
 import hashlib
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pretrain.data.manifest_table import ManifestTable, mapped_table, registered_table
 from pretrain.data.shard_blocks import (
     BLOCK_KEY,
     BLOCK_MEMBERS,
@@ -110,9 +111,10 @@ class Manifest:
     tokenizer_sha256: str
     vocab_size: int
     dtype: str
-    shards: list[dict]
+    shards: Sequence[dict]  # a list, or `manifest_table.TableShards` (`open_manifest`)
     counts: dict
-    raw: dict
+    raw: dict  # the parsed JSON (from a table: without "shards")
+    table: ManifestTable | None = None  # the node's shard table it was opened from
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -124,6 +126,8 @@ class Manifest:
         """Hex sha256 of what the corpus holds: the manifest as canonical JSON without how it
         was made (`sources`, `config`), so copies of one corpus (a local path, a URL) agree
         and corpora with other shards or another tokenizer do not."""
+        if self.table is not None:
+            return self.table.header["content_sha256"]
         held = {k: v for k, v in self.raw.items() if k not in ("sources", "config")}
         canonical = json.dumps(held, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
@@ -136,11 +140,15 @@ class Manifest:
     @property
     def shard_paths(self) -> list[Path]:
         """Paths of the shards, in manifest order."""
+        if self.table is not None:
+            return [self.root / name.decode() for name in self.table.arrays["names"]]
         return [self.root / shard["name"] for shard in self.shards]
 
     @property
     def shard_documents(self) -> list[int]:
         """Documents per shard, in manifest order."""
+        if self.table is not None:
+            return self.table.arrays["documents"].tolist()
         return [int(shard["documents"]) for shard in self.shards]
 
     def block_documents(self, shard: int) -> list[int]:
@@ -197,6 +205,12 @@ def load_manifest(shards_dir: str | Path) -> Manifest:
     missing, not JSON, of another format version (format 1: with the upgrade command) or
     lacks a key."""
     path, raw = read_manifest_json(shards_dir)
+    return checked_manifest(path, raw)
+
+
+def checked_manifest(path: Path, raw: dict) -> Manifest:
+    """The `Manifest` of the parsed JSON `raw` of the manifest at `path`, with
+    `load_manifest`'s checks (ShardError naming `path`)."""
     version = raw.get("format_version")
     if version == 1:
         raise ShardError(
@@ -262,27 +276,32 @@ def check_manifest_consistency(path: Path, manifest: Manifest) -> None:
 def check_shards(manifest: Manifest, verify_sha256: bool = False) -> None:
     """Check that every shard of the manifest exists with its recorded size in bytes (and,
     with `verify_sha256`, its recorded hash, which reads every byte). Raises ShardError
-    naming the first shard at fault."""
+    naming the first shard at fault. A shard's block index is checked against the manifest
+    by whoever reads the shard, when it is read (`checked_blocks`)."""
     if not manifest.shards:
         raise ShardError(
             f"{manifest.root / MANIFEST_FILE}: lists no shards; {PREPARE_HINT} with inputs that hold text"
         )
-    for shard, path in zip(manifest.shards, manifest.shard_paths, strict=True):
-        if not path.is_file():
+    if manifest.table is not None:
+        sizes = manifest.table.arrays["bytes"].tolist()
+    else:
+        sizes = [shard["bytes"] for shard in manifest.shards]
+    for number, (size, path) in enumerate(zip(sizes, manifest.shard_paths, strict=True)):
+        try:
+            found = path.stat().st_size
+        except FileNotFoundError:
             raise ShardError(
                 f"{path}: shard listed in {manifest.root / MANIFEST_FILE} is missing; {PREPARE_HINT}"
-            )
-        size = path.stat().st_size
-        if size != shard["bytes"]:
+            ) from None
+        if found != size:
             raise ShardError(
-                f"{path}: {size} bytes, the manifest says {shard['bytes']} "
+                f"{path}: {found} bytes, the manifest says {size} "
                 f"(truncated or rewritten?); {PREPARE_HINT}"
             )
-        if verify_sha256 and file_sha256(path) != shard.get("sha256"):
+        if verify_sha256 and file_sha256(path) != manifest.shards[number].get("sha256"):
             raise ShardError(
                 f"{path}: sha256 differs from the manifest's (corrupt?); {PREPARE_HINT}"
             )
-        check_block_index(shard, path)
 
 
 def check_tokenizer(manifest: Manifest, tokenizer_dir: str | Path) -> None:
@@ -320,7 +339,18 @@ def _manifest_shards(root: str, mtime_ns: int) -> dict[str, dict]:
 
 
 def _recorded_shard(path: Path) -> dict | None:
-    """The manifest's record of the shard at `path`, when a manifest lies beside it."""
+    """The manifest's record of the shard at `path`, when a manifest lies beside it: from
+    the node's shard table when this process has one registered for it (`open_manifest`,
+    carried to workers by `ShardPaths`), else parsed from the manifest (once per process)."""
+    table_dir = registered_table(path.parent.resolve())
+    table = mapped_table(table_dir) if table_dir else None
+    if table is not None:
+        number = table.find(path.name)
+        if number is None:
+            return None
+        raw = table.header["raw"]
+        vocab_size = int(raw["tokenizer"]["vocab_size"])
+        return {**table.record(number), "dtype": raw["dtype"], "vocab_size": vocab_size}
     manifest = path.parent / MANIFEST_FILE
     try:
         mtime = manifest.stat().st_mtime_ns
@@ -389,6 +419,8 @@ def checked_blocks(
                         f"{PREPARE_HINT}"
                     )
                 source = io.BytesIO(data)
+                if record and record.get("sha256") == sha256 and "blocks" in record:
+                    check_block_index(record, path, data)  # counts edited by hand
             reader = ForwardReader(source)
             offset = None
             blocks = read_blocks(path, reader, dtype, start_document, vocab_size, hash_blocks)

@@ -3,13 +3,17 @@ worker of a 100,000-shard corpus keeps a few MB of it, not a Python object per s
 
 `ShardPaths` is the stream's shard paths (a sequence of str, built on access) and
 `ShardSharing` an epoch's shard order with each shard's readers (`reading.shard_sharing`),
-both pickled to every worker and rebuilt there at their size. Imports nothing of ours.
+both pickled to every worker and rebuilt there at their size. A `ShardPaths` also carries
+the shard table registered for each of its directories (`manifest_table`), registered again
+where it is unpickled, so a worker maps the node's table instead of parsing the manifest.
 """
 
 import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+
+from pretrain.data.manifest_table import register_table, registered_table
 
 
 class ShardPaths(Sequence[str]):
@@ -24,6 +28,15 @@ class ShardPaths(Sequence[str]):
         self.numbers = np.asarray(numbers, np.int32)
         encoded = [os.path.basename(p).encode() for p in paths]
         self.names = np.asarray(encoded, dtype=f"S{max(map(len, encoded), default=1)}")
+        self.tables = tuple(registered_table(d) if d else None for d in self.directories)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for directory, table in zip(
+            self.directories, self.__dict__.get("tables", ()), strict=False
+        ):
+            if table:
+                register_table(directory, table)
 
     def __len__(self) -> int:
         return len(self.names)

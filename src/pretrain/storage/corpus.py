@@ -71,6 +71,18 @@ class ShardRecords:
         digests = b"".join(bytes.fromhex(t[2]) for t in triples)  # 32 bytes each
         self.sha256 = np.frombuffer(digests, np.uint8).reshape(len(triples), 32)
 
+    @classmethod
+    def from_sorted(
+        cls, names: np.ndarray, sizes: np.ndarray, sha256: np.ndarray
+    ) -> "ShardRecords":
+        """Records of the arrays of names (bytes, sorted), bytes and sha256 ((n, 32) uint8)
+        in that order (a manifest's shard table), copied into memory."""
+        records = cls(())
+        records.names = np.array(names)
+        records.sizes = np.array(sizes, np.int64)
+        records.sha256 = np.array(sha256, np.uint8).reshape(len(records.names), 32)
+        return records
+
     def record(self, name: str) -> tuple[int, str]:
         """(bytes, sha256 in hex) of shard `name`; KeyError naming it when there is none."""
         key = name.encode()

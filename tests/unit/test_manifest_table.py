@@ -1,0 +1,94 @@
+"""The manifest parsed once per node into a shard table of arrays that the other ranks and
+workers map (issue 54 item 1): the same records as the manifest, never a stale or damaged
+table, never unpickled."""
+
+import json
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+
+from pretrain.data import manifest_table
+from pretrain.data.manifest_table import node_table, read_table
+from pretrain.data.node_manifest import open_manifest
+from pretrain.data.shard_checks import repeated_shards
+from pretrain.data.shard_format import ShardError, load_manifest, read_documents
+from pretrain.data.shard_table import ShardPaths
+
+
+def not_parsed(data: bytes):
+    raise AssertionError("the manifest was parsed again")
+
+
+def test_the_table_holds_the_manifests_records(prepared_corpus, tmp_path):
+    parsed = load_manifest(prepared_corpus)
+    opened = open_manifest(prepared_corpus, tmp_path)
+    assert [dict(record) for record in opened.shards] == parsed.shards
+    assert opened.shards[-1] == parsed.shards[-1] and opened.shards[1:3] == parsed.shards[1:3]
+    assert opened.shard_paths == parsed.shard_paths
+    assert opened.shard_documents == parsed.shard_documents
+    assert opened.content_sha256 == parsed.content_sha256
+    assert opened.raw == {k: v for k, v in parsed.raw.items() if k != "shards"}
+    assert opened.table.repeats() == repeated_shards(parsed.shards) == {}
+    table = opened.table
+    assert all(table.find(s["name"]) == i for i, s in enumerate(parsed.shards))
+    assert table.find("shard-999999.tar") is None
+
+
+def test_other_processes_map_the_table_without_parsing(prepared_corpus, tmp_path):
+    first = open_manifest(prepared_corpus, tmp_path)
+    again = node_table(prepared_corpus / "manifest.json", tmp_path, not_parsed)
+    assert again.directory == first.table.directory
+    assert isinstance(again.arrays["bytes"], np.memmap)
+
+
+def test_a_damaged_table_is_rebuilt_and_never_unpickled(prepared_corpus, tmp_path):
+    directory = open_manifest(prepared_corpus, tmp_path).table.directory
+    expected = load_manifest(prepared_corpus).shards
+    # an object array (a pickle inside .npy) in place of the sizes: refused, rebuilt
+    sizes = np.empty(len(expected), dtype=object)
+    np.save(directory / "bytes.npy", sizes, allow_pickle=True)
+    assert read_table(directory, directory.name) is None
+    assert list(open_manifest(prepared_corpus, tmp_path).shards) == expected
+    # a truncated array, then a header naming another manifest: rebuilt each time
+    (directory / "tokens.npy").write_bytes((directory / "tokens.npy").read_bytes()[:-8])
+    assert list(open_manifest(prepared_corpus, tmp_path).shards) == expected
+    header = json.loads((directory / "header.json").read_text())
+    (directory / "header.json").write_text(json.dumps({**header, "manifest_sha256": "0" * 64}))
+    assert list(open_manifest(prepared_corpus, tmp_path).shards) == expected
+
+
+def test_a_changed_manifest_gets_its_own_table(prepared_corpus, tmp_path):
+    shards = tmp_path / "shards"
+    shutil.copytree(prepared_corpus, shards)
+    before = open_manifest(shards, tmp_path / "tables")
+    path = shards / "manifest.json"
+    raw = json.loads(path.read_text())
+    raw["shards"][0]["documents"] -= 1
+    raw["shards"][0]["blocks"][-1]["documents"] -= 1
+    raw["counts"]["documents"] -= 1
+    path.write_text(json.dumps(raw))
+    after = open_manifest(shards, tmp_path / "tables")
+    assert after.table.directory != before.table.directory
+    assert after.shards[0]["documents"] == before.shards[0]["documents"] - 1
+    # the lowered count is refused by whoever reads the shard, naming it
+    with pytest.raises(ShardError, match="shard-000000.tar: holds .* the manifest says"):
+        next(read_documents(after.shard_paths[0]))
+
+
+def test_a_bad_manifest_is_refused_naming_it(prepared_corpus, tmp_path):
+    shards = tmp_path / "shards"
+    shutil.copytree(prepared_corpus, shards)
+    (shards / "manifest.json").write_text("{not json")
+    with pytest.raises(ShardError, match=r"manifest.json: not valid JSON"):
+        open_manifest(shards, tmp_path / "tables")
+
+
+def test_shard_paths_carry_the_table_to_workers(prepared_corpus, tmp_path, monkeypatch):
+    opened = open_manifest(prepared_corpus, tmp_path)
+    paths = ShardPaths([str(p) for p in opened.shard_paths])
+    monkeypatch.setattr(manifest_table, "_REGISTERED", {})  # a worker's empty registry
+    assert manifest_table.registered_table(opened.root) is None
+    pickle.loads(pickle.dumps(paths))
+    assert manifest_table.registered_table(opened.root) == str(opened.table.directory)
