@@ -35,6 +35,7 @@ RELAUNCH_KEYS = (
     "run_dir",
     "experiment_name",
     "trainer.max_steps",
+    "trainer.max_time_s",
     "trainer.log_every_n_steps",
     "trainer.enable_progress_bar",
     "trainer.checkpoint_every_n_steps",

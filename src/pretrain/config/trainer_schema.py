@@ -20,6 +20,10 @@ class TrainerConfig:
     num_nodes: int = 1
     precision: str = "32-true"
     max_steps: int = 1000
+    # A wall-clock budget in seconds counted from the process's start (start-up included):
+    # the run stops at the first optimizer step boundary past it, saves last.ckpt and ends
+    # as finished, whatever max_steps (the schedule still runs to max_steps); null: none.
+    max_time_s: float | None = None
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = 1.0
     log_every_n_steps: int = 10
@@ -124,6 +128,12 @@ class TrainerConfig:
             f"must be one of {', '.join(PRECISIONS)}",
         )
         require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
+        require(
+            self.max_time_s is None or self.max_time_s > 0,
+            "trainer.max_time_s",
+            self.max_time_s,
+            "must be positive (seconds since the process started), or null (no time budget)",
+        )
         require(
             self.num_threads is None or self.num_threads >= 1,
             "trainer.num_threads",

@@ -57,6 +57,7 @@ from pretrain.runtime.run_state import write_run_state
 from pretrain.runtime.schedule import check_extension, first_phase_warnings
 from pretrain.runtime.task import PretrainingTask
 from pretrain.runtime.threads import set_training_threads
+from pretrain.runtime.time_budget import stopped_by_time_budget, time_budget_callbacks
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
 from pretrain.storage import keep_copy, local_path
@@ -163,6 +164,7 @@ def train(cfg: DictConfig) -> Path:
     callbacks = [
         *heldout_callbacks(run, datamodule.spec),
         *watchdog_callbacks(run.trainer, run_dir),
+        *time_budget_callbacks(run.trainer.max_time_s),
     ]
     trainer = build_trainer(run, run_dir, callbacks)
     if trainer.is_global_zero:
@@ -185,7 +187,7 @@ def train(cfg: DictConfig) -> Path:
     finished, state = False, "failed"
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-        finished = trainer.global_step >= run.trainer.max_steps
+        finished = trainer.global_step >= run.trainer.max_steps or stopped_by_time_budget(trainer)
         state = "finished" if finished else "preempted" if saved_by_signal(trainer) else "failed"
     except (RuntimeError, OSError) as error:
         # OSError: a worker killed while the main process took its batch's shared memory
