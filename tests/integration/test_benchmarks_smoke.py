@@ -59,7 +59,10 @@ SMOKES: dict[str, tuple[list[str], str]] = {
         "--megabytes 0.05 --kinds short --vocab-size 300 --num-proc 1 --work-dir {tmp}".split(),
         "physical MB",
     ),
-    "prepare_scale.py": ("0.1 2".split(), "recall 1.00"),  # 0.1 MB, 2 tasks: ~25 s, 8 s of CPU
+    "prepare_scale.py": (  # 0.1 MB, 2 tasks at a time; the side by side on 0.05 MB
+        "0.1 2 --workers 2 --compare-megabytes 0.05".split(),
+        "recall 1.00, precision 1.00",
+    ),
     "remote_stream.py": (
         "{shards} --repeats 1 --partitions 2 --bounded-epochs 1 --prefetch-shards 1".split(),
         "s3 bounded",
@@ -95,6 +98,10 @@ SMOKES: dict[str, tuple[list[str], str]] = {
         "eval.epochs=1 eval.probe_epochs=1 eval.task.train_size=16 eval.task.dev_size=8".split(),
         "| MLM (RoBERTa-style) | 1 |",
     ),
+    "vs_hf_pretraining.py": (  # both sides 1 s and 3 steps, one tiny fit of one task
+        "--smoke --shards {shards} --out-dir {tmp}".split(),
+        "| demo | 0.0166667 min | transformers | ",
+    ),
 }
 
 # script -> the test file that runs it (gpu_check.sh --smoke runs the three scripts it calls)
@@ -103,6 +110,7 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "gpu_bench.py": "tests/integration/test_gpu_check.py",
     "sync_check.py": "tests/integration/test_gpu_check.py",
     "bench_local_attention.py": "tests/integration/test_gpu_check.py",
+    "hf_mlm_recipe.py": "tests/integration/test_benchmarks_smoke.py",  # vs_hf_pretraining.py's
 }
 # script -> why no test runs it whole (kept short: each is a decision, not an oversight)
 NOT_RUN: dict[str, str] = {
