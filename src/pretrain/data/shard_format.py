@@ -137,7 +137,7 @@ class Manifest:
         """Phrase/entity annotation counts, or None when the shards hold none."""
         return self.raw.get("annotations")
 
-    @property
+    @functools.cached_property
     def shard_paths(self) -> list[Path]:
         """Paths of the shards, in manifest order."""
         if self.table is not None:

@@ -38,10 +38,11 @@ from pretrain.data.datamodule import (
     verified_shards,
 )
 from pretrain.data.mixture_spec import mixture_sha256, mixture_stream_spec
+from pretrain.data.node_manifest import open_manifest
 from pretrain.data.partitions import stream_partitions
 from pretrain.data.prediction_budget import describe_shape_set, shape_set
 from pretrain.data.reading import StreamSpec, stream_spec
-from pretrain.data.shard_format import ShardError, load_manifest
+from pretrain.data.shard_format import ShardError
 from pretrain.errors import (
     ConfigError,
     RunEnvironmentError,
@@ -116,7 +117,7 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, Pretrain
     module = PretrainingTask(objective_class(run, spec.vocab))
     # What the corpus holds, wherever it lies: a relaunch may move it (checkpoint.relaunch).
     manifest_root = spec.storage.root if spec.storage is not None else run.data.shards_dir
-    sha256 = mixture_sha256(spec) if spec.sources else load_manifest(manifest_root).content_sha256
+    sha256 = mixture_sha256(spec) if spec.sources else open_manifest(manifest_root).content_sha256
     module.config["data_runtime"] = {"corpus_sha256": sha256}
     datamodule = PretrainingDataModule(
         spec,
