@@ -237,14 +237,19 @@ def fake_batches(sizes: list[int]) -> list[dict]:
 
 @pytest.mark.parametrize(("accumulation", "start"), [(1, 0), (3, 0), (3, 2), (4, 8)])
 def test_step_aligned_loader_yields_whole_steps_then_the_end_marker(accumulation, start):
-    from pretrain.data.loader import StepAlignedLoader, is_end_of_epoch
+    from pretrain.data.loader import NEXT_STEP_KEY, StepAlignedLoader, is_end_of_epoch
 
     batches = fake_batches([4] * 10 + [3])
     loader = StepAlignedLoader(batches, accumulation=accumulation, start_batch=start)
     out = list(loader)
     assert is_end_of_epoch(out[-1]) and not any(is_end_of_epoch(b) for b in out[:-1])
+    # each step's first micro-batch says whether the next step is whole (a step ahead)
+    nexts = [b.pop(NEXT_STEP_KEY, None) for b in out[:-1]]
     real = out[:-1]
     assert real == batches[: len(real)]
+    firsts = [i for i in range(len(real)) if (start + i) % accumulation == 0 or i == 0]
+    assert [i for i, n in enumerate(nexts) if n is not None] == firsts
+    assert [nexts[i][0] for i in firsts] == [1] * (len(firsts) - 1) + [0]
     # the marker stands where a step would begin, and fewer than a step of batches was left
     assert (start + len(real)) % accumulation == 0
     assert len(batches) - len(real) < accumulation
@@ -258,7 +263,7 @@ def test_step_aligned_loader_drain_counts_what_another_rank_cut_off():
     loader = StepAlignedLoader(batches, accumulation=2)
     iterator = iter(loader)
     taken = [next(iterator) for _ in range(5)]  # Lightning trained 4, prefetched the 5th
-    assert taken == batches[:5]
+    assert [{k: b[k] for k in ("keys",)} for b in taken] == batches[:5]
     assert loader.drain(stopped_at=4) == 4 * 6  # batches 4..9 were never trained
 
 

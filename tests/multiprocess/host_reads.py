@@ -4,8 +4,8 @@ inside `HostReads`, reading a tensor on the host (`Tensor.item`, `Tensor.__bool_
 `torch.distributed.barrier` raise RuntimeError, as each blocks the host on a GPU. The one
 exceptions are code whose tensors are host tensors by construction (`HOST_SIDE`): the data
 fetch and the batch's host preparation before it moves to the device (Lightning's fetcher, the
-data module's `on_before_batch_transfer`) and `collectives.reduce_on_host` (an all-reduce over
-the CPU group). `StepGuard` applies it from each step's start
+data module's `on_before_batch_transfer`) and `collectives.reduce_on_host` and `LaggedSum`
+(all-reduces over the CPU group). `StepGuard` applies it from each step's start
 to its end, the launch's first step and log steps excepted (they may read back)."""
 
 import json
@@ -26,6 +26,8 @@ from pretrain.runtime.progress_log import is_log_step
 # functions whose tensors live on the host, wherever they are on the stack
 HOST_SIDE = {
     collectives.reduce_on_host.__code__,
+    collectives.LaggedSum.launch.__code__,  # the step's agreement, a step ahead
+    collectives.LaggedSum.result.__code__,
     PretrainingDataModule.on_before_batch_transfer.__code__,
     _DataFetcher.__next__.__code__,
     _PrefetchDataFetcher.__next__.__code__,

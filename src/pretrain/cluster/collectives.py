@@ -84,6 +84,42 @@ def reduce_on_host(value: int | list[int], op: dist.ReduceOp) -> int | list[int]
     return tensor.tolist() if isinstance(value, list) else int(tensor.item())
 
 
+class LaggedSum:
+    """A few integers summed over all ranks by one all-reduce that does not block the host:
+    `launch` starts it on the host group (`async_op=True`) and returns at once; `result`,
+    called a step later, waits for it (by then every rank has launched it, so in steady state
+    the wait finds it done) and returns the sums. One process: the values themselves."""
+
+    def __init__(self) -> None:
+        self._work: dist.Work | None = None
+        self._values: torch.Tensor | list[int] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether a sum was launched and not read yet."""
+        return self._values is not None
+
+    def launch(self, values: list[int]) -> None:
+        """Start summing `values` over all ranks (every rank launches the same length)."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            self._values = list(values)
+            return
+        tensor = torch.tensor(values, dtype=torch.int64)
+        self._work = dist.all_reduce(
+            tensor, op=dist.ReduceOp.SUM, group=host_group(), async_op=True
+        )
+        self._values = tensor
+
+    def result(self) -> list[int] | None:
+        """The sums of the last `launch` (waiting for them when not done), or None when
+        nothing is pending."""
+        values, work = self._values, self._work
+        self._values = self._work = None
+        if work is not None:
+            work.wait()
+        return values.tolist() if isinstance(values, torch.Tensor) else values
+
+
 def sum_on_device(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` summed over all ranks, in place, on its device: one all-reduce, ordered on the
     device's stream, without Lightning's `strategy.reduce` barrier before it (a barrier that

@@ -3,15 +3,21 @@ next optimizer-step boundary, then the job stops (and, under SLURM, is requeued)
 
 Saving from inside a signal handler is unsafe: ranks stand at different points of a step, and
 a sharded (ZeRO) save is a collective that would hang or mix two steps. So the handler only
-sets a flag. After each optimizer step every rank takes part in one all-reduce of the flag on
-the host (`collectives.reduce_on_host`, two integers over the CPU group: no copy to the device,
-no barrier, no read of a device tensor); when any rank was signalled, all of them save one
-complete checkpoint through the run's checkpoint callback to `<run_dir>/checkpoints/last.ckpt`
-(model, optimizer, schedule, loop and data-stream position: a normal Lightning checkpoint, the
-one `resume=auto` continues from), then the trainer stops: a signal that comes during optimizer
-step N is saved at N's end, every rank at the same step. Lightning's own per-batch broadcast of
-its SIGTERM flag (a device tensor read back each micro-batch) is turned off while these handlers
-hold the signals (`lightning_compat.skip_sigterm_broadcast`).
+sets a flag. The flags of all ranks are summed in the step's one all-reduce
+(`runtime.epoch_end`: with the epoch-end agreement, on the host's CPU group, launched at a
+step's start and read at the next step's start, so it never blocks the host in steady state;
+`step_flags` gives this rank's, `agree` takes the sums); when any rank was signalled, all of
+them save one complete checkpoint at the end of the step whose start read it, through the
+run's checkpoint callback to `<run_dir>/checkpoints/last.ckpt` (model, optimizer, schedule,
+loop and data-stream position: a normal Lightning checkpoint, the one `resume=auto` continues
+from), then the trainer stops. The bound: a signal that comes during optimizer step N is
+saved at the end of step N+2 at the latest (every rank at the same step); at N's end in a
+run of one process, which has nothing to agree on, and at the end of the launch's or an
+epoch's first step when it came before it (that step agrees without a lag). Without the
+step's agreement (a module other than `PretrainingTask`) the flag is summed by a blocking
+all-reduce after each optimizer step and saved at N's end. Lightning's own per-batch
+broadcast of its SIGTERM flag (a device tensor read back each micro-batch) is turned off
+while these handlers hold the signals (`lightning_compat.skip_sigterm_broadcast`).
 
 Signals:
 - `trainer.preemption_signal` (default USR1: `#SBATCH --signal=USR1@90` of slurm/train.sbatch,
@@ -145,6 +151,7 @@ class PreemptionCheckpoint(Callback):
         self._received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
         self._last_checked_step = -1
+        self._agreed: tuple[int, int] | None = None  # (signalled, requeue) summed: `agree`
         self.saved_step: int | None = None  # the step of the preemption checkpoint, once saved
         self.saved_path: str | None = None
         self.requeued = False
@@ -160,6 +167,17 @@ class PreemptionCheckpoint(Callback):
         if self.requeue_signal is None or self.requeue_signal == STOP_SIGNAL:
             return (STOP_SIGNAL,)
         return (self.requeue_signal, STOP_SIGNAL)
+
+    def step_flags(self) -> list[int]:
+        """This rank's part of the step's all-reduce: [signalled, asked for a requeue]."""
+        return [int(self._received is not None), int(self._received not in (None, STOP_SIGNAL))]
+
+    def agree(self, signalled: int, requeue: int) -> None:
+        """The sums of `step_flags` over all ranks, read at a step's start
+        (`runtime.epoch_end`): when a rank was signalled, every rank saves at this step's end.
+        A signal once agreed stays agreed until saved."""
+        if self._agreed is None or not self._agreed[0]:
+            self._agreed = (signalled, requeue)
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         # Only a flag: the checkpoint is written at the next step boundary, by every rank.
@@ -218,12 +236,10 @@ class PreemptionCheckpoint(Callback):
         if trainer.global_step == self._last_checked_step:
             return  # inside gradient accumulation: not a step boundary
         self._last_checked_step = trainer.global_step
-        # One host all-reduce every optimizer step: all ranks learn whether any was signalled
-        # (and asked for a requeue); nothing is read from the device.
-        signalled, requeue = reduce_on_host(
-            [int(self._received is not None), int(self._received not in (None, STOP_SIGNAL))],
-            dist.ReduceOp.SUM,
-        )
+        if trainer.world_size > 1 and self._agreed is not None:  # the step's agreement
+            signalled, requeue = self._agreed
+        else:  # one process: its own flags; else one blocking host all-reduce
+            signalled, requeue = reduce_on_host(self.step_flags(), dist.ReduceOp.SUM)
         if not signalled:
             return
         self.save_last(trainer)

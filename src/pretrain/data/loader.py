@@ -6,12 +6,17 @@ rank that runs out first waits at the epoch's barrier while the others wait in t
 step's collective, forever. So an epoch ends for everyone at the first optimizer step for
 which some rank lacks a full step of batches:
 
-- `StepAlignedLoader` (each rank's DataLoader) looks ahead: at the first micro-batch of every
-  optimizer step it makes sure it holds `accumulation` more batches; when it does not, it
-  yields `END_OF_EPOCH` instead (the fewer batches it held are the rank's tail);
-- the module's `on_train_batch_start` calls `collectives.reduce_on_host`, one all-reduce (MIN) of one
-  host-side flag per optimizer step, on a gloo group so that it never syncs a CUDA stream;
-  when any rank is at its end, every rank returns -1 at the same step and the epoch ends;
+- `StepAlignedLoader` (each rank's DataLoader) looks a step ahead: before it hands out an
+  optimizer step's first micro-batch it holds that step's batches and the next step's, and
+  tells on the first micro-batch what it knows of the next one (`NEXT_STEP_KEY`: whether it
+  is whole, and its loss tokens); where a step is not whole it yields `END_OF_EPOCH` instead
+  (the fewer batches it held are the rank's tail);
+- the module (`runtime.epoch_end`) sums those flags over the ranks in one small all-reduce
+  per optimizer step on the host group (`collectives.LaggedSum`): launched at step s's start
+  without waiting, read at step s+1's start, by when every rank has long launched it, so it
+  never blocks the host in steady state (the launch's and an epoch's first step agree with
+  one blocking all-reduce); when any rank is at its end, every rank returns -1 at the same
+  step and the epoch ends;
 - what the ranks held and did not train (their tails) is counted by draining the loaders
   (`StepAlignedLoader.drain`) and logged as `train/epoch_dropped_samples`.
 
@@ -36,6 +41,7 @@ DATA_ERROR_KEY = "data_error"
 STREAM_BATCH_KEY = "stream_batch"  # (number, last): a worker's share (`stream.worker_batches`)
 LOSS_TOKENS_KEY = "loss_tokens"  # a micro-batch's predicted tokens (token-budget batches)
 STEP_LOSS_TOKENS_KEY = "step_loss_tokens"  # the rank's, over the step (its first micro-batch)
+NEXT_STEP_KEY = "next_step"  # (flag, loss tokens) of the step after (its first micro-batch)
 
 
 def is_end_of_epoch(batch: object) -> bool:
@@ -56,6 +62,16 @@ def step_flag(batch: object) -> int:
     if isinstance(batch, dict) and DATA_ERROR_KEY in batch:
         return -1
     return int(not is_end_of_epoch(batch))
+
+
+def next_step(step: tuple[int, list[dict]] | dict) -> tuple[int, int | None]:
+    """What a rank says about a step it fetched ahead (`StepAlignedLoader`): its `step_flag`
+    and, with token-budget batches, its loss tokens (STEP_LOSS_TOKENS_KEY; else None)."""
+    if isinstance(step, dict):  # the end marker, or a data error
+        return step_flag(step), None
+    skips, batches = step
+    tokens = batches[0].get(STEP_LOSS_TOKENS_KEY) if not skips and batches else None
+    return 1, tokens
 
 
 def in_stream_order(batches: Iterator[dict]) -> Iterator[dict]:
@@ -116,7 +132,9 @@ class StepAlignedLoader(DataLoader):
     tokens (`weigh_step`), so the step's loss is the mean over all its predicted tokens
     however the step is cut into micro-batches. With `step_batches` (the
     batch-size warm-up, `batch_warmup.py`) the loader's n-th step holds `step_batches(n)`
-    real micro-batches, after `accumulation - step_batches(n)` skipped ones (markers). Its
+    real micro-batches, after `accumulation - step_batches(n)` skipped ones (markers). It
+    fetches a step ahead: each step's first micro-batch carries the next step's `next_step`
+    (NEXT_STEP_KEY), so the ranks agree on a step one step before it begins. Its
     stream's workers each build only their share of the batches (`stream.worker_batches`),
     which `in_stream_order` puts back in the stream's order."""
 
@@ -146,7 +164,7 @@ class StepAlignedLoader(DataLoader):
         self.tail_samples = 0  # sequences held back: short batches, and at the end what was left
         # (batch index, samples, marks) of the last batches handed out
         self._yielded: deque[tuple[int, int, np.ndarray | None]] = deque()
-        self._buffer: deque[dict] = deque()  # batches fetched for the current step
+        self._buffer: deque[dict] = deque()  # fetched, not handed out: this step's, the next's
         self._source: Iterator | None = None  # DataLoader's iterator (its workers)
         self._batches: Iterator[dict] = iter(())  # its batches in the stream's order
         self.killed_workers: list[int] = []  # pids of workers that died unasked (`close`)
@@ -164,43 +182,54 @@ class StepAlignedLoader(DataLoader):
 
     def _steps(self, source: Iterator[dict]) -> Iterator[dict]:
         index = self.start_batch
-        while True:
-            if not self._buffer:  # a step begins (or a resume continues one): fetch it whole
-                need = self.accumulation - index % self.accumulation
-                if self.step_batches is not None:  # warm-up steps begin at index 0 mod A
-                    real = self.step_batches(index // self.accumulation)
-                    need, self._skips = real, need - real
-                while len(self._buffer) < need:
-                    batch = next(source, None)
-                    if batch is None:
-                        break
-                    if DATA_ERROR_KEY in batch:  # stops the run: hand it on at once
-                        self._buffer.clear()
-                        yield batch
-                        return
-                    if self.full_batch and batch_samples(batch) < self.full_batch:
-                        self.tail_samples += batch_samples(batch)  # a reader's last, short one
-                        continue
-                    self._buffer.append(batch)
-                if len(self._buffer) < need:
-                    self.tail_samples += sum(batch_samples(b) for b in self._buffer)
-                    self._buffer.clear()
-                    yield {END_OF_EPOCH_KEY: torch.ones(1)}
-                    return
-                if self.weigh_steps:
-                    weigh_step(list(self._buffer))
-            if self._skips:
-                self._skips -= 1
-                yield {SKIPPED_BATCH_KEY: torch.ones(1)}
+        step = self._fetch_step(source, index)
+        while isinstance(step, tuple):  # (skipped markers, real batches): a whole step
+            skips, batches = step
+            # one step ahead: the ranks agree on the next step while this one trains
+            upcoming = self._fetch_step(source, index + skips + len(batches))
+            for position in range(skips + len(batches)):
+                if position < skips:
+                    batch = {SKIPPED_BATCH_KEY: torch.ones(1)}
+                else:
+                    batch = self._buffer.popleft()
+                    marks = batch.pop(MARKS_KEY, None)
+                    self._yielded.append((index, batch_samples(batch), marks))
+                    while len(self._yielded) > 4 * self.accumulation + 4:  # the last few matter
+                        self._let_go(self._yielded.popleft()[2])
+                if position == 0:
+                    batch[NEXT_STEP_KEY] = next_step(upcoming)
+                yield batch
                 index += 1
+            step = upcoming
+        yield step  # the epoch's end, or the data error that stops the run
+
+    def _fetch_step(self, source: Iterator[dict], index: int) -> tuple[int, list[dict]] | dict:
+        """The step that begins at micro-batch `index` (a resume may begin inside one):
+        (skipped markers, its batches, also appended to the buffer), or the marker that ends
+        the stream when there is not a whole step left (END_OF_EPOCH) or a shard failed."""
+        need = self.accumulation - index % self.accumulation
+        skips = 0
+        if self.step_batches is not None:  # warm-up steps begin at index 0 mod A
+            real = self.step_batches(index // self.accumulation)
+            need, skips = real, need - real
+        batches: list[dict] = []
+        while len(batches) < need:
+            batch = next(source, None)
+            if batch is None:
+                break
+            if DATA_ERROR_KEY in batch:  # stops the run: handed on at this step
+                return batch
+            if self.full_batch and batch_samples(batch) < self.full_batch:
+                self.tail_samples += batch_samples(batch)  # a reader's last, short one
                 continue
-            batch = self._buffer.popleft()
-            marks = batch.pop(MARKS_KEY, None)
-            self._yielded.append((index, batch_samples(batch), marks))
-            while len(self._yielded) > 4 * self.accumulation + 4:  # only the last few matter
-                self._let_go(self._yielded.popleft()[2])
-            yield batch
-            index += 1
+            batches.append(batch)
+        if len(batches) < need:
+            self.tail_samples += sum(batch_samples(b) for b in batches)
+            return {END_OF_EPOCH_KEY: torch.ones(1)}
+        if self.weigh_steps:
+            weigh_step(batches)
+        self._buffer.extend(batches)
+        return skips, batches
 
     def close(self) -> None:
         """Stop the data-loader workers of the current iteration now. They ignore SIGTERM

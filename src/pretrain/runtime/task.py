@@ -15,8 +15,10 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pretrain.batching import BatchPlan, warmup_steps
 from pretrain.checkpoint.compat import check_weight_shapes, task_state_dict
+from pretrain.cluster.collectives import LaggedSum
 from pretrain.config import TrainConfig, run_config
 from pretrain.data.batch_warmup import batch_size_warmup, is_skipped_batch
+from pretrain.data.loader import NEXT_STEP_KEY
 from pretrain.data.vocab import Vocabulary
 from pretrain.lightning_compat import attached_trainer, should_accumulate
 from pretrain.models.unpadding import mark_padding, with_unpadded_index
@@ -65,6 +67,7 @@ class PretrainingTask(L.LightningModule):
         self._lr_schedule: LearningRateSchedule | None = None  # the scheduler's (schedule.py)
         self._saved_schedule: list[dict] | None = None  # a resumed checkpoint's segments
         self._loss_scale = 1.0  # token-budget batches: ranks x accumulation / step's tokens
+        self.step_sums = LaggedSum()  # the next step's agreement, launched (`epoch_end`)
         self.batch_warmup = batch_size_warmup(self.run)  # None: every step the full batch
 
     @property
@@ -118,6 +121,7 @@ class PretrainingTask(L.LightningModule):
 
     def on_train_end(self) -> None:
         self.settle_skips()
+        self.step_sums.result()  # the agreement launched at the last step: none left in flight
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.settle_skips()  # counted, and checked against trainer.nonfinite, before saving
@@ -209,6 +213,8 @@ class PretrainingTask(L.LightningModule):
         first = batch_idx % self.trainer.accumulate_grad_batches == 0
         if first and not start_step(self, batch, batch_idx):
             return -1
+        if isinstance(batch, dict):  # a resume's partial first step: agreed at the next one
+            batch.pop(NEXT_STEP_KEY, None)
         if self._restored_rng is not None:
             set_rng_state(self._restored_rng)
             self._restored_rng = None
@@ -218,6 +224,7 @@ class PretrainingTask(L.LightningModule):
             self.trainer.should_stop = True  # a stopping step: Lightning writes its row
 
     def on_train_epoch_start(self) -> None:
+        self.step_sums.result()  # an epoch's first step agrees anew (blocking)
         self.objective.start_epoch(self)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
