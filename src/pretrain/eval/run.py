@@ -105,6 +105,7 @@ def fit_and_score(
     settings: EvalConfig,
     accelerator: str = "cpu",
     cache_states: bool = True,
+    callbacks: list | None = None,
 ) -> dict:
     """Fit a head (and, in finetune mode, the encoder) on `task.train`; returns {metrics,
     predictions, references} on `task.dev` (QA: answer texts; tagging: per scored word).
@@ -113,7 +114,8 @@ def fit_and_score(
     `cache_states` the frozen encoder runs once per example, not once per epoch: its hidden
     states are computed before training and the head reads them (a sequence-level task's
     pooled over the tokens already), when those of the training and dev sets fit in
-    CACHED_STATES_BYTES."""
+    CACHED_STATES_BYTES. `callbacks` (Lightning callbacks) join the last fit and its
+    prediction of the dev set only (not LP-FT's probe)."""
     import lightning as L
 
     L.seed_everything(settings.seed, verbose=False)
@@ -128,7 +130,9 @@ def fit_and_score(
             dropout=0.0,
         )
         start, _ = _fit(loaded, task, probe, train, dev, accelerator, cache_states)
-    _, logits = _fit(loaded, task, settings, train, dev, accelerator, cache_states, start)
+    _, logits = _fit(
+        loaded, task, settings, train, dev, accelerator, cache_states, start, callbacks or []
+    )
     return _score(task, settings, logits, dev)
 
 
@@ -141,9 +145,10 @@ def _fit(
     accelerator: str,
     cache_states: bool,
     start: DownstreamModule | None = None,
+    callbacks: list | None = None,
 ) -> tuple[DownstreamModule, torch.Tensor]:
     """(the fitted module, its logits on the dev set) of one fit with `settings`, the head
-    and layer mix starting from `start`'s when given."""
+    and layer mix starting from `start`'s when given, `callbacks` in its Trainer."""
     import lightning as L
 
     train_rows = train.rows if task.kind == "qa" else train
@@ -194,6 +199,7 @@ def _fit(
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        callbacks=callbacks or [],
     )
     module.train()  # a loaded Hugging Face model comes in eval mode; Lightning keeps modes
     trainer.fit(module, loader)
