@@ -130,11 +130,13 @@ demo-eval: $(STAMP)
 # 1-layer, 32-wide student (general, then also task-specific on builtin_order) and into a 2-layer
 # MobileBERT student (64-wide body, 16-wide bottleneck), int8 (post-training and
 # quantization-aware), head pruning, magnitude and movement pruning to 50%; then
-# benchmarks/compression.py prints the table (and the PNG): each shipped file (model.safetensors,
+# benchmarks/compression.py prints two tables (and a PNG): each shipped file (model.safetensors,
 # int8's model.ts, the head-pruned model.pt2), where it loads without this project (a fresh
 # interpreter that cannot import pretrain), size and speed beside the teacher in the same
-# runtime, and probe accuracy on builtin_order and builtin_reversed over 3 seeds with the
-# retention of the teacher's margin over random weights.
+# runtime; then the retention table (pretrain.compress.retention): every model fine-tuned with
+# `pretrain-eval`'s demo recipe on builtin_order over 3 seeds (pruned models keep their zeros,
+# int8 is the fine-tuned teacher made int8), beside the teacher and random weights. Trains the
+# demo first when exports/demo-bert is missing. Time: README "What each method ships".
 DEMO_COMPRESSED := exports/demo-compressed
 COMPRESS = $(PY) -m pretrain.compress.cli teacher=$(DEMO_EXPORT) data.shards_dir=data/builtin \
 	out_dir=$(DEMO_COMPRESSED)/$(1)
