@@ -17,13 +17,15 @@ accumulation and kind of stop appears (15 launches in all): MLM on ZeRO-2 with a
 SOP (a pair objective) on DDP without accumulation (epoch end, then a signal); XLNet's memory
 stream on DDP with accumulation (a signal inside an accumulation, then the epoch end), and
 reshaped from 1 rank to 2 with the same global batch; MLM on a mixture of two corpora
-(data.sources) on DDP (max_steps mid-epoch, then a signal). Reshaped MLM chains: the micro-batch and
+(data.sources) on DDP (max_steps mid-epoch, then a signal), and reshaped with a stop at an
+epoch end. Reshaped MLM chains: the micro-batch and
 accumulation, the ranks and the data-loader workers changed at each launch (resume=auto),
 every step holding the samples, `train/samples_seen` and the loss (1e-3) of one launch.
 """
 
 import csv
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -152,21 +154,41 @@ def test_sop_ddp(prepared_corpus, tmp_path):
     )
 
 
+def mixture(help_dir: Path, docs_dir: Path) -> tuple[str, ...]:
+    """data.sources of two corpora, 70/30 in blocks of 10 samples."""
+    sources = (
+        f"data.sources=[{{name: help, shards_dir: '{help_dir}', weight: 0.7}}, "
+        f"{{name: docs, shards_dir: '{docs_dir}', weight: 0.3}}]"
+    )
+    return (sources, "data.mix_block_samples=10")
+
+
+def source_samples(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """{step: (train/source/help/samples, train/source/docs/samples)} of every launch (CSV)."""
+    seen = {}
+    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        for row in csv.DictReader(path.open()):
+            if row.get("train/source/help/samples"):
+                help_samples = float(row["train/source/help/samples"])
+                seen[int(row["step"])] = (help_samples, float(row["train/source/docs/samples"]))
+    return seen
+
+
 @pytest.mark.slow
 def test_mlm_mixture_ddp(prepared_corpus, docstring_corpus, tmp_path):
     """A mixture of two corpora (data.sources, 70/30 in blocks of 10) on DDP: max_steps in
-    mid-epoch 0, then a signal in mid-epoch 1; each launch seeks every source's partitions."""
-    sources = (
-        f"data.sources=[{{name: help, shards_dir: '{prepared_corpus}', weight: 0.7}}, "
-        f"{{name: docs, shards_dir: '{docstring_corpus}', weight: 0.3}}]"
-    )
+    mid-epoch 0, then a signal in mid-epoch 1; each launch seeks every source's partitions,
+    and every step logs the per-source samples of one launch. An epoch-end resume of a
+    mixture: test_mlm_mixture_reshaped_resume."""
     run_chain(
         prepared_corpus,
         tmp_path,
-        (*MLM, "strategy=ddp", sources, "data.mix_block_samples=10"),
+        (*MLM, "strategy=ddp", *mixture(prepared_corpus, docstring_corpus)),
         total=40,
         stops=lambda ends: [("max_steps", 5), ("sigterm", ends[0] + 2)],
     )
+    whole = source_samples(tmp_path / "whole")
+    assert len(whole) == 40 and source_samples(tmp_path / "parts") == whole
 
 
 @pytest.mark.slow
@@ -250,15 +272,44 @@ def test_mlm_reshaped_resume(prepared_corpus, tmp_path):
     2 ranks of 4 x 4 with 2 workers. Every step holds the samples of one uninterrupted 2-rank
     launch of 16, logs its `train/samples_seen`, and has its loss within 1e-3 (dropout off;
     grouping the rows otherwise moves the sums in the last bits)."""
-    config = (*MLM, "strategy=ddp", "data.global_batch_size=32")
-    total = RESHAPES[-1][-1]
-    whole = launch(prepared_corpus, tmp_path / "whole", *config, f"trainer.max_steps={total}")
+    reshaped_chain(prepared_corpus, tmp_path, (*MLM, "strategy=ddp"), 9, lambda ends: RESHAPES)
+
+
+@pytest.mark.slow
+def test_mlm_mixture_reshaped_resume(prepared_corpus, docstring_corpus, tmp_path):
+    """A mixture (70/30 in blocks of 10) of global batch 32, one chain for an epoch-end and a
+    reshaped resume: 2 ranks of 16 to step 3, then 1 rank of 8 x 4 to the end of epoch 0
+    (step 18), then 2 ranks of 8 x 2 with 2 data-loader workers into epoch 1: every step holds
+    the samples, loss, `train/samples_seen` and per-source samples of one 2-rank launch."""
+    mix = (*MLM, "strategy=ddp", *mixture(prepared_corpus, docstring_corpus))
+    ends = reshaped_chain(
+        prepared_corpus,
+        tmp_path,
+        mix,
+        total=21,
+        reshapes=lambda ends: [(2, 16, 0, 3), (1, 8, 0, ends[0]), (2, 8, 2, 21)],
+    )
+    assert 3 < ends[0] < 21
+    whole = source_samples(tmp_path / "whole")
+    assert len(whole) == 21 and source_samples(tmp_path / "parts") == whole
+
+
+def reshaped_chain(
+    shards_dir: Path, tmp_path: Path, config: tuple, total: int, reshapes: Callable
+) -> list[int]:
+    """One launch of `config` (global batch 32, 2 ranks of 16) to step `total`, and a chain
+    of launches of (ranks, micro-batch, workers, stop) each, `reshapes(ends)` (`ends`: the
+    steps where that launch's epochs ended), the last stopping at `total`: every step holds
+    the same samples, loss (1e-3) and `train/samples_seen`. Returns `ends`."""
+    config = (*config, "data.global_batch_size=32")
+    whole = launch(shards_dir, tmp_path / "whole", *config, f"trainer.max_steps={total}")
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
+    ends = epoch_ends(whole.stdout)
     parts = tmp_path / "parts"
-    for ranks, micro, workers, stop in RESHAPES:
+    for ranks, micro, workers, stop in reshapes(ends):
         shape = (f"data.batch_size={micro}", f"data.num_workers={workers}")
         result = launch(
-            prepared_corpus, parts, *config, *shape, f"trainer.max_steps={stop}", ranks=ranks
+            shards_dir, parts, *config, *shape, f"trainer.max_steps={stop}", ranks=ranks
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     want = step_losses(read_records(tmp_path / "whole-records"))
@@ -269,3 +320,4 @@ def test_mlm_reshaped_resume(prepared_corpus, tmp_path):
         assert got[step][1] == pytest.approx(want[step][1], abs=1e-3), step
     seen = samples_seen(parts)
     assert seen == samples_seen(tmp_path / "whole") == {s: 32.0 * (s + 1) for s in range(total)}
+    return ends
