@@ -116,7 +116,7 @@ def test_epochs_set_the_shares_by_passes_over_each_sources_tokens(
 def test_refusals_name_the_key(prepared_corpus, docstring_corpus):
     with pytest.raises(ConfigError, match="data.tokens_per_batch"):
         mixture_spec(prepared_corpus, docstring_corpus, "data.tokens_per_batch=4096")
-    with pytest.raises(ConfigError, match="objective.stages"):
+    with pytest.raises(ConfigError, match="objective.stages.*max_seq_length"):
         mixture_spec(
             prepared_corpus,
             docstring_corpus,
@@ -124,6 +124,8 @@ def test_refusals_name_the_key(prepared_corpus, docstring_corpus):
             "model.local_attention=16",
             "+objective.stages=[{until_tokens:768,max_seq_length:32,global_rope_theta:10000},{}]",
         )
+    with pytest.raises(ConfigError, match=r"objective.stages\[1\].source_weights.*names no"):
+        mixture_spec(prepared_corpus, docstring_corpus, stages(last="{web: 1}"))
     with pytest.raises(ConfigError, match="weight"):
         mixture_spec(prepared_corpus, docstring_corpus, doc="epochs: 1")
     with pytest.raises(ConfigError, match="data.format"):
@@ -186,3 +188,112 @@ def test_a_run_logs_and_saves_each_sources_samples_and_tokens(
     assert progress["sources"]["help"][0] == 34 and progress["sources"]["docs"][0] == 14
     data_state = state["PretrainingDataModule"]
     assert data_state["source_samples"] == {"help": 34, "docs": 14}
+
+
+def test_a_source_over_http_reads_the_samples_of_its_local_copy(
+    prepared_corpus, docstring_corpus, tmp_path
+):
+    """The docstrings source served over HTTP (storage_servers.FaultyHTTPServer, a 500 on every
+    third request) through the shard cache: the mixture's global order, samples and tokens,
+    is the one read with both sources local."""
+    from storage_servers import FaultyHTTPServer
+
+    local = mixture_spec(prepared_corpus, docstring_corpus)
+    server = FaultyHTTPServer(docstring_corpus).start()
+    try:
+        server.faults.fail_every = 3
+        remote = mixture_spec(prepared_corpus, server.url, f"data.cache_dir={tmp_path / 'cache'}")
+        assert remote.sources[1].storage is not None and remote.sources[0].storage is None
+        got = keys_and_ids(rank_sequences(remote, 1))
+    finally:
+        server.stop()
+    want = keys_and_ids(rank_sequences(local, 1))
+    assert len(want) > 50 and got == want
+
+
+def stages(first: str = "{help: 0.7, docs: 0.3}", last: str = "{help: 0.2, docs: 0.8}") -> str:
+    """objective.stages of a mix per phase: `first` for 1,536 tokens (24 samples of 64), then
+    `last`, which also masks 10% (a stage's corruption setting beside its mix)."""
+    return (
+        f"+objective.stages=[{{until_tokens: 1536, source_weights: {first}}}, "
+        f"{{mlm_probability: 0.1, source_weights: {last}}}]"
+    )
+
+
+def test_a_mix_per_phase_changes_the_shares_at_the_stage_and_resumes_in_mid_phase(
+    prepared_corpus, docstring_corpus
+):
+    from pretrain.data.mixture import mixture_progress
+    from pretrain.data.positions import next_position
+    from pretrain.data.reading import MARKS_KEY
+
+    spec = mixture_spec(prepared_corpus, docstring_corpus, stages())
+    order = list(rank_sequences(spec, 0))
+    assert len(order) > 80
+    names = [source_of(s, spec) for s in order]
+    assert names[:20].count("help") == 14  # 70/30 before sample 24 (1,536 / 64 tokens)
+    for start in range(24, len(names) - 10):  # 20/80 in every window after it
+        assert names[start : start + 10].count("help") == 2, start
+    marks = [s["mark"] for s in order]
+    progress = mixture_progress(spec, marks, 0)  # what the stages' corruption keys to
+    tokens = sum(spec.shard_tokens)
+    assert progress.tolist() == [min(64 * i, tokens) for i in range(len(order))]
+    batch = next(iter(EpochStream(spec, 0)))
+    assert MARKS_KEY in batch and len(batch["keys"]) == 8
+    start = 50  # in the second phase
+    positions = {}
+    for sequence in order[:start]:
+        positions[sequence["mark"].partition] = next_position(sequence["mark"])
+    for ranks in (1, 2):
+        for rank in range(ranks):
+            shape = replace(spec, rank=rank, world_size=ranks)
+            got = keys_and_ids(rank_sequences(shape, 0, start, positions))
+            want = keys_and_ids(order[start + rank :: ranks])
+            assert got[: len(want)] == want, (ranks, rank)
+    # a source left out of a phase, and one only in the second (mmBERT's decay phase)
+    spec = mixture_spec(prepared_corpus, docstring_corpus, stages("{help: 1}", "{docs: 1}"))
+    names = [source_of(s, spec) for s in rank_sequences(spec, 0)]
+    assert set(names[:24]) == {"help"} and set(names[24:]) == {"docs"}
+
+
+def test_a_run_stopped_in_mid_phase_logs_each_phases_shares(
+    prepared_corpus, docstring_corpus, tmp_path
+):
+    """4 steps of 8 samples (the mix changes at sample 24, in step 3), then a resume to 6:
+    every step logs the per-source samples of the phased schedule."""
+    import csv
+
+    from conftest import cpu_run_overrides
+
+    from pretrain.runtime.run import train
+
+    sources = (
+        f"data.sources=[{{name: help, shards_dir: '{prepared_corpus}', weight: 0.7}}, "
+        f"{{name: docs, shards_dir: '{docstring_corpus}', weight: 0.3}}]"
+    )
+    run_dir = tmp_path / "run"
+    for steps in (4, 6):
+        overrides = cpu_run_overrides(
+            prepared_corpus,
+            run_dir,
+            sources,
+            stages(),
+            "data.mix_block_samples=10",
+            "objective=mlm",
+            "data=full_sentences",
+            f"trainer.max_steps={steps}",
+            "trainer.log_every_n_steps=1",
+            "optim.schedule=constant",  # the resume trains on (a decay would end at step 4)
+        )
+        train(compose_config(overrides))
+    _, spec, _ = build_stream(compose_config(overrides))
+    mix = spec.mix.of_epoch(0)
+    logged = {}
+    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        for row in csv.DictReader(path.open()):
+            if row.get("train/source/help/samples"):
+                counts = (row["train/source/help/samples"], row["train/source/docs/samples"])
+                logged[int(row["step"])] = tuple(float(c) for c in counts)
+    assert logged == {step: mix.counts_before(8 * (step + 1)) for step in range(6)}
+    assert logged[2] == (17, 7)  # samples 0 .. 23 at 70/30 (blocks of 10, then 0 1 0 0)
+    assert (logged[5][0] - 17, logged[5][1] - 7) == (5, 19)  # 24 at 20/80 (then 1 1 0 1)

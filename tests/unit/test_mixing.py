@@ -4,7 +4,7 @@ and located samples that number each source's own order without gaps."""
 import numpy as np
 import pytest
 
-from pretrain.data.mixing import block_counts, mix_schedule, source_shares
+from pretrain.data.mixing import PhasedMix, block_counts, mix_schedule, source_shares
 
 SHARES = [[0.7, 0.3], [0.5, 0.3, 0.2], [0.13, 0.29, 0.58], [0.01, 0.99], [0.61, 0.27, 0.07, 0.05]]
 
@@ -55,3 +55,35 @@ def test_shares_from_weights_or_epochs_and_rounding():
     assert block_counts([1 / 3, 1 / 3, 1 / 3], 10) == (4, 3, 3)
     with pytest.raises(ValueError, match="'tiny'"):
         mix_schedule(["big", "tiny"], [0.999, 0.001], 100)
+
+
+def phased(epoch_tokens: int = 64 * 500) -> PhasedMix:
+    """Three sources: a 70/30 mix of a, b for 2,000 tokens (samples 0 .. 31 of 64 tokens),
+    then b dropped and c added, a and c half and half (objective.stages' source_weights)."""
+    names = ["a", "b", "c"]
+    first = mix_schedule(names, [0.7, 0.3, 0.0], 10)
+    second = mix_schedule(names, [0.5, 0.0, 0.5], 10)
+    return PhasedMix((first, second), (2000,), 64, epoch_tokens)
+
+
+def test_a_mix_per_phase_holds_each_phases_shares_and_continues_each_source():
+    mix = phased().of_epoch(0)
+    located = [mix.locate(i) for i in range(232)]  # 32 samples of phase 0, 200 of phase 1
+    sources = np.array([s for s, _ in located])
+    assert mix.starts == (0, 32)  # ceil(2000 / 64)
+    assert list(sources[:30]).count(0) == 21 and 2 not in sources[:32]
+    assert 1 not in sources[32:] and list(sources[32:]).count(0) == 100  # 50/50 of 200
+    for s in range(3):  # each source numbered without gaps across the phase change
+        assert [k for src, k in located if src == s] == list(range((sources == s).sum()))
+    for i in range(0, 233, 7):
+        assert mix.counts_before(i) == tuple(int((sources[:i] == s).sum()) for s in range(3))
+    for i, (s, k) in enumerate(located):
+        assert mix.index_of(s, k) == i
+
+
+def test_a_later_epoch_is_in_the_last_phase_from_its_first_sample():
+    mix = phased().of_epoch(1)  # progress starts at T = 32,000 tokens > 2,000
+    assert mix.starts == (0, 0)
+    assert {mix.locate(i)[0] for i in range(100)} == {0, 2}
+    short = phased(epoch_tokens=1000).of_epoch(0)  # an epoch shorter than phase 0
+    assert short.starts[1] >= 1 << 60 and {short.locate(i)[0] for i in range(100)} == {0, 1}

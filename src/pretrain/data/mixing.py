@@ -8,6 +8,12 @@ every window of `block` samples, aligned or not, holds each source's count withi
 sample. The schedule depends on the shares and the block only: never on ranks, workers, the
 batch size or the epoch, so sample i of a mixture is source `locate(i)[0]`'s
 `locate(i)[1]`-th sample of its own global order (`data/mixture.py`) for any shape.
+
+A mix per phase (`objective.stages[k].source_weights`, `PhasedMix`): stage k's samples, those
+whose progress e x T + min(i x L, T) (`data/stages.py`) lies in its range, follow stage k's
+schedule, from the stage's first sample of the epoch on; each source continues its own order
+where the previous phases left it. A function of (epoch, i) only, so a resume in mid-phase,
+on any shape, continues it.
 """
 
 from collections.abc import Sequence
@@ -87,13 +93,104 @@ class MixSchedule:
         q, j = divmod(i, self.block)
         return tuple(q * c + int(p) for c, p in zip(self.counts, self.prefix[j], strict=True))
 
+    def index_of(self, s: int, k: int) -> int:
+        """The global sample that is source `s`'s k-th (from 0): `locate`'s inverse."""
+        q, r = divmod(k, self.counts[s])
+        return q * self.block + int(np.flatnonzero(self.order == s)[r])
+
+    def of_epoch(self, epoch: int) -> "MixSchedule":
+        """The schedule of epoch `epoch`: the same in every epoch."""
+        return self
+
+
+NEVER = 1 << 62  # the first sample of a phase an epoch does not reach
+
+
+@dataclass(frozen=True, eq=False)
+class EpochMix:
+    """A `PhasedMix` in one epoch: phase k's schedule serves global samples starts[k] ..
+    starts[k + 1] - 1, its sample j (from 0) being samples[k] + j; `bases[k]`: each source's
+    samples before starts[k]. `locate`, `counts_before`, `index_of` as `MixSchedule`'s."""
+
+    phases: tuple[MixSchedule, ...]
+    starts: tuple[int, ...]
+    bases: tuple[tuple[int, ...], ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The sources' names."""
+        return self.phases[0].names
+
+    def phase(self, i: int) -> int:
+        """The phase of global sample `i`: the last whose start is at most i."""
+        return int(np.searchsorted(self.starts, i, side="right")) - 1
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(source, k) of global sample `i`: it is the source's k-th sample (from 0)."""
+        k = self.phase(i)
+        s, n = self.phases[k].locate(i - self.starts[k])
+        return s, self.bases[k][s] + n
+
+    def counts_before(self, i: int) -> tuple[int, ...]:
+        """Each source's samples among global samples 0 .. i - 1."""
+        k = self.phase(i)
+        here = self.phases[k].counts_before(i - self.starts[k])
+        return tuple(b + c for b, c in zip(self.bases[k], here, strict=True))
+
+    def index_of(self, s: int, n: int) -> int:
+        """The global sample that is source `s`'s n-th (from 0)."""
+        k = int(np.searchsorted([base[s] for base in self.bases], n, side="right")) - 1
+        return self.starts[k] + self.phases[k].index_of(s, n - self.bases[k][s])
+
+
+@dataclass(frozen=True, eq=False)
+class PhasedMix:
+    """A mix per phase of `objective.stages`: `phases[k]` is stage k's schedule, stage k
+    ending where progress reaches `until_tokens[k]`; progress of global sample i of epoch
+    e is e x T + min(i x L, T), L = `sample_tokens` (data.max_seq_length), T =
+    `epoch_tokens` (the sources' training tokens), as `stages.sample_progress_tokens`."""
+
+    phases: tuple[MixSchedule, ...]
+    until_tokens: tuple[int, ...]
+    sample_tokens: int
+    epoch_tokens: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The sources' names."""
+        return self.phases[0].names
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """The first phase's counts per block."""
+        return self.phases[0].counts
+
+    def first_sample(self, until: int, epoch: int) -> int:
+        """The first global sample of epoch `epoch` whose progress reaches `until` tokens
+        (`NEVER` when none does)."""
+        left = until - epoch * self.epoch_tokens
+        if left <= 0:
+            return 0
+        return -(-left // self.sample_tokens) if left <= self.epoch_tokens else NEVER
+
+    def of_epoch(self, epoch: int) -> EpochMix:
+        """Epoch `epoch`'s `EpochMix`."""
+        starts = [0, *(self.first_sample(until, epoch) for until in self.until_tokens)]
+        bases = [tuple(0 for _ in self.names)]
+        for k in range(1, len(starts)):
+            span = starts[k] - starts[k - 1]
+            done = self.phases[k - 1].counts_before(span)
+            bases.append(tuple(b + c for b, c in zip(bases[-1], done, strict=True)))
+        return EpochMix(self.phases, tuple(starts), tuple(bases))
+
 
 def mix_schedule(names: Sequence[str], shares: Sequence[float], block: int) -> MixSchedule:
-    """The `MixSchedule` of sources `names` with `shares` (summing to 1) per block of `block`
-    samples. ValueError naming the source when its share rounds to no sample of a block."""
+    """The `MixSchedule` of sources `names` with `shares` (summing to 1; 0: a source left out
+    of this phase) per block of `block` samples. ValueError naming the source when a
+    positive share rounds to no sample of a block."""
     counts = block_counts(shares, block)
     for name, count, share in zip(names, counts, shares, strict=True):
-        if count == 0:
+        if count == 0 and share > 0:
             raise ValueError(
                 f"source {name!r}: its share {share:.2g} gives no sample in a block of "
                 f"{block} (data.mix_block_samples); raise the block or its weight"
@@ -115,9 +212,10 @@ def row_sources(spec, marks):
     return np.searchsorted(offsets, np.asarray(marks)[:, 0], side="right").astype(np.int64) - 1
 
 
-def source_samples(spec, samples: int) -> dict[str, int]:
-    """{source name: its samples among the mixture's first `samples` global samples}; {}
-    for one corpus."""
+def source_samples(spec, samples: int, epoch: int = 0) -> dict[str, int]:
+    """{source name: its samples among the first `samples` global samples of epoch `epoch`
+    of the mixture}; {} for one corpus."""
     if not getattr(spec, "sources", ()):
         return {}
-    return dict(zip(spec.mix.names, spec.mix.counts_before(samples), strict=True))
+    mix = spec.mix.of_epoch(epoch)
+    return dict(zip(mix.names, mix.counts_before(samples), strict=True))

@@ -15,8 +15,11 @@ source's partition is used up (every rank at the same place, as for one corpus),
 next epoch reshuffles every source. So a source whose share outruns its size (a high
 `weight`, or more `epochs` than the others) sets the epoch's length and is read once per
 epoch, the others in part, a new draw each epoch: over a run of max_steps each source is
-seen at its share. Not supported (refused in one line): token-budget batches, XLNet's memory
-stream (data_schema.py) and objective.stages (`check_mixture_objective`).
+seen at its share. objective.stages work on the mixture's global order (a sample's progress
+counts its global index i, `mixture_progress`), and a stage may set its own mix
+(`source_weights`: `mixing.PhasedMix`). Not supported (refused in one line): token-budget
+batches, XLNet's memory stream (data_schema.py) and a stage's own sequence length (a
+context-extension phase, `check_mixture_objective`).
 """
 
 import zlib
@@ -24,8 +27,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pretrain.data.mixing import MixSchedule
-from pretrain.data.positions import PartitionPosition
+import numpy as np
+
+from pretrain.data.mixing import row_sources
+from pretrain.data.positions import MARK_COLUMNS, PartitionPosition
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ def mixture_taker(
     mixture sits below the stream)."""
     from itertools import islice
 
-    mix: MixSchedule = spec.mix
+    mix = spec.mix.of_epoch(epoch)  # a `MixSchedule`, or a `PhasedMix`'s `EpochMix`
     specs = [source_spec(spec, source) for source in spec.sources]
     before = mix.counts_before(start_sample)
     streams: dict[tuple[int, int], Iterator[dict]] = {}
@@ -109,3 +114,21 @@ def mixture_taker(
         return next(islice(streams[s, p], skip, None), None)
 
     return take
+
+
+def mixture_progress(spec: Any, marks: np.ndarray, epoch: int) -> np.ndarray:
+    """(rows,) int64: each row's training progress in tokens, e x T + min(i x L, T)
+    (`stages.sample_progress_tokens`), i its global sample index in the mixture: its
+    source's k-th sample (k = number x P_s + p from its mark) is `index_of(s, k)`. `marks`:
+    (rows, 7) int64; L = data.max_seq_length, T = every source's training tokens."""
+    marks = np.asarray(marks)
+    mix = spec.mix.of_epoch(epoch)
+    epoch_tokens = sum(spec.shard_tokens)
+    progress = np.empty(len(marks), np.int64)
+    for row, (s, mark) in enumerate(zip(row_sources(spec, marks), marks, strict=True)):
+        source = spec.sources[s]
+        p = int(mark[MARK_COLUMNS["partition"]]) - source.offset
+        k = int(mark[MARK_COLUMNS["number"]]) * source.stream_partitions + p
+        within = mix.index_of(int(s), k) * spec.max_seq_length
+        progress[row] = epoch * epoch_tokens + min(within, epoch_tokens)
+    return progress

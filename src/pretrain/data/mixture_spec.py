@@ -7,20 +7,45 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from pretrain.data.mixing import mix_schedule, source_shares
+from pretrain.data.mixing import PhasedMix, mix_schedule, source_shares
 from pretrain.data.mixture import SourceStream, source_seed
 from pretrain.data.partitions import stream_partitions
 from pretrain.errors import ConfigError
 
 
 def check_mixture_objective(run: Any, corruption: Any) -> None:
-    """ConfigError naming the key where the objective needs what a mixture lacks: the
-    stage schedule's progress and lengths are counted in one corpus's samples."""
-    if getattr(corruption, "uses_progress", False) or getattr(corruption, "stage_lengths", None):
+    """ConfigError naming the key where the objective needs what a mixture lacks: a stage's
+    own sequence length (a context-extension phase) is packed by each partition from one
+    corpus's sample index."""
+    if getattr(corruption, "stage_lengths", None):
         raise ConfigError(
-            "objective.stages: a stage schedule is not supported with data.sources (its "
-            "progress counts one corpus's samples); drop the stages or train on one corpus"
+            "objective.stages: a stage's max_seq_length (a context-extension phase) is not "
+            "supported with data.sources yet; drop it from the stages or train on one corpus"
         )
+
+
+def mixture_mix(run: Any, names: list[str], shares: list[float], epoch_tokens: int) -> Any:
+    """The mixture's schedule: a `MixSchedule` of `shares` (the sources' own), or, when a
+    stage of objective.stages sets `source_weights` ({name: weight}; a source left out gets
+    none in that phase), a `PhasedMix` of one schedule per stage (a stage without them: the
+    sources' own shares). ConfigError naming the key when a share rounds to no sample."""
+    stages = run.objective.stages or []
+    block = run.data.mix_block_samples
+    try:
+        if not any("source_weights" in stage for stage in stages):
+            return mix_schedule(names, shares, block)
+        phases = []
+        for stage in stages:
+            weights = stage.get("source_weights")
+            if weights is None:
+                phases.append(mix_schedule(names, shares, block))
+                continue
+            raw = [float(weights.get(name, 0.0)) for name in names]
+            phases.append(mix_schedule(names, [w / sum(raw) for w in raw], block))
+    except ValueError as error:
+        raise ConfigError(f"data.sources: {error}") from error
+    until = tuple(int(stage["until_tokens"]) for stage in stages[:-1])
+    return PhasedMix(tuple(phases), until, run.data.max_seq_length, epoch_tokens)
 
 
 def mixture_stream_spec(run: Any, build_corruption: Callable) -> Any:
@@ -71,10 +96,7 @@ def mixture_stream_spec(run: Any, build_corruption: Callable) -> Any:
     shares = source_shares(
         [c.weight for c in data.sources], [c.epochs for c in data.sources], tokens
     )
-    try:
-        mix = mix_schedule([s.name for s in sources], shares, data.mix_block_samples)
-    except ValueError as error:
-        raise ConfigError(f"data.sources: {error}") from error
+    mix = mixture_mix(run, [s.name for s in sources], shares, sum(tokens))
     vocab = opened[0][1].vocab
     data.tokenizer_dir = str(opened[0][1].tokenizer_dir)
     corruption = build_corruption(run, vocab)
@@ -92,9 +114,12 @@ def mixture_stream_spec(run: Any, build_corruption: Callable) -> Any:
 
 def mixture_sha256(spec: Any) -> str:
     """Hex sha256 of what a mixture holds: its sources' names, counts per block and
-    corpora (their manifests' content_sha256), so a relaunch onto other sources is seen."""
+    corpora (their manifests' content_sha256), and a mix per phase's counts and ends, so a
+    relaunch onto other sources or another mix is seen."""
     held = [
         (s.name, count, s.content_sha256)
         for s, count in zip(spec.sources, spec.mix.counts, strict=True)
     ]
+    if isinstance(spec.mix, PhasedMix):
+        held.append(([phase.counts for phase in spec.mix.phases], spec.mix.until_tokens))
     return hashlib.sha256(repr(held).encode()).hexdigest()

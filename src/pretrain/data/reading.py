@@ -446,7 +446,11 @@ def corrupt_to_tensors(batch: dict, spec: StreamSpec, epoch: int) -> dict:
     tensors (keys stay a list of str). A staged corruption (`objective.stages`) also gets
     each sample's training progress, from its mark (`stages.sample_progress_tokens`)."""
     marks = batch.pop(MARKS_KEY, None)  # not the corruption's business
-    if marks is not None and getattr(spec.corruption, "uses_progress", False):
+    if marks is not None and getattr(spec.corruption, "uses_progress", False) and spec.sources:
+        from pretrain.data.mixture import mixture_progress  # a mixture's global index
+
+        batch[PROGRESS_KEY] = mixture_progress(spec, marks, epoch)
+    elif marks is not None and getattr(spec.corruption, "uses_progress", False):
         batch[PROGRESS_KEY] = sample_progress_tokens(  # objective.stages (`stages.py`)
             marks,
             epoch,

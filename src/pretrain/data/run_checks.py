@@ -15,7 +15,7 @@ def check_data_against_run(run: Any) -> None:
     """ConfigError naming the key when data.format keeps a memory across steps with
     objective.stages or a batch-size warm-up, data.document_masks is set without packed
     documents or a model that masks attention by document, the warm-up runs under DeepSpeed,
-    or data.max_seq_length exceeds the model's positions."""
+    or data.max_seq_length exceeds the model's positions; a stage's mix (`check_stage_mix`)."""
     data, model = run.data, run.model
     memory = INPUT_FORMATS[data.format].memory
     require(
@@ -61,6 +61,30 @@ def check_data_against_run(run: Any) -> None:
         data.max_seq_length,
         f"must not exceed the {longest} positions of model {model.name}",
     )
+    check_stage_mix(run)
+
+
+def check_stage_mix(run: Any) -> None:
+    """ConfigError naming objective.stages[k].source_weights unless it maps names of
+    data.sources to weights >= 0 with a positive sum (a source left out: none in that phase),
+    and only with data.sources."""
+    names = [source.name for source in run.data.sources]
+    for number, stage in enumerate(run.objective.stages or []):
+        weights = stage.get("source_weights")
+        if weights is None:
+            continue
+        key = f"objective.stages[{number}].source_weights"
+        require(bool(names), key, weights, "mixes data.sources: list the sources there")
+        require(hasattr(weights, "items"), key, weights, "must map source names to weights")
+        unknown = sorted(set(weights) - set(names))
+        require(not unknown, key, weights, f"names no source of data.sources ({', '.join(names)})")
+        values = [float(w) for w in weights.values()]
+        require(
+            min(values, default=0) >= 0 and sum(values) > 0,
+            key,
+            weights,
+            "needs weights >= 0 and at least one above 0",
+        )
 
 
 def stage_context(run: Any) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:

@@ -41,7 +41,8 @@ class ObjectiveConfig:
     # {until_tokens: N, <corruption setting>: value, ...}; a sample whose progress (tokens of
     # the global sample order before it) is below a stage's until_tokens, and not below the
     # previous stage's, is corrupted with that stage's settings; the last stage has no
-    # until_tokens. Empty: the objective's own settings throughout.
+    # until_tokens. Empty: the objective's own settings throughout. With data.sources a stage
+    # may also set source_weights, its mix ({name: weight}; data/mixing.py's PhasedMix).
     stages: list[dict[str, Any]] = field(default_factory=list)
 
     # pretrain-generate: (the Hugging Face model_type whose exports this objective generates
@@ -77,6 +78,9 @@ UNSTAGED_SETTINGS = ("name", "_target_", "masking", "dupe_factor", "stages", "se
 # run by `pretrain.data.run_checks.stage_context`): its samples' sequence length, the global layers'
 # RoPE theta.
 CONTEXT_STAGE_SETTINGS = ("max_seq_length", "global_rope_theta")
+# A stage's mix of data.sources, {name: weight} (`pretrain.data.mixture_spec.mixture_mix`;
+# checked against data.sources by `pretrain.data.run_checks.check_stage_mix`).
+MIX_STAGE_SETTINGS = ("source_weights",)
 
 
 def stage_configs(objective: ObjectiveConfig) -> list[tuple[int | None, ObjectiveConfig]]:
@@ -96,7 +100,8 @@ def stage_configs(objective: ObjectiveConfig) -> list[tuple[int | None, Objectiv
     for number, stage in enumerate(objective.stages):
         where = f"objective.stages[{number}]"
         require(isinstance(stage, Mapping), where, stage, "must be a mapping of settings")
-        settings = {k: v for k, v in stage.items() if k not in CONTEXT_STAGE_SETTINGS}
+        own = (*CONTEXT_STAGE_SETTINGS, *MIX_STAGE_SETTINGS)
+        settings = {k: v for k, v in stage.items() if k not in own}
         until = settings.pop("until_tokens", None)
         if number == len(objective.stages) - 1:
             require(
