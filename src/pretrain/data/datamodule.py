@@ -320,7 +320,7 @@ class PretrainingDataModule(L.LightningDataModule):
             "position_format": POSITION_FORMAT,
             "epoch_tokens": sum(self.spec.shard_tokens),  # T of objective.stages' progress
             # a mixture's samples of the epoch per source (data/mixture.py); {} for one corpus
-            "source_samples": source_samples(self.spec, samples),
+            "source_samples": source_samples(self.spec, samples, trainer.current_epoch),
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
