@@ -46,8 +46,8 @@ def same_batches(got, want):
         assert a["keys"] == b["keys"]
         assert a.keys() == b.keys()
         for name, value in a.items():
-            if isinstance(value, torch.Tensor):
-                assert torch.equal(value, b[name]), name
+            if isinstance(value, torch.Tensor):  # dtypes too: workers send them slimmed
+                assert value.dtype == b[name].dtype and torch.equal(value, b[name]), name
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pretrain.data.batch_warmup import SKIPPED_BATCH_KEY
+from pretrain.data.batch_wire import pack_batch, unpack_batch
 from pretrain.data.positions import PartitionPosition, next_position
 from pretrain.data.reading import MARKS_KEY
 
@@ -136,7 +137,8 @@ class StepAlignedLoader(DataLoader):
     fetches a step ahead: each step's first micro-batch carries the next step's `next_step`
     (NEXT_STEP_KEY), so the ranks agree on a step one step before it begins. Its
     stream's workers each build only their share of the batches (`stream.worker_batches`),
-    which `in_stream_order` puts back in the stream's order."""
+    which `in_stream_order` puts back in the stream's order; each batch crosses from its
+    worker as one slim buffer (`batch_wire`), the same tensors once unpacked here."""
 
     def __init__(
         self,
@@ -152,6 +154,8 @@ class StepAlignedLoader(DataLoader):
     ):
         if getattr(dataset, "worker_shares", None) is False:  # an `EpochStream`: its workers
             dataset.worker_shares = True  # build their share only; put in order by this loader
+        if kwargs.get("num_workers", 0) > 0:  # one slim buffer a batch across the pipe
+            kwargs.setdefault("collate_fn", pack_batch)
         super().__init__(dataset, batch_size=None, **kwargs)
         self.accumulation = accumulation
         self.step_batches = step_batches
@@ -172,13 +176,18 @@ class StepAlignedLoader(DataLoader):
     def __iter__(self) -> Iterator[dict]:
         self.close()
         self._source = super().__iter__()
-        self._batches = in_stream_order(self._source)
+        self._batches = in_stream_order(map(self._unpack, self._source))
         self._buffer.clear()
         self._yielded.clear()
         self._skips = 0
         self._positions = dict(self.start_positions)
         self.tail_samples = 0
         return self._steps(self._batches)
+
+    def _unpack(self, batch: dict) -> dict:
+        """A batch as its worker built it (`batch_wire.unpack_batch`), page-locked when the
+        loader pins memory."""
+        return unpack_batch(batch, self.pin_memory)
 
     def _steps(self, source: Iterator[dict]) -> Iterator[dict]:
         index = self.start_batch
