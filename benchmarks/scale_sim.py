@@ -9,11 +9,15 @@
   slowest paces the round-robin) and batches/s of wall time (on a loaded machine, what else
   runs decides it), each against one worker. Target: 2 workers >= 1.8x one.
 - `table`: a worker's shard table at 1k, 10k and 100k shards (synthetic manifests of
-  --blocks blocks a shard): the manifest parsed (what each rank holds at start), and the
-  paths, tokens, storage records and one epoch's sharing a worker holds, as Python objects
-  (before issue 54) and as compact arrays (`data/shard_table.py`, `storage.ShardRecords`),
-  in MB (tracemalloc), with the start-up seconds of a rank (parse the manifest, build the
-  table, deal the shards to 64 partitions). Target: <= 20 MB a worker at 100k, linear.
+  --blocks blocks a shard): the paths, tokens, storage records and one epoch's sharing a
+  worker holds, as Python objects (before issue 54, beside the manifest every process
+  parsed) and as compact arrays (`data/shard_table.py`, `storage.ShardRecords`), in MB
+  (tracemalloc), plus the node's shard table the worker maps (`data/manifest_table.py`,
+  page cache shared by the node's processes); and the start-up seconds of a rank: before,
+  parse the manifest and deal the shards to 64 partitions; now, the node's first process
+  parses, checks and writes the table (`open_manifest`), every other rank hashes the
+  manifest, maps the table, checks repeats and deals the shards. Target: <= 20 MB a worker
+  at 100k, linear.
 - `ranks`: the ranks of a simulated --ranks-rank run (default 512; data.stream_partitions
   left at its default) each build their stream, whose first samples must tile the global
   order: the check of any world size without planning.
@@ -43,6 +47,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from pretrain.config import compose_config  # noqa: E402
 from pretrain.data.loader import StepAlignedLoader, is_end_of_epoch  # noqa: E402
+from pretrain.data.node_manifest import open_manifest  # noqa: E402
 from pretrain.data.reading import _shard_sharing  # noqa: E402
 from pretrain.data.shard_table import ShardPaths  # noqa: E402
 from pretrain.data.stream import EpochStream, rank_sequences  # noqa: E402
@@ -132,26 +137,38 @@ def stream_rows(spec, limit: int, repeats: int) -> list[tuple[str, str, str]]:
 
 
 def synthetic_manifest(shards: int, blocks: int) -> dict:
-    """A manifest's "shards" of `shards` shards of `blocks` blocks, as prepare writes them."""
+    """A format-2 manifest of `shards` shards of `blocks` blocks, as prepare writes them."""
 
     def digest(*parts) -> str:
         return hashlib.sha256(repr(parts).encode()).hexdigest()
 
+    records = [
+        {
+            "name": f"shard-{i:06d}.tar",
+            "documents": 600 * blocks + i % 97,
+            "tokens": 2_000_000 * blocks + i % 1009,
+            "bytes": 64_000_000 + i,
+            "sha256": digest(i),
+            "blocks": [
+                {
+                    "documents": 600 + (i % 97 if b == 0 else 0),
+                    "tokens": 2_000_000 + (i % 1009 if b == 0 else 0),
+                    "sha256": digest(i, b),
+                }
+                for b in range(blocks)
+            ],
+        }
+        for i in range(shards)
+    ]
     return {
-        "shards": [
-            {
-                "name": f"shard-{i:06d}.tar",
-                "bytes": 64_000_000 + i,
-                "sha256": digest(i),
-                "documents": 5000 + i % 97,
-                "tokens": 16_000_000 + i % 1009,
-                "blocks": [
-                    {"documents": 600, "tokens": 2_000_000, "sha256": digest(i, b)}
-                    for b in range(blocks)
-                ],
-            }
-            for i in range(shards)
-        ]
+        "format_version": 2,
+        "tokenizer": {"dir": "tokenizer", "sha256": digest("tok"), "vocab_size": 30522},
+        "dtype": "uint16",
+        "counts": {
+            "documents": sum(r["documents"] for r in records),
+            "tokens": sum(r["tokens"] for r in records),
+        },
+        "shards": records,
     }
 
 
@@ -169,44 +186,74 @@ def held_mb(build) -> tuple[float, object]:
     return held / 2**20, result
 
 
+def timed(build) -> tuple[float, object]:
+    """(seconds `build()` took, its result)."""
+    start = time.perf_counter()
+    result = build()
+    return time.perf_counter() - start, result
+
+
+def rank_start(root: str, home: str, partitions: int) -> tuple:
+    """What a rank builds at start from the node's table (`open_manifest`): the repeats
+    check, the shard paths and tokens, one epoch's sharing among `partitions` readers."""
+    manifest = open_manifest(root, home)
+    manifest.table.repeats()
+    paths = ShardPaths([str(p) for p in manifest.shard_paths])
+    tokens = tuple(manifest.table.arrays["tokens"].tolist())
+    sharing = _shard_sharing.__wrapped__(0, 0, partitions, len(tokens), tokens)
+    return manifest, paths, tokens, sharing
+
+
 def table_rows(sizes: list[int], blocks: int, partitions: int = 64) -> list[tuple[str, str, str]]:
     rows = []
-    root = "/scratch/pretrain-cache-user/corpus-0123456789ab"
     for shards in sizes:
         with tempfile.TemporaryDirectory() as work:
             path = os.path.join(work, "manifest.json")
             with open(path, "w") as f:
                 json.dump(synthetic_manifest(shards, blocks), f)
-            start = time.perf_counter()
+            parse_s, _ = timed(partial(load_json, path))
             parsed_mb, manifest = held_mb(partial(load_json, path))
-            parse_s = time.perf_counter() - start
-        records = manifest["shards"]
-        paths = [f"{root}/{r['name']}" for r in records]
-        tokens = tuple(r["tokens"] for r in records)
-        triples = [(r["name"], r["bytes"], r["sha256"]) for r in records]
-
-        start = time.perf_counter()
-        sharing = _shard_sharing.__wrapped__(0, 0, partitions, shards, tokens)
-        sharing_s = time.perf_counter() - start
-        before = (  # a Python object a shard (and the records' dict), as before issue 54
-            tuple(paths),
-            tokens,
-            tuple(triples),
-            {n: (b, h) for n, b, h in triples},
-            list(sharing),
-        )
-        start = time.perf_counter()
-        after = (ShardPaths(paths), tokens, ShardRecords(triples), sharing)
-        build_s = time.perf_counter() - start + sharing_s
-        # what a worker holds: the table unpickled in it (the sharing it computes, the same)
-        before_mb, _ = held_mb(partial(pickle.loads, pickle.dumps(before)))
-        after_mb, _ = held_mb(partial(pickle.loads, pickle.dumps(after)))
+            records = manifest["shards"]
+            tokens = tuple(r["tokens"] for r in records)
+            triples = [(r["name"], r["bytes"], r["sha256"]) for r in records]
+            before_s, sharing = timed(
+                partial(_shard_sharing.__wrapped__, 0, 0, partitions, shards, tokens)
+            )
+            before = (  # a Python object a shard (and the records' dict), as before issue 54
+                tuple(os.path.join(work, r["name"]) for r in records),
+                tokens,
+                tuple(triples),
+                {n: (b, h) for n, b, h in triples},
+                list(sharing),
+            )
+            del manifest, records
+            home = os.path.join(work, "tables")
+            first_s, _ = timed(partial(open_manifest, work, home))  # parse, check, write
+            rank_s, (opened, paths, tokens, sharing) = timed(
+                partial(rank_start, work, home, partitions)
+            )
+            table = opened.table
+            mapped_mb = sum(a.nbytes for a in table.arrays.values()) / 2**20
+            after = (
+                paths,
+                tokens,
+                ShardRecords.from_sorted(
+                    table.arrays["sorted_names"],
+                    table.arrays["bytes"][table.arrays["name_order"]],
+                    table.arrays["sha256"][table.arrays["name_order"]],
+                ),
+                sharing,
+            )
+            # what a worker holds: the table unpickled in it (the sharing it computes, the same)
+            before_mb, _ = held_mb(partial(pickle.loads, pickle.dumps(before)))
+            after_mb, _ = held_mb(partial(pickle.loads, pickle.dumps(after)))
         rows.append(
             (
                 f"table, {shards:,} shards",
-                f"worker {after_mb:.1f} MB (was {before_mb:.1f} MB); manifest parsed "
-                f"{parsed_mb:.0f} MB",
-                f"rank start-up {parse_s + build_s:.2f} s (parse {parse_s:.2f} s)",
+                f"worker {after_mb:.1f} MB + {mapped_mb:.0f} MB mapped, shared by the node "
+                f"(was {before_mb:.1f} MB + manifest parsed {parsed_mb:.0f} MB)",
+                f"rank start-up {rank_s:.2f} s, the node's first {first_s:.2f} s "
+                f"(was {parse_s + before_s:.2f} s, parse {parse_s:.2f} s)",
             )
         )
     return rows
@@ -238,14 +285,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best of, per row")
     parser.add_argument("--table-shards", default="1000,10000,100000")
     parser.add_argument("--blocks", type=int, default=8, help="blocks a synthetic shard")
+    parser.add_argument("--parts", default="stream,table,ranks", help="rows to measure")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    spec = corpus_spec(args.shards, args.batch_size)
     sizes = [int(n) for n in args.table_shards.split(",")]
+    parts = set(args.parts.split(","))
+    spec = corpus_spec(args.shards, args.batch_size) if parts - {"table"} else None
     rows = [
-        *stream_rows(spec, args.batches, args.repeats),
-        *table_rows(sizes, args.blocks),
-        ranks_row(spec, args.ranks),
+        *(stream_rows(spec, args.batches, args.repeats) if "stream" in parts else []),
+        *(table_rows(sizes, args.blocks) if "table" in parts else []),
+        *([ranks_row(spec, args.ranks)] if "ranks" in parts else []),
     ]
     print("| what | measured | against |")
     print("|---|---|---|")

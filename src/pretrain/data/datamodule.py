@@ -15,6 +15,7 @@ import torch
 from pretrain.data.batch_warmup import BatchSizeWarmup
 from pretrain.data.loader import StepAlignedLoader
 from pretrain.data.mixing import source_samples
+from pretrain.data.node_manifest import TABLES_DIR, open_manifest
 from pretrain.data.positions import POSITION_FORMAT, PartitionPosition, positions_from_saved
 from pretrain.data.reading import StreamSpec
 from pretrain.data.shard_checks import repeat_message, repeated_shards
@@ -23,7 +24,6 @@ from pretrain.data.shard_format import (
     ShardError,
     check_shards,
     check_tokenizer,
-    load_manifest,
     verify_shard,
 )
 from pretrain.data.stream import EpochStream, check_world_size, rows_per_sample
@@ -43,6 +43,7 @@ from pretrain.storage import (
     pin_shard,
     redact,
 )
+from pretrain.storage.corpus import ShardRecords
 
 # `data` below is pretrain.config's DataConfig, named in docstrings: the run config sits above
 # data (its checks read the format registry), so data cannot import it.
@@ -73,16 +74,22 @@ def open_corpus(
     and the file at fault."""
     storage = None
     try:
+        tables = Path(getattr(data, "cache_dir", None) or default_cache_dir()) / TABLES_DIR
         if is_url(shards_dir):
             storage, listing = remote_storage(str(shards_dir), data)
-            manifest = load_manifest(storage.root)
+            manifest = open_manifest(storage.root, tables)
             check_remote_shards(storage.url, manifest.shards, listing)
+            order = manifest.table.arrays["name_order"]
             storage = replace(
                 storage,
-                shards=tuple((s["name"], int(s["bytes"]), s["sha256"]) for s in manifest.shards),
+                shards=ShardRecords.from_sorted(
+                    manifest.table.arrays["sorted_names"],
+                    manifest.table.arrays["bytes"][order],
+                    manifest.table.arrays["sha256"][order],
+                ),
             )
         else:
-            manifest = load_manifest(local_path(str(shards_dir)))
+            manifest = open_manifest(local_path(str(shards_dir)), tables)
             check_shards(manifest)
         tokenizer = Path(tokenizer_dir).resolve() if tokenizer_dir else manifest.tokenizer_dir
         check_tokenizer(manifest, tokenizer)
@@ -174,7 +181,8 @@ def unrepeated_shards(manifest: Manifest, indices: range | list[int], bad_shards
     the manifest's sha256 of each shard and of each block, `repeated_shards`: a shard copied
     under another name, blocks written twice). A repeat raises ShardError naming both
     (data.bad_shards=error) or is left out with a warning line (skip), the count printed."""
-    repeats = repeated_shards(manifest.shards)
+    table = manifest.table
+    repeats = table.repeats() if table is not None else repeated_shards(manifest.shards)
     kept = [index for index in indices if index not in repeats]
     for index in indices:
         if index in repeats:
