@@ -6,8 +6,8 @@ in the optimizer step that launched it (before its lag of a step). Collectives m
 `collectives.sum_on_device` are ordered on the accelerator's stream (NCCL does not block the
 host); on the CPU every tensor is a host tensor, so they are told apart by the function, as
 tests/multiprocess/host_reads.py tells the host-side code. DDP's gradient buckets are reduced
-by its C++ reducer, which the wrappers do not see. `CountingMLM` (objective._target_) adds the
-counter at the first batch and writes `counts<rank>.json` to PRETRAIN_TEST_RECORD_DIR: per
+by its C++ reducer, which the wrappers do not see. `CountingMLM` (objective._target_, with
+dist_helpers' RECORDING_MLM overrides) adds the counter at the first batch and writes `counts<rank>.json` to PRETRAIN_TEST_RECORD_DIR: per
 step, the blocking collectives (by name), the device-ordered ones, the asynchronous launches
 and their waits (the step each was waited in)."""
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import lightning as L
 import torch.distributed as dist
+from dist_helpers import RecordingMLM
 
 from pretrain.cluster import collectives
-from pretrain.objectives.mlm import MaskedLanguageModel
 
 COLLECTIVES = (
     "all_reduce",
@@ -107,9 +107,9 @@ class CollectiveCounter(L.Callback):
         path.write_text(json.dumps({str(step): c for step, c in sorted(self.counts.items())}))
 
 
-class CountingMLM(MaskedLanguageModel):
-    """MLM whose run counts its collectives (`CollectiveCounter`, added at the first batch,
-    after the launch's first agreement)."""
+class CountingMLM(RecordingMLM):
+    """dist_helpers' recording MLM (its faults too) whose run counts its collectives
+    (`CollectiveCounter`, added at the first batch, after the launch's first agreement)."""
 
     def start_batch(self, task: L.LightningModule, batch: dict, batch_idx: int) -> None:
         super().start_batch(task, batch, batch_idx)

@@ -133,8 +133,8 @@ def _is_submitit_handler(handler: Any) -> bool:
 
 
 class PreemptionCheckpoint(Callback):
-    """On `requeue_signal` or SIGTERM: all ranks save last.ckpt together at the next
-    optimizer-step boundary and stop; after `requeue_signal` the SLURM job is also requeued
+    """On `requeue_signal` or SIGTERM: all ranks save last.ckpt together at an optimizer-step
+    boundary at most two steps later (the step's agreement: `step_flags`, `agree`) and stop; after `requeue_signal` the SLURM job is also requeued
     (see the module docstring). `requeue_signal` None: only SIGTERM is handled."""
 
     def __init__(
