@@ -18,6 +18,7 @@ on any shape, continues it.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -82,11 +83,18 @@ class MixSchedule:
         """Samples per block."""
         return len(self.order)
 
+    @cached_property
+    def _picks(self) -> tuple[int, list[int], list[int]]:
+        """The block, `order` and `within` as Python lists (a sample's lookup, per sample of
+        the stream, without numpy scalars)."""
+        return len(self.order), self.order.tolist(), self.within.tolist()
+
     def locate(self, i: int) -> tuple[int, int]:
         """(source, k) of global sample `i`: it is the source's k-th sample (from 0)."""
-        q, j = divmod(i, self.block)
-        s = int(self.order[j])
-        return s, q * self.counts[s] + int(self.within[j])
+        block, order, within = self._picks
+        q, j = divmod(i, block)
+        s = order[j]
+        return s, q * self.counts[s] + within[j]
 
     def counts_before(self, i: int) -> tuple[int, ...]:
         """Each source's samples among global samples 0 .. i - 1."""

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from pretrain.data.mixing import row_sources
-from pretrain.data.positions import MARK_COLUMNS, PartitionPosition
+from pretrain.data.positions import MARK_COLUMNS, PartitionPosition, StreamMark
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ def mixture_taker(
 
     mix = spec.mix.of_epoch(epoch)  # a `MixSchedule`, or a `PhasedMix`'s `EpochMix`
     specs = [source_spec(spec, source) for source in spec.sources]
+    offsets = [source.offset for source in spec.sources]
     before = mix.counts_before(start_sample)
     streams: dict[tuple[int, int], Iterator[dict]] = {}
     numbers: dict[tuple[int, int], int] = {}
@@ -98,20 +99,22 @@ def mixture_taker(
         else:
             sequences = islice(partition_sequences(specs[s], epoch, p), used, None)
         numbers[s, p] = used
-        return (
-            sequence | {"mark": sequence["mark"]._replace(partition=source.offset + p)}
-            for sequence in sequences
-        )
+        return iter(sequences)
 
     def take(i: int) -> dict | None:
         s, k = mix.locate(i)
         parts = specs[s].stream_partitions
         p, n = k % parts, k // parts
-        if (s, p) not in streams:
-            streams[s, p] = opened(s, p)
+        stream = streams.get((s, p))
+        if stream is None:
+            stream = streams[s, p] = opened(s, p)
         skip = n - numbers[s, p]  # its samples of other ranks' or workers' batches
         numbers[s, p] = n + 1
-        return next(islice(streams[s, p], skip, None), None)
+        sequence = next(stream if skip == 0 else islice(stream, skip, None), None)
+        if sequence is not None:  # a fresh dict of partition_sequences': its mark renumbered
+            mark = sequence["mark"]  # a StreamMark, the partition first
+            sequence["mark"] = StreamMark(offsets[s] + mark[0], *mark[1:])
+        return sequence
 
     return take
 
