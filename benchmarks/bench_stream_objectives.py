@@ -21,8 +21,17 @@ interleaved, so a load that comes and goes hits them alike. xlnet_memory
 runs 32 rows a batch (one memory slot a row needs 8 documents; the built-in corpus has 485);
 distillation's corruption is MLM's, its row is `mlm`.
 
+A mixture (issue 55: no speed lost): `--sources A,B` adds, after each objective's row, a row
+`<objective> x2` of the same objective on the prepared corpora A and B mixed
+(`data.sources`, `epochs: 1` each, so one epoch reads each once: with `data/builtin-topics`
+and `data/builtin-docstrings`, the two parts of `data/builtin`, the same tokens as the
+one-source row), and the ratio of its stream's sequences/s to the one source's (goal: within
+5%, i.e. >= 0.95x). With `--sources` every stream pass starts with the decoded-shard caches
+empty (`reading.decoded_shard`, `shard_owners`), both rows: the built-in corpus's 8 shards
+otherwise stay decoded from one pass to the next, which no epoch of a real corpus sees.
+
     .venv/bin/python benchmarks/bench_stream_objectives.py data/builtin [--objectives mlm_nsp,ngram] \
-        [--repeats 3] [--profile ngram]
+        [--repeats 3] [--profile ngram] [--sources data/builtin-topics,data/builtin-docstrings]
 
 `bench_stream.py --objectives ...` calls this module.
 """
@@ -44,6 +53,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from pretrain.config import compose_config  # noqa: E402
+from pretrain.data import reading  # noqa: E402
 from pretrain.data.reading import collate, collated_fields, corrupt_to_tensors  # noqa: E402
 from pretrain.data.stream import EpochStream  # noqa: E402
 from pretrain.runtime.run import build_stream  # noqa: E402
@@ -105,8 +115,22 @@ BASELINES = {"plain": "", "whole_word": " (HF like: whole-word mode)", "plm": " 
 NOT_SEPARATE = {"distillation": "mlm"}
 
 
-def build_spec(shards_dir: str, case: Case, batch_size: int, max_seq_length: int):
-    """The StreamSpec a training run of `case` on `shards_dir` has (one rank, no workers)."""
+def sources_override(sources: list[str]) -> tuple[str, ...]:
+    """`data.sources` of the corpora `sources` (s0, s1, ...), one epoch of each."""
+    if not sources:
+        return ()
+    listed = ", ".join(
+        f"{{name: s{i}, shards_dir: '{Path(d).resolve()}', epochs: 1}}"
+        for i, d in enumerate(sources)
+    )
+    return (f"data.sources=[{listed}]",)
+
+
+def build_spec(
+    shards_dir: str, case: Case, batch_size: int, max_seq_length: int, sources: list[str] = ()
+):
+    """The StreamSpec a training run of `case` on `shards_dir` (or on the mixture of
+    `sources`) has (one rank, no workers)."""
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = compose_config(
             [
@@ -119,6 +143,7 @@ def build_spec(shards_dir: str, case: Case, batch_size: int, max_seq_length: int
                 "logger=csv",
                 "trainer=cpu",
                 f"run_dir={run_dir}",
+                *sources_override(sources),
             ]
         )
         _, spec, _ = build_stream(cfg)
@@ -224,7 +249,13 @@ def padded_offsets(collator):
     return collate_examples
 
 
-def time_stream(spec) -> tuple[float, int]:
+def time_stream(spec, cold: bool = False) -> tuple[float, int]:
+    """CPU seconds of one epoch of `spec`'s stream and its rows; `cold`: the process's
+    decoded-shard caches emptied first (untimed), as an epoch of a corpus of many shards
+    finds them."""
+    if cold:
+        reading.decoded_shard.cache_clear()
+        reading.shard_owners.cache_clear()
     start = clock()
     rows = 0
     for batch in EpochStream(spec, 0):
@@ -250,12 +281,13 @@ def time_hf(collate_examples, examples) -> float:
 
 @dataclass
 class Row:
-    name: str
+    name: str  # the objective (CASES)
     stream: float  # sequences/s
     mask_step: float
     hf: float
     hf_like: float | None  # the objective's own HF baseline (whole-word mode, PLM), if any
     sequences: int
+    sources: int = 1  # corpora mixed (--sources)
 
     @property
     def ratio_stream(self) -> float:
@@ -266,9 +298,10 @@ class Row:
         return self.mask_step / (self.hf_like or self.hf)
 
 
-def measure(shards_dir: str, name: str, args, tokenizer) -> Row:
+def measure(shards_dir: str, name: str, args, tokenizer, sources: list[str] = ()) -> Row:
     case = CASES[name]
-    spec = build_spec(shards_dir, case, case.batch_size or args.batch_size, args.max_seq_length)
+    size = case.batch_size or args.batch_size
+    spec = build_spec(shards_dir, case, size, args.max_seq_length, sources)
     batches = formatted_batches(spec)
     sequences = sum(len(s) for s, _ in batches)
     special = np.array(spec.vocab.special_ids)
@@ -285,7 +318,7 @@ def measure(shards_dir: str, name: str, args, tokenizer) -> Row:
     best = {"stream": np.inf, "mask": np.inf, "hf": np.inf, "ww": np.inf}
     rows = 0
     for _ in range(args.repeats):
-        seconds, rows = time_stream(spec)
+        seconds, rows = time_stream(spec, cold=bool(args.sources))
         best["stream"] = min(best["stream"], seconds)
         best["mask"] = min(best["mask"], time_mask_step(spec, batches))
         best["hf"] = min(best["hf"], time_hf(plain, plain_examples))
@@ -300,6 +333,7 @@ def measure(shards_dir: str, name: str, args, tokenizer) -> Row:
         sequences / best["hf"],
         sequences / best["ww"] if whole is not None else None,
         sequences,
+        max(1, len(sources)),
     )
 
 
@@ -324,8 +358,9 @@ def print_table(rows: list[Row], file=sys.stdout) -> None:
         ww = f"{r.hf_like:>10,.0f}" if r.hf_like else f"{'-':>10}"
         a = f"{r.ratio_stream:.2f}x" + (" " if r.ratio_stream >= 1.0 else "*")
         b = f"{r.ratio_mask:.1f}x" + (" " if r.ratio_mask >= 5.0 else "*")
+        label = r.name if r.sources == 1 else f"{r.name} x{r.sources}"
         print(
-            f"{r.name:<14}{r.sequences:>6}{r.stream:>10,.0f}{r.mask_step:>10,.0f}{r.hf:>9,.0f}"
+            f"{label:<14}{r.sequences:>6}{r.stream:>10,.0f}{r.mask_step:>10,.0f}{r.hf:>9,.0f}"
             f"{ww}{a:>15}{b:>13}  {CASES[r.name].label}{BASELINES[CASES[r.name].baseline]}",
             file=file,
         )
@@ -335,6 +370,16 @@ def print_table(rows: list[Row], file=sys.stdout) -> None:
         + ", ".join(f"{k}: as {v}" for k, v in NOT_SEPARATE.items()),
         file=file,
     )
+    one = {r.name: r for r in rows if r.sources == 1}
+    for r in rows:
+        if r.sources > 1 and r.name in one:
+            ratio = r.stream / one[r.name].stream
+            print(
+                f"{r.name}: {r.sources} sources / 1 source, stream sequences/s: {ratio:.3f}x"
+                + (" " if ratio >= 0.95 else "*")
+                + " (goal >= 0.95x)",
+                file=file,
+            )
 
 
 def run(shards_dir: str, names: list[str], args) -> list[Row]:
@@ -343,6 +388,9 @@ def run(shards_dir: str, names: list[str], args) -> list[Row]:
     rows = []
     for name in names:
         rows.append(measure(shards_dir, name, args, tokenizer))
+        if args.sources:
+            sources = args.sources.split(",")
+            rows.append(measure(shards_dir, name, args, tokenizer, sources))
         print(f"  measured {name}", file=sys.stderr, flush=True)
     return rows
 
@@ -372,6 +420,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument(
+        "--sources",
+        default="",
+        help="comma-separated prepared corpora (one tokenizer): each objective on their mix too",
+    )
 
 
 def main() -> None:
