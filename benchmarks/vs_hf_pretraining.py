@@ -200,12 +200,12 @@ def heldout_loss(model_dir: Path, inputs, labels, batch_size: int = 64) -> float
 
 def downstream(encoder: str, tasks, modes, seeds, overrides, out_dir: str) -> dict:
     """{"task mode": [score per seed]} of pretrain.eval.demo's recipe on `encoder` (pretrained
-    only), each fit's result also under `out_dir`."""
+    only), each fit's result under `out_dir`/eval; a fit whose result is there is not redone."""
     from omegaconf import OmegaConf
 
     from pretrain.config import compose_config
     from pretrain.eval.config import register_eval_schema
-    from pretrain.eval.demo import MAIN_METRIC, RECIPES, SIZES
+    from pretrain.eval.demo import RECIPES, SIZES
     from pretrain.eval.run import evaluate
 
     register_eval_schema()
@@ -213,6 +213,10 @@ def downstream(encoder: str, tasks, modes, seeds, overrides, out_dir: str) -> di
     for task in tasks:
         for mode in modes:
             for seed in seeds:
+                done = Path(out_dir) / "eval" / f"{task}-{mode}-seed{seed}.json"
+                if done.is_file():  # a fit an earlier (cut-short) scoring finished
+                    scores.setdefault(f"{task} {mode}", []).append(main_score(done))
+                    continue
                 cfg = compose_config(
                     [f"eval={task}", *RECIPES[mode], *SIZES, f"eval.task.seed={seed}"]
                     + [*overrides, f"encoder.path={encoder}", "encoder.init=pretrained"]
@@ -220,11 +224,20 @@ def downstream(encoder: str, tasks, modes, seeds, overrides, out_dir: str) -> di
                     + [f"result_name={task}-{mode}-seed{seed}"],
                     "evaluate",
                 )
-                result = evaluate(OmegaConf.to_object(cfg))[0]
-                metric = MAIN_METRIC[result["kind"]]
-                metric = metric if metric in result["metrics"] else next(iter(result["metrics"]))
-                scores.setdefault(f"{task} {mode}", []).append(result["metrics"][metric])
+                evaluate(OmegaConf.to_object(cfg))
+                scores.setdefault(f"{task} {mode}", []).append(main_score(done))
     return scores
+
+
+def main_score(result_file: Path) -> float:
+    """The main metric (pretrain.eval.demo's MAIN_METRIC) of one fit's result file."""
+    from pretrain.eval.demo import MAIN_METRIC
+
+    result = json.loads(result_file.read_text())
+    metric = MAIN_METRIC[result["kind"]]
+    return result["metrics"][
+        metric if metric in result["metrics"] else next(iter(result["metrics"]))
+    ]
 
 
 def mean_std(values: list[float]) -> str:
@@ -237,8 +250,11 @@ def downstream_side_by_side(dirs: dict[str, Path], args, work: Path) -> dict[str
     """{side: downstream scores}: one process a side at once, pinned as in training; a smoke
     run's in this process, one after the other (process starts cost more than its fits)."""
     if args.smoke:
-        fits = (args.tasks, args.modes, args.seeds, SMOKE_EVAL, str(work / "eval"))
-        return {side: downstream(str(model_dir), *fits) for side, model_dir in dirs.items()}
+        fits = (args.tasks, args.modes, args.seeds, SMOKE_EVAL)
+        return {
+            side: downstream(str(model_dir), *fits, str(work / f"{model_dir.name}-eval"))
+            for side, model_dir in dirs.items()
+        }
     argvs = {}
     for core, (side, model_dir) in enumerate(dirs.items()):
         argvs[f"{side}-eval"] = [
@@ -255,11 +271,13 @@ def compare_budget(model: str, minutes: float, args) -> dict:
     """Trains both sides for `minutes` of budget, exports ours, scores both; one result row."""
     shards = Path(args.shards).resolve()
     work = Path(args.out_dir).resolve() / f"{model}-{minutes:g}min"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    settings = write_inputs(model, shards, work)
     steps = args.max_steps or round(STEPS_PER_MINUTE * minutes)
-    run_side_by_side(commands(model, shards, work, minutes * 60, steps, settings), work)
+    if not args.score_only:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+    settings = write_inputs(model, shards, work)
+    if not args.score_only:
+        run_side_by_side(commands(model, shards, work, minutes * 60, steps, settings), work)
     from pretrain.export.cli import main as export_main
 
     export = [str(work / "ours/checkpoints/last.ckpt"), str(work / "ours-hf"), "--overwrite"]
@@ -282,6 +300,33 @@ def compare_budget(model: str, minutes: float, args) -> dict:
             row[side]["downstream"] = scores
     (work / "result.json").write_text(json.dumps(row, indent=1))
     return row
+
+
+def profile_side_by_side(model: str, seconds: float, args) -> None:
+    """Both sides once more under cProfile (`seconds` of budget each, pinned as in the
+    comparison), then each profile's functions by cumulative time (pstats)."""
+    import pstats
+
+    shards = Path(args.shards).resolve()
+    work = Path(args.out_dir).resolve() / f"{model}-profile"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    settings = write_inputs(model, shards, work)
+    steps = args.max_steps or round(STEPS_PER_MINUTE * seconds / 60)
+    argvs = commands(model, shards, work, seconds, steps, settings)
+    # ours in-process (its console script ends the process before cProfile writes)
+    script = work / "pretrain_main.py"
+    script.write_text(
+        f"import sys\nsys.argv = {['pretrain', *argvs['ours'][4:]]!r}\n"
+        "from pretrain.cli.train import main\nmain()\n"
+    )
+    profile = [sys.executable, "-m", "cProfile", "-o"]
+    argvs["ours"] = [*argvs["ours"][:3], *profile, str(work / "ours.prof"), str(script)]
+    argvs["hf"][3:4] = [*profile, str(work / "hf.prof")]
+    run_side_by_side(argvs, work)
+    for side in argvs:
+        print(f"## {side}: {work / side}.prof, by cumulative time", flush=True)
+        pstats.Stats(str(work / f"{side}.prof")).sort_stats("cumulative").print_stats(40)
 
 
 def tables(rows: list[dict]) -> str:
@@ -326,6 +371,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--max-steps", type=int, default=None, help="default: 1200 a budget minute")
+    p.add_argument("--profile-s", type=float, default=None, help="profile a run of each instead")
+    p.add_argument("--score-only", action="store_true", help="score the runs already in --out-dir")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--downstream-of", default=None, help=argparse.SUPPRESS)
     p.add_argument("--scores", default=None, help=argparse.SUPPRESS)
@@ -341,13 +388,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_arguments(argv)
     if args.downstream_of:  # one side's downstream fits, in a process of its own
         overrides = SMOKE_EVAL if args.smoke else []
-        out = str(Path(args.scores).parent / "eval")
+        out = str(Path(args.scores).parent / f"{Path(args.downstream_of).name}-eval")
         scores = downstream(args.downstream_of, args.tasks, args.modes, args.seeds, overrides, out)
         Path(args.scores).write_text(json.dumps(scores))
         return
     shards = Path(args.shards)
     if not (shards / "manifest.json").is_file():
         raise SystemExit(f"{shards}/manifest.json: no prepared corpus there; run `make demo`")
+    if args.profile_s:
+        return profile_side_by_side(args.models[0], args.profile_s, args)
     rows = [compare_budget(m, b, args) for m in args.models for b in args.budgets_min]
     print(tables(rows))
 
