@@ -17,10 +17,9 @@ timed in turn, round after round, so a noisy machine slows them alike).
 
 Accuracy is pretrain.compress.retention's: every model fine-tuned with `pretrain-eval`'s
 demo recipe (pretrain.eval.demo) on `--tasks` over `--seeds`, beside the teacher and random
-weights; pruned models keep their zeros, int8 is the fine-tuned teacher made int8.
-`distilled` is a task-distilled
-student's dev accuracy with its own distilled classifier (compression.json). Never a test:
-times are printed, never asserted.
+weights; pruned models keep their zeros, int8 is the fine-tuned teacher made int8 (`--tasks`
+with no task skips it). `distilled` is a task-distilled student's dev accuracy with its own
+distilled classifier (compression.json). Never a test: times are printed, never asserted.
 """
 
 import argparse
