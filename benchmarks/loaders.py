@@ -5,6 +5,9 @@ process (0 workers: one core's work alone) and with 1 and 2 data-loader workers.
 - `ours`: `pretrain-data prepare` shards read by the training stream (`EpochStream` under
   `StepAlignedLoader`, its forkserver workers as the datamodule starts them; `objective=mlm
   data=full_sentences`: whole sentences packed across documents, 15% 80/10/10).
+- `ours_7_tensors`: the same, its workers handing each batch over as 7 tensors (a
+  shared-memory segment each), as before `data/batch_wire.py` (one buffer of bytes, integers
+  narrowed); `--only ours,ours_7_tensors` compares the two.
 - `litdata`: LitData's `optimize()` (tokens written per document, `TokensLoader` blocks of
   --seq-len, its documented pre-training way) read by its `StreamingDataset` /
   `StreamingDataLoader`.
@@ -44,6 +47,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch.utils.data import default_convert  # noqa: E402
 
 from data_pipelines.builtin_corpus import builtin_documents  # noqa: E402
 from data_pipelines.prepare import prepare  # noqa: E402
@@ -55,7 +59,8 @@ from pretrain.data.stream import EpochStream  # noqa: E402
 from pretrain.data.worker_processes import worker_context  # noqa: E402
 from pretrain.runtime.run import build_stream  # noqa: E402
 
-WAYS = ("ours", "litdata", "mosaic", "webdataset")
+WAYS = ("ours", "ours_7_tensors", "litdata", "mosaic", "webdataset")
+OURS = ("ours", "ours_7_tensors")
 
 
 def write_corpus(path: Path, megabytes: float) -> list[str]:
@@ -171,12 +176,18 @@ def convert(way: str, text: Path, documents: list[str], tokenizer_dir: Path, out
 def loader(way: str, out: Path, tokenizer_dir: Path, workers: int, args):
     """`way`'s data loader of MLM batches over its converted corpus."""
     collate = MaskedBatch(hf_tokenizer(tokenizer_dir))
-    if way == "ours":
+    if way in OURS:
         spec = corpus_spec(out, args.batch_size, args.seq_len)
         stream = EpochStream(spec, 0, errors_as_batches=True)
         context = worker_context(workers, spec.corruption)  # the datamodule's: forkserver
+        # ours_7_tensors: each tensor its own shared-memory segment, as before batch_wire
+        before = {"collate_fn": default_convert} if way == "ours_7_tensors" and workers else {}
         return StepAlignedLoader(
-            stream, full_batch=args.batch_size, num_workers=workers, multiprocessing_context=context
+            stream,
+            full_batch=args.batch_size,
+            num_workers=workers,
+            multiprocessing_context=context,
+            **before,
         )
     if way == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset
@@ -252,7 +263,13 @@ def batches_per_second(batches, limit: int, shape: tuple[int, int]) -> tuple[flo
 
 def importable(way: str) -> str | None:
     """None when `way`'s library imports, else why not."""
-    module = {"ours": None, "litdata": "litdata", "mosaic": "streaming", "webdataset": "webdataset"}
+    module = {
+        "ours": None,
+        "ours_7_tensors": None,
+        "litdata": "litdata",
+        "mosaic": "streaming",
+        "webdataset": "webdataset",
+    }
     if module[way] is None:
         return None
     try:
@@ -339,7 +356,10 @@ def main() -> None:
         out = work / way
         shutil.rmtree(out, ignore_errors=True)
         start = time.perf_counter()
-        if way == "ours":
+        if way == "ours_7_tensors" and "ours" in converted:
+            converted[way] = converted["ours"]  # the same shards, read the same way
+            continue
+        if way in OURS:
             prepare_ours(text, out, args.vocab_size, str(tokenizer_dir))
         else:
             convert(way, text, documents, tokenizer_dir, out, args)
@@ -375,7 +395,7 @@ def main() -> None:
         )
     print()
     for workers in sorted({w for _, w in runs}):
-        theirs = {w: s for (w, n), s in per_worker.items() if n == workers and w != "ours"}
+        theirs = {w: s for (w, n), s in per_worker.items() if n == workers and w not in OURS}
         if ("ours", workers) in per_worker and theirs:
             way = max(theirs, key=theirs.get)
             ratio = per_worker[("ours", workers)] / theirs[way]
