@@ -91,7 +91,7 @@ def test_an_identical_student_keeps_everything(teacher, tmp_path):
     assert student_scores == teacher_scores  # the same weights, seeds and recipe
     assert retention(student_scores, teacher_scores) == 1.0
     assert rows[0].how == "fine-tuned" and rows[-1].how.startswith("teacher's architecture")
-    assert "| student | fine-tuned, zeros kept | " in table(rows)
+    assert "| student | fine-tuned | " in table(rows)
 
 
 def test_a_pruned_model_stays_pruned_while_fine_tuned(teacher, tmp_path):

@@ -103,7 +103,8 @@ def finetune_accuracy(
 
 
 def plan(directory: Path, teacher: Path) -> tuple[Path, str, tuple[L.Callback, ...]] | None:
-    """(the transformers directory to fine-tune, how, callbacks) for a compressed `directory`;
+    """(the transformers directory to fine-tune, how, callbacks) for a compressed `directory`
+    (KeepZeros always: a student has no zero weights; "zeros kept" said of a pruned model);
     None for a quantization-aware int8 model (its QAT steps were MLM fine-tuning, which a
     task model fine-tuned from the teacher and then quantized, the int8 row, does not carry)."""
     import json
@@ -115,7 +116,11 @@ def plan(directory: Path, teacher: Path) -> tuple[Path, str, tuple[L.Callback, .
         if config.get("quantization", {}).get("qat_steps"):
             return None
         return teacher, "teacher fine-tuned, then int8", (QuantizeBeforePredict(),)
-    return directory, "fine-tuned, zeros kept", (KeepZeros(),)
+    report = directory / "compression.json"
+    pruned = (
+        report.is_file() and {"sparsity", "pruned_heads"} & json.loads(report.read_text()).keys()
+    )
+    return directory, "fine-tuned, zeros kept" if pruned else "fine-tuned", (KeepZeros(),)
 
 
 def score_models(
