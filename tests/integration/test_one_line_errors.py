@@ -14,9 +14,9 @@ from test_train import tiny_overrides
 from pretrain.checkpoint import atomic
 from pretrain.checkpoint.atomic import AtomicCheckpointIO
 from pretrain.config import compose_config, validate
-from pretrain.runtime import preview
 from pretrain.data.shard_blocks import ShardError
 from pretrain.errors import ConfigError, RunEnvironmentError, report_error
+from pretrain.runtime import preview
 from pretrain.runtime.run import run_or_exit
 from pretrain.runtime.trainer import check_accelerator
 
