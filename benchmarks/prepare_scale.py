@@ -35,6 +35,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 FILTERS = "filters=[exact_dedup,near_dedup]"
+# Runs the command after the file name and writes its peak RSS (kB) there: a child's own
+# ru_maxrss starts at the RSS of the process that spawned it (this one holds the corpus),
+# so it is measured one process further down, under a small parent.
+PEAK_OF_CHILD = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[2:]); "
+    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
+    "sys.exit(code)"
+)
 
 
 def write_corpus(
@@ -86,7 +94,8 @@ def run_steps(commands: list[list[str]], cwd: Path, workers: int) -> tuple[float
         while waiting and len(running) < workers:
             number, args = waiting.pop(0)
             process = subprocess.Popen(
-                [sys.executable, "-m", "data_pipelines.cli", *args],
+                [sys.executable, "-c", PEAK_OF_CHILD, str(cwd / f".peak-{number}")]
+                + [sys.executable, "-m", "data_pipelines.cli", *args],
                 cwd=cwd,
                 env=dict(os.environ, PYTHONPATH=str(REPO)),
                 stdout=subprocess.DEVNULL,
@@ -105,7 +114,9 @@ def run_steps(commands: list[list[str]], cwd: Path, workers: int) -> tuple[float
             )
         process.stderr.close()
         cpu += usage.ru_utime + usage.ru_stime
-        peaks[number] = usage.ru_maxrss // 1024
+        peak = cwd / f".peak-{number}"
+        peaks[number] = int(peak.read_text()) // 1024
+        peak.unlink()
     return time.perf_counter() - start, cpu, peaks
 
 
