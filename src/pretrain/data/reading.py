@@ -224,7 +224,31 @@ def prefetch(spec: StreamSpec, epoch: int, upcoming: list[tuple[int, int]]) -> N
         prefetcher().prefetch(spec.storage, wanted)
 
 
-@functools.lru_cache(maxsize=16)  # the shards being read now
+def per_corpus_cache(maxsize: int) -> Callable[[Callable], Callable]:
+    """An LRU cache of `maxsize` entries per corpus: the function's first argument is a
+    shard's path, and each directory (a corpus, or a remote corpus's node cache) has an LRU
+    of its own, so the sources of a mixture (`data.sources`), read at once, do not evict
+    each other's shards. Memory: `maxsize` entries x the corpora a process reads. The
+    wrapper's `cache_clear()` empties every corpus's."""
+
+    def decorate(function: Callable) -> Callable:
+        caches: dict[str, Callable] = {}
+
+        @functools.wraps(function)
+        def cached(path: str, *args: Any) -> Any:
+            corpus = os.path.dirname(path)
+            cache = caches.get(corpus)
+            if cache is None:
+                cache = caches[corpus] = functools.lru_cache(maxsize=maxsize)(function)
+            return cache(path, *args)
+
+        cached.cache_clear = caches.clear
+        return cached
+
+    return decorate
+
+
+@per_corpus_cache(maxsize=16)  # the shards being read now
 def shard_owners(path: str, share: tuple[tuple[int, int], ...], bad_shards: str) -> np.ndarray:
     """The reader of each document of a shard shared by the readers of `share` ((reader,
     units) pairs): each document in turn goes to the sharer with the fewest tokens of the
@@ -283,7 +307,7 @@ def _documents(path: str, start: int, wanted: np.ndarray | None) -> Iterable[dic
     )
 
 
-SHARED_SHARD_CACHE_BYTES = 8 << 20  # x 8 shards cached: 64 MB of shards per process at most
+SHARED_SHARD_CACHE_BYTES = 8 << 20  # x 8 shards a corpus: 64 MB a source per process at most
 
 
 def decoded_in_memory(path: str) -> bool:
@@ -295,13 +319,13 @@ def decoded_in_memory(path: str) -> bool:
         return False
 
 
-@functools.lru_cache(
-    maxsize=8
-)  # the shared shards being read now (the partitions keep within a few)
+@per_corpus_cache(maxsize=8)  # each corpus's shared shards being read now
 def decoded_shard(path: str) -> tuple[tuple[Any, int], ...]:
     """The checked blocks of a shard shared by several partitions, with the number of each
     block's first document, decoded once per process: its sharers read it at about the same
-    time (the partitions advance together), each building only its own documents."""
+    time (the partitions advance together), each building only its own documents. Cached
+    per corpus (8 shards of at most SHARED_SHARD_CACHE_BYTES each: 64 MB per source and
+    process), so a mixture's sources, whose partitions read them in turn, keep theirs."""
     return tuple((block, offset) for block, _, offset in checked_blocks(path))
 
 
