@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from pretrain.data.mixing import row_sources
-from pretrain.data.positions import MARK_COLUMNS, PartitionPosition, StreamMark
+from pretrain.data.positions import MARK_COLUMNS, PartitionPosition
 
 
 @dataclass(frozen=True)
@@ -84,37 +84,37 @@ def mixture_taker(
     from itertools import islice
 
     mix = spec.mix.of_epoch(epoch)  # a `MixSchedule`, or a `PhasedMix`'s `EpochMix`
+    locate = mix.locate
     specs = [source_spec(spec, source) for source in spec.sources]
     offsets = [source.offset for source in spec.sources]
+    parts = [one.stream_partitions for one in specs]
     before = mix.counts_before(start_sample)
-    streams: dict[tuple[int, int], Iterator[dict]] = {}
-    numbers: dict[tuple[int, int], int] = {}
+    # by the partition's number in the mixture (offsets[s] + p): its stream, once opened,
+    # and the number in its partition of the stream's next sequence
+    streams: list[Iterator[dict] | None] = [None] * spec.stream_partitions
+    numbers = [0] * spec.stream_partitions
 
     def opened(s: int, p: int) -> Iterator[dict]:
-        source, parts = spec.sources[s], specs[s].stream_partitions
-        used = max(0, -(-(before[s] - p) // parts))  # its samples before start_sample
-        position = (resume or {}).get(source.offset + p)
+        used = max(0, -(-(before[s] - p) // parts[s]))  # its samples before start_sample
+        position = (resume or {}).get(offsets[s] + p)
         if position is not None and position.samples == used:
-            sequences = partition_sequences(specs[s], epoch, p, position)
+            sequences = partition_sequences(specs[s], epoch, p, position, offsets[s] + p)
         else:
-            sequences = islice(partition_sequences(specs[s], epoch, p), used, None)
-        numbers[s, p] = used
+            sequences = partition_sequences(specs[s], epoch, p, None, offsets[s] + p)
+            sequences = islice(sequences, used, None)
+        numbers[offsets[s] + p] = used
         return iter(sequences)
 
     def take(i: int) -> dict | None:
-        s, k = mix.locate(i)
-        parts = specs[s].stream_partitions
-        p, n = k % parts, k // parts
-        stream = streams.get((s, p))
+        s, k = locate(i)
+        n, p = divmod(k, parts[s])
+        g = offsets[s] + p  # the partition's number in the mixture, in its marks too
+        stream = streams[g]
         if stream is None:
-            stream = streams[s, p] = opened(s, p)
-        skip = n - numbers[s, p]  # its samples of other ranks' or workers' batches
-        numbers[s, p] = n + 1
-        sequence = next(stream if skip == 0 else islice(stream, skip, None), None)
-        if sequence is not None:  # a fresh dict of partition_sequences': its mark renumbered
-            mark = sequence["mark"]  # a StreamMark, the partition first
-            sequence["mark"] = StreamMark(offsets[s] + mark[0], *mark[1:])
-        return sequence
+            stream = streams[g] = opened(s, p)
+        skip = n - numbers[g]  # its samples of other ranks' or workers' batches
+        numbers[g] = n + 1
+        return next(stream if skip == 0 else islice(stream, skip, None), None)
 
     return take
 

@@ -152,16 +152,23 @@ def memory_rows(
 
 
 def partition_sequences(
-    spec: StreamSpec, epoch: int, partition: int, resume: PartitionPosition | None = None
+    spec: StreamSpec,
+    epoch: int,
+    partition: int,
+    resume: PartitionPosition | None = None,
+    mark_partition: int | None = None,
 ) -> Iterator[dict]:
     """The sequences of canonical `partition` in this epoch, each with its "mark" (a
-    `StreamMark`: where it came from in the partition). The format
+    `StreamMark`: where it came from in the partition, whose number there is `mark_partition`,
+    by default `partition`: a mixture's source numbers its partitions after the previous
+    sources'). The format
     starts afresh at every chunk (`partition_chunks`), so `resume` = `next_position(mark)` of
     the last sequence trained continues after it by reading from that chunk's first document
     only: a seek that costs at most a chunk."""
     n, first_chunk, order, document, offset, tokens = resume or PartitionPosition()
     entry = INPUT_FORMATS[spec.format]
     lengths = getattr(spec.corruption, "stage_lengths", None)
+    marked = partition if mark_partition is None else mark_partition
     for chunk, start, documents in partition_chunks(
         spec, epoch, partition, first_chunk, (order, document)
     ):
@@ -177,7 +184,7 @@ def partition_sequences(
         for number, sequence in enumerate(sequences):
             if number >= offset:
                 tokens += len(sequence["input_ids"])
-                yield sequence | {"mark": StreamMark(partition, n, chunk, *start, number, tokens)}
+                yield sequence | {"mark": StreamMark(marked, n, chunk, *start, number, tokens)}
                 n += 1
         offset = 0
 
