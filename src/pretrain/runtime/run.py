@@ -57,7 +57,7 @@ from pretrain.runtime.nonfinite import NonFiniteError
 from pretrain.runtime.run_state import write_run_state
 from pretrain.runtime.schedule import check_extension, first_phase_warnings
 from pretrain.runtime.task import PretrainingTask
-from pretrain.runtime.threads import set_training_threads
+from pretrain.runtime.threads import loader_workers, set_training_threads
 from pretrain.runtime.time_budget import stopped_by_time_budget, time_budget_callbacks
 from pretrain.runtime.trainer import build_trainer, finish_loggers
 from pretrain.runtime.validation import heldout_callbacks
@@ -119,9 +119,17 @@ def prepare_run(cfg: DictConfig) -> tuple[TrainConfig, PretrainingTask, Pretrain
     manifest_root = spec.storage.root if spec.storage is not None else run.data.shards_dir
     sha256 = mixture_sha256(spec) if spec.sources else open_manifest(manifest_root).content_sha256
     module.config["data_runtime"] = {"corpus_sha256": sha256}
+    remote = any(part.storage is not None for part in (spec, *spec.sources))
+    workers = loader_workers(run.data.num_workers, remote)
+    if workers != run.data.num_workers:
+        print(
+            f"data.num_workers={run.data.num_workers}: none started, this process may use one "
+            "core (the batches are the same)",
+            flush=True,
+        )
     datamodule = PretrainingDataModule(
         spec,
-        num_workers=run.data.num_workers,
+        num_workers=workers,
         pin_memory=run.trainer.pin_memory and torch.cuda.is_available(),
         batch_warmup=module.batch_warmup,
     )

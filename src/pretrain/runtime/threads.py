@@ -43,3 +43,16 @@ def set_training_threads(num_threads: int | None, devices: object = 1) -> int:
     threads = training_threads(num_threads, devices)
     torch.set_num_threads(threads)
     return threads
+
+
+def loader_workers(num_workers: int, remote_corpus: bool, cores: int | None = None) -> int:
+    """Data-loader worker processes a training process starts: `num_workers`
+    (`data.num_workers`), but none where the process may run on one core only (`cores`,
+    default `available_cores()`: `taskset`, a one-CPU SLURM task or container) and the corpus
+    is local: a worker would share that core with training, buys no parallelism, and starts a
+    second interpreter (the forkserver's torch import) before the first batch. A corpus at a
+    URL keeps its workers (they overlap the network's waits). The batches are the same with
+    any number of workers (the stream's order never depends on them)."""
+    if num_workers and not remote_corpus and (cores or available_cores()) == 1:
+        return 0
+    return num_workers
