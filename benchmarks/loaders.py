@@ -25,13 +25,17 @@ one process), and batches/s from the first batch on (worker start-up left out), 
 --repeats rounds, with batches/s and real (non-padding) tokens/s a worker, the machine's load
 average before and after; then ours against the best of theirs at each worker count.
 
-    .venv/bin/python benchmarks/loaders.py [--megabytes 8] [--batches 150] [--workers 0,1,2] \
-        [--repeats 2] [--only ours,litdata,mosaic,webdataset] [--work-dir DIR]
+`--remote s3` measures the same again from moto's S3 server on 127.0.0.1 (`loaders_s3.py`):
+each way's converted files uploaded (upload seconds printed), each read by its own S3 client
+with an empty cache every round (webdataset: over HTTP, curl), its figures beside the local
+ones, and the seconds to the first batch.
 
-Not measured yet: the same from the moto S3 server (theirs' remote readers against ours).
+    .venv/bin/python benchmarks/loaders.py [--megabytes 8] [--batches 150] [--workers 0,1,2] \
+        [--repeats 2] [--only ours,litdata,mosaic,webdataset] [--work-dir DIR] [--remote s3]
 """
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -173,11 +177,21 @@ def convert(way: str, text: Path, documents: list[str], tokenizer_dir: Path, out
         writer.close()
 
 
-def loader(way: str, out: Path, tokenizer_dir: Path, workers: int, args):
-    """`way`'s data loader of MLM batches over its converted corpus."""
+def loader(
+    way: str,
+    out: Path,
+    tokenizer_dir: Path,
+    workers: int,
+    args,
+    remote: str | list[str] | None = None,
+    cache: Path | None = None,
+):
+    """`way`'s data loader of MLM batches over its converted corpus in `out`, or over its
+    upload at `remote` (a URL; webdataset's: its tars' URLs) downloaded into the empty
+    directory `cache`."""
     collate = MaskedBatch(hf_tokenizer(tokenizer_dir))
     if way in OURS:
-        spec = corpus_spec(out, args.batch_size, args.seq_len)
+        spec = corpus_spec(remote or out, args.batch_size, args.seq_len, cache)
         stream = EpochStream(spec, 0, errors_as_batches=True)
         context = worker_context(workers, spec.corruption)  # the datamodule's: forkserver
         # ours_7_tensors: each tensor its own shared-memory segment, as before batch_wire
@@ -194,7 +208,10 @@ def loader(way: str, out: Path, tokenizer_dir: Path, workers: int, args):
         from litdata.streaming.item_loader import TokensLoader
 
         dataset = StreamingDataset(
-            str(out), item_loader=TokensLoader(block_size=args.seq_len), shuffle=True
+            remote or str(out),
+            cache_dir=str(cache) if remote else None,
+            item_loader=TokensLoader(block_size=args.seq_len),
+            shuffle=True,
         )
         return StreamingDataLoader(
             dataset,
@@ -208,7 +225,8 @@ def loader(way: str, out: Path, tokenizer_dir: Path, workers: int, args):
         from streaming.base.util import clean_stale_shared_memory
 
         clean_stale_shared_memory()
-        dataset = StreamingDataset(local=str(out), batch_size=args.batch_size, shuffle=True)
+        where = {"remote": remote, "local": str(cache)} if remote else {"local": str(out)}
+        dataset = StreamingDataset(**where, batch_size=args.batch_size, shuffle=True)
         collate.key = "input_ids"
         return torch.utils.data.DataLoader(
             dataset,
@@ -219,7 +237,7 @@ def loader(way: str, out: Path, tokenizer_dir: Path, workers: int, args):
         )
     import webdataset
 
-    urls = sorted(str(p) for p in out.glob("*.tar"))
+    urls = remote or sorted(str(p) for p in out.glob("*.tar"))
     dataset = webdataset.WebDataset(urls, shardshuffle=len(urls)).shuffle(1000).decode()
     collate.key = "input_ids.npy"
     return torch.utils.data.DataLoader(
@@ -227,21 +245,27 @@ def loader(way: str, out: Path, tokenizer_dir: Path, workers: int, args):
     )
 
 
-def corpus_spec(shards: Path, batch_size: int, seq_len: int):
-    """The stream of an MLM run (15%, 80/10/10) on `shards`, rows packed across documents."""
+def corpus_spec(shards: Path | str, batch_size: int, seq_len: int, cache: Path | None = None):
+    """The stream of an MLM run (15%, 80/10/10) on `shards` (a dir or URL; `cache`: the run's
+    data.cache_dir), rows packed across documents."""
     overrides = [  # packed rows of --seq-len across documents, as group_texts packs
         "objective=mlm",
         "data=full_sentences",
         f"data.shards_dir={shards}",
         f"data.max_seq_length={seq_len}",
+        *([f"data.cache_dir={cache}"] if cache else []),
     ]
     _, spec, _ = build_stream(compose_config([*overrides, f"data.batch_size={batch_size}"]))
     return spec
 
 
-def batches_per_second(batches, limit: int, shape: tuple[int, int]) -> tuple[float, int, float]:
-    """(batches/s from the first batch on, batches timed, mean non-padding tokens a batch)."""
+def batches_per_second(
+    batches, limit: int, shape: tuple[int, int], started: float | None = None
+) -> tuple[float, int, float, float]:
+    """(batches/s from the first batch on, batches timed, mean non-padding tokens a row,
+    seconds from `started` (a perf_counter reading; default now) to the first batch)."""
     count, first, tokens = 0, None, 0
+    started = time.perf_counter() if started is None else started
     for batch in batches:
         if is_end_of_epoch(batch):
             break
@@ -258,7 +282,8 @@ def batches_per_second(batches, limit: int, shape: tuple[int, int]) -> tuple[flo
             break
     if count == 0:
         raise SystemExit(f"loaders.py: fewer than 2 batches; raise --megabytes ({shape})")
-    return count / (time.perf_counter() - first), count, tokens / count / shape[0]
+    speed = count / (time.perf_counter() - first)
+    return speed, count, tokens / count / shape[0], first - started
 
 
 def importable(way: str) -> str | None:
@@ -322,6 +347,59 @@ def remove_stand_in() -> None:
     _STAND_IN = False
 
 
+def measure(converted: dict, uploaded: dict, tokenizer_dir: Path, work: Path, args) -> dict:
+    """{(way, workers, place): the best of --repeats (batches/s, batches, tokens a row, first
+    batch s)}, place None (local) or "s3" (from `uploaded`'s URL, an empty cache each time)."""
+    shape = (args.batch_size, args.seq_len)
+    places = [None, *(["s3"] if uploaded else [])]
+    runs = [(w, int(n), p) for w in converted for n in args.workers.split(",") for p in places]
+    measured = {}
+    for round_ in range(args.repeats):  # rounds taken in turn: a loaded machine's swings spread
+        for way, workers, place in runs:
+            remote = uploaded[way][1] if place else None
+            cache = work / "cache" / f"{way}-{workers}-{round_}" if place else None
+            started = time.perf_counter()
+            batches = loader(way, converted[way][1], tokenizer_dir, workers, args, remote, cache)
+            result = batches_per_second(batches, args.batches, shape, started)
+            if hasattr(batches, "close"):
+                batches.close()
+            del batches
+            key = (way, workers, place)
+            measured[key] = max(measured.get(key, result), result)
+            if cache is not None:
+                shutil.rmtree(cache, ignore_errors=True)
+    return measured
+
+
+def print_local_table(measured: dict, converted: dict, args) -> None:
+    """The local rows of `measured` (see `measure`), then ours against the best of theirs."""
+    print(
+        "| way | convert s | workers | batches/s | per worker | batches | tokens/row "
+        "| k tokens/s per worker |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    per_worker: dict[tuple[str, int], float] = {}  # real tokens/s a worker
+    for (way, workers, place), (speed, count, tokens, _) in measured.items():
+        if place is not None:
+            continue
+        per_worker[(way, workers)] = speed / max(workers, 1) * tokens * args.batch_size
+        print(
+            f"| {way} | {converted[way][0]:.1f} | {workers} | {speed:.2f} "
+            f"| {speed / max(workers, 1):.2f} | {count} | {tokens:.0f} "
+            f"| {per_worker[(way, workers)] / 1e3:.0f} |"
+        )
+    print()
+    for workers in sorted({w for _, w in per_worker}):
+        theirs = {w: s for (w, n), s in per_worker.items() if n == workers and w not in OURS}
+        if ("ours", workers) in per_worker and theirs:
+            way = max(theirs, key=theirs.get)
+            ratio = per_worker[("ours", workers)] / theirs[way]
+            print(
+                f"{workers} worker(s): ours / the best of theirs ({way}), real tokens/s a "
+                f"worker: {ratio:.2f}x"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--megabytes", type=float, default=8.0, help="text of the corpus")
@@ -334,10 +412,25 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(WAYS))
     parser.add_argument("--repeats", type=int, default=2, help="best of this many rounds")
     parser.add_argument("--work-dir", help="kept; default a temporary directory")
+    parser.add_argument("--remote", choices=["s3"], help="also from moto's S3 server")
     args = parser.parse_args()
     torch.set_num_threads(1)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="loaders-"))
     work.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as server:
+        endpoint = None
+        if args.remote == "s3":  # started first: the workers' forkserver inherits its variables
+            from loaders_s3 import s3_server
+
+            endpoint = server.enter_context(s3_server())
+        run(args, work, endpoint)
+    remove_stand_in()
+    if not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, work: Path, endpoint: str | None) -> None:
+    """Convert, (upload to `endpoint`,) measure and print, in `work`."""
     text = work / "corpus.txt"
     documents = write_corpus(text, args.megabytes)
     # the tokenizer, trained once (untimed); every way then uses it
@@ -364,48 +457,30 @@ def main() -> None:
         else:
             convert(way, text, documents, tokenizer_dir, out, args)
         converted[way] = (time.perf_counter() - start, out)
-    shape = (args.batch_size, args.seq_len)
+    uploaded = {}  # way -> (upload seconds, the URL its reader opens)
+    if endpoint is not None:
+        from loaders_s3 import upload
+
+        for way, (_, out) in converted.items():
+            if way == "ours_7_tensors" and "ours" in uploaded:
+                uploaded[way] = uploaded["ours"]  # the same shards
+            else:
+                uploaded[way] = upload(way, out)
     print(f"load average before measuring: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
-    runs = [(way, int(w)) for way in converted for w in args.workers.split(",")]
-    measured = {}  # (way, workers) -> the best (batches/s, batches, tokens a row)
-    for _ in range(args.repeats):  # rounds taken in turn: a loaded machine's swings spread
-        for way, workers in runs:
-            batches = loader(way, converted[way][1], tokenizer_dir, workers, args)
-            result = batches_per_second(batches, args.batches, shape)
-            if hasattr(batches, "close"):
-                batches.close()
-            del batches
-            measured[(way, workers)] = max(measured.get((way, workers), result), result)
+    measured = measure(converted, uploaded, tokenizer_dir, work, args)
     print(
         f"\nMLM batches of {args.batch_size} x {args.seq_len}, local shards, best of "
         f"{args.repeats}; load average {os.getloadavg()[0]:.2f} at the end:\n"
     )
-    print(
-        "| way | convert s | workers | batches/s | per worker | batches | tokens/row "
-        "| k tokens/s per worker |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    per_worker: dict[tuple[str, int], float] = {}  # real tokens/s a worker
-    for (way, workers), (speed, count, tokens) in measured.items():
-        per_worker[(way, workers)] = speed / max(workers, 1) * tokens * args.batch_size
+    print_local_table(measured, converted, args)
+    if uploaded:
+        from loaders_s3 import print_table
+
         print(
-            f"| {way} | {converted[way][0]:.1f} | {workers} | {speed:.2f} "
-            f"| {speed / max(workers, 1):.2f} | {count} | {tokens:.0f} "
-            f"| {per_worker[(way, workers)] / 1e3:.0f} |"
+            f"\nThe same from moto's S3 server on 127.0.0.1 (an empty cache each time), best of "
+            f"{args.repeats}, beside the local figures:\n"
         )
-    print()
-    for workers in sorted({w for _, w in runs}):
-        theirs = {w: s for (w, n), s in per_worker.items() if n == workers and w not in OURS}
-        if ("ours", workers) in per_worker and theirs:
-            way = max(theirs, key=theirs.get)
-            ratio = per_worker[("ours", workers)] / theirs[way]
-            print(
-                f"{workers} worker(s): ours / the best of theirs ({way}), real tokens/s a "
-                f"worker: {ratio:.2f}x"
-            )
-    remove_stand_in()
-    if not args.work_dir:
-        shutil.rmtree(work, ignore_errors=True)
+        print_table(measured, converted, uploaded, args.batch_size)
 
 
 if __name__ == "__main__":

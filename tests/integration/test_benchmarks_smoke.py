@@ -111,6 +111,7 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "sync_check.py": "tests/integration/test_gpu_check.py",
     "bench_local_attention.py": "tests/integration/test_gpu_check.py",
     "hf_mlm_recipe.py": "tests/integration/test_benchmarks_smoke.py",  # vs_hf_pretraining.py's
+    "loaders_s3.py": "tests/integration/test_loaders_s3.py",  # loaders.py --remote s3's module
 }
 # script -> why no test runs it whole (kept short: each is a decision, not an oversight)
 NOT_RUN: dict[str, str] = {
