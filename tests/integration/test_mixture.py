@@ -116,14 +116,6 @@ def test_epochs_set_the_shares_by_passes_over_each_sources_tokens(
 def test_refusals_name_the_key(prepared_corpus, docstring_corpus):
     with pytest.raises(ConfigError, match="data.tokens_per_batch"):
         mixture_spec(prepared_corpus, docstring_corpus, "data.tokens_per_batch=4096")
-    with pytest.raises(ConfigError, match="objective.stages.*max_seq_length"):
-        mixture_spec(
-            prepared_corpus,
-            docstring_corpus,
-            "model=modernbert_tiny",
-            "model.local_attention=16",
-            "+objective.stages=[{until_tokens:768,max_seq_length:32,global_rope_theta:10000},{}]",
-        )
     with pytest.raises(ConfigError, match=r"objective.stages\[1\].source_weights.*names no"):
         mixture_spec(prepared_corpus, docstring_corpus, stages(last="{web: 1}"))
     with pytest.raises(ConfigError, match="weight"):
@@ -254,6 +246,46 @@ def test_a_mix_per_phase_changes_the_shares_at_the_stage_and_resumes_in_mid_phas
     spec = mixture_spec(prepared_corpus, docstring_corpus, stages("{help: 1}", "{docs: 1}"))
     names = [source_of(s, spec) for s in rank_sequences(spec, 0)]
     assert set(names[:24]) == {"help"} and set(names[24:]) == {"docs"}
+
+
+def test_a_context_extension_stage_over_a_mixture_keeps_each_phases_mix_and_resumes(
+    prepared_corpus, docstring_corpus
+):
+    """A first stage of 32-token samples (768 tokens: 24 samples) at 70/30, then 64 tokens
+    at 20/80: each partition packs its sequences to the length of their global sample."""
+    from pretrain.data.mixture import mixture_progress
+    from pretrain.data.positions import next_position
+
+    short = "until_tokens: 768, max_seq_length: 32, global_rope_theta: 10000"
+    spec = mixture_spec(
+        prepared_corpus,
+        docstring_corpus,
+        "model=modernbert_tiny",
+        "model.local_attention=16",
+        f"+objective.stages=[{{{short}, source_weights: {{help: 0.7, docs: 0.3}}}}, "
+        "{source_weights: {help: 0.2, docs: 0.8}}]",
+    )
+    order = list(rank_sequences(spec, 0))
+    assert len(order) > 80
+    names = [source_of(s, spec) for s in order]
+    assert names[:20].count("help") == 14
+    for start in range(24, len(names) - 10):
+        assert names[start : start + 10].count("help") == 2, start
+    lengths = [len(s["input_ids"]) for s in order]
+    assert max(lengths[:24]) == 32 and min(lengths[24:40]) > 32  # packed to its stage's length
+    tokens = sum(spec.shard_tokens)
+    want = [32 * i if i < 24 else min(768 + 64 * (i - 24), tokens) for i in range(len(order))]
+    assert mixture_progress(spec, [s["mark"] for s in order], 0).tolist() == want
+    for start in (10, 50):  # in mid-phase, each phase
+        positions = {}
+        for sequence in order[:start]:
+            positions[sequence["mark"].partition] = next_position(sequence["mark"])
+        for ranks in (1, 2):
+            for rank in range(ranks):
+                shape = replace(spec, rank=rank, world_size=ranks)
+                got = keys_and_ids(rank_sequences(shape, 0, start, positions))
+                want = keys_and_ids(order[start + rank :: ranks])
+                assert got[: len(want)] == want, (start, ranks, rank)
 
 
 def test_a_run_stopped_in_mid_phase_logs_each_phases_shares(

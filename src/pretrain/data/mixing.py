@@ -19,6 +19,7 @@ on any shape, continues it.
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -101,10 +102,15 @@ class MixSchedule:
         q, j = divmod(i, self.block)
         return tuple(q * c + int(p) for c, p in zip(self.counts, self.prefix[j], strict=True))
 
+    @cached_property
+    def _places(self) -> list[list[int]]:
+        """Each source's places in the block, as Python lists."""
+        return [np.flatnonzero(self.order == s).tolist() for s in range(len(self.counts))]
+
     def index_of(self, s: int, k: int) -> int:
         """The global sample that is source `s`'s k-th (from 0): `locate`'s inverse."""
         q, r = divmod(k, self.counts[s])
-        return q * self.block + int(np.flatnonzero(self.order == s)[r])
+        return q * self.block + self._places[s][r]
 
     def of_epoch(self, epoch: int) -> "MixSchedule":
         """The schedule of epoch `epoch`: the same in every epoch."""
@@ -156,12 +162,15 @@ class PhasedMix:
     """A mix per phase of `objective.stages`: `phases[k]` is stage k's schedule, stage k
     ending where progress reaches `until_tokens[k]`; progress of global sample i of epoch
     e is e x T + min(i x L, T), L = `sample_tokens` (data.max_seq_length), T =
-    `epoch_tokens` (the sources' training tokens), as `stages.sample_progress_tokens`."""
+    `epoch_tokens` (the sources' training tokens), as `stages.sample_progress_tokens`; with
+    `stage_lengths` (a `stages.StageLengths`: a stage's own max_seq_length, a
+    context-extension phase) a sample of stage k counts its length, as there."""
 
     phases: tuple[MixSchedule, ...]
     until_tokens: tuple[int, ...]
     sample_tokens: int
     epoch_tokens: int
+    stage_lengths: Any = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -181,9 +190,20 @@ class PhasedMix:
             return 0
         return -(-left // self.sample_tokens) if left <= self.epoch_tokens else NEVER
 
+    def starts(self, epoch: int) -> list[int]:
+        """The first global sample of each phase in epoch `epoch` (0: begun before it,
+        `NEVER`: not reached in it)."""
+        starts = [0, *(self.first_sample(until, epoch) for until in self.until_tokens)]
+        if self.stage_lengths is None:
+            return starts
+        firsts = self.stage_lengths.segments(epoch, self.epoch_tokens)[0].tolist()
+        firsts = [0] * (len(starts) - len(firsts)) + firsts  # 0: begun before this epoch
+        pairs = zip(starts, firsts, strict=True)
+        return [NEVER if plain == NEVER else first for plain, first in pairs]
+
     def of_epoch(self, epoch: int) -> EpochMix:
         """Epoch `epoch`'s `EpochMix`."""
-        starts = [0, *(self.first_sample(until, epoch) for until in self.until_tokens)]
+        starts = self.starts(epoch)
         bases = [tuple(0 for _ in self.names)]
         for k in range(1, len(starts)):
             span = starts[k] - starts[k - 1]

@@ -17,14 +17,16 @@ next epoch reshuffles every source. So a source whose share outruns its size (a 
 epoch, the others in part, a new draw each epoch: over a run of max_steps each source is
 seen at its share. objective.stages work on the mixture's global order (a sample's progress
 counts its global index i, `mixture_progress`), and a stage may set its own mix
-(`source_weights`: `mixing.PhasedMix`). Not supported (refused in one line): token-budget
-batches, XLNet's memory stream (data_schema.py) and a stage's own sequence length (a
-context-extension phase, `check_mixture_objective`).
+(`source_weights`: `mixing.PhasedMix`), and its own sequence length (a context-extension
+phase: source s's partition p packs its n-th sequence to the stage's length of global sample
+`index_of(s, n x P_s + p)`). Not supported (refused in one line): token-budget batches and
+XLNet's memory stream (data_schema.py).
 """
 
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -89,6 +91,8 @@ def mixture_taker(
     offsets = [source.offset for source in spec.sources]
     parts = [one.stream_partitions for one in specs]
     before = mix.counts_before(start_sample)
+    lengths = getattr(spec.corruption, "stage_lengths", None)
+    tokens = sum(spec.shard_tokens)  # every source's: T of the stages' progress
     # by the partition's number in the mixture (offsets[s] + p): its stream, once opened,
     # and the number in its partition of the stream's next sequence
     streams: list[Iterator[dict] | None] = [None] * spec.stream_partitions
@@ -97,10 +101,13 @@ def mixture_taker(
     def opened(s: int, p: int) -> Iterator[dict]:
         used = max(0, -(-(before[s] - p) // parts[s]))  # its samples before start_sample
         position = (resume or {}).get(offsets[s] + p)
+        length = None
+        if lengths is not None:  # a context-extension stage: by the sample's global index
+            length = partial(_sample_length, lengths, mix.index_of, s, p, parts[s], epoch, tokens)
         if position is not None and position.samples == used:
-            sequences = partition_sequences(specs[s], epoch, p, position, offsets[s] + p)
+            sequences = partition_sequences(specs[s], epoch, p, position, offsets[s] + p, length)
         else:
-            sequences = partition_sequences(specs[s], epoch, p, None, offsets[s] + p)
+            sequences = partition_sequences(specs[s], epoch, p, None, offsets[s] + p, length)
             sequences = islice(sequences, used, None)
         numbers[offsets[s] + p] = used
         return iter(sequences)
@@ -119,19 +126,31 @@ def mixture_taker(
     return take
 
 
+def _sample_length(
+    lengths: Any, index_of: Callable, s: int, p: int, parts: int, epoch: int, tokens: int, n: int
+) -> int:
+    """Tokens of source `s`'s partition `p`'s (of `parts`) n-th sequence under a
+    context-extension stage: its stage's length (`StageLengths`) as the mixture's global
+    sample index_of(s, n x parts + p) of the epoch (of `tokens` tokens)."""
+    return lengths.length_of(index_of(s, n * parts + p), epoch, tokens)
+
+
 def mixture_progress(spec: Any, marks: np.ndarray, epoch: int) -> np.ndarray:
     """(rows,) int64: each row's training progress in tokens, e x T + min(i x L, T)
     (`stages.sample_progress_tokens`), i its global sample index in the mixture: its
     source's k-th sample (k = number x P_s + p from its mark) is `index_of(s, k)`. `marks`:
-    (rows, 7) int64; L = data.max_seq_length, T = every source's training tokens."""
+    (rows, 7) int64; L = data.max_seq_length, T = every source's training tokens; under a
+    context-extension stage, `StageLengths.progress` of i."""
     marks = np.asarray(marks)
     mix = spec.mix.of_epoch(epoch)
     epoch_tokens = sum(spec.shard_tokens)
-    progress = np.empty(len(marks), np.int64)
+    index = np.empty(len(marks), np.int64)
     for row, (s, mark) in enumerate(zip(row_sources(spec, marks), marks, strict=True)):
         source = spec.sources[s]
         p = int(mark[MARK_COLUMNS["partition"]]) - source.offset
         k = int(mark[MARK_COLUMNS["number"]]) * source.stream_partitions + p
-        within = mix.index_of(int(s), k) * spec.max_seq_length
-        progress[row] = epoch * epoch_tokens + min(within, epoch_tokens)
-    return progress
+        index[row] = mix.index_of(int(s), k)
+    lengths = getattr(spec.corruption, "stage_lengths", None)
+    if lengths is not None:  # a context-extension stage: samples of other lengths
+        return lengths.progress(index, epoch, epoch_tokens)
+    return epoch * epoch_tokens + np.minimum(index * spec.max_seq_length, epoch_tokens)

@@ -13,22 +13,15 @@ from pretrain.data.partitions import stream_partitions
 from pretrain.errors import ConfigError
 
 
-def check_mixture_objective(run: Any, corruption: Any) -> None:
-    """ConfigError naming the key where the objective needs what a mixture lacks: a stage's
-    own sequence length (a context-extension phase) is packed by each partition from one
-    corpus's sample index."""
-    if getattr(corruption, "stage_lengths", None):
-        raise ConfigError(
-            "objective.stages: a stage's max_seq_length (a context-extension phase) is not "
-            "supported with data.sources yet; drop it from the stages or train on one corpus"
-        )
-
-
-def mixture_mix(run: Any, names: list[str], shares: list[float], epoch_tokens: int) -> Any:
+def mixture_mix(
+    run: Any, names: list[str], shares: list[float], epoch_tokens: int, stage_lengths: Any = None
+) -> Any:
     """The mixture's schedule: a `MixSchedule` of `shares` (the sources' own), or, when a
     stage of objective.stages sets `source_weights` ({name: weight}; a source left out gets
     none in that phase), a `PhasedMix` of one schedule per stage (a stage without them: the
-    sources' own shares). ConfigError naming the key when a share rounds to no sample."""
+    sources' own shares), its phases' starts counted with `stage_lengths` (the corruption's
+    `StageLengths`, a context-extension phase) when given. ConfigError naming the key when
+    a share rounds to no sample."""
     stages = run.objective.stages or []
     block = run.data.mix_block_samples
     try:
@@ -45,7 +38,7 @@ def mixture_mix(run: Any, names: list[str], shares: list[float], epoch_tokens: i
     except ValueError as error:
         raise ConfigError(f"data.sources: {error}") from error
     until = tuple(int(stage["until_tokens"]) for stage in stages[:-1])
-    return PhasedMix(tuple(phases), until, run.data.max_seq_length, epoch_tokens)
+    return PhasedMix(tuple(phases), until, run.data.max_seq_length, epoch_tokens, stage_lengths)
 
 
 def mixture_stream_spec(run: Any, build_corruption: Callable) -> Any:
@@ -96,11 +89,11 @@ def mixture_stream_spec(run: Any, build_corruption: Callable) -> Any:
     shares = source_shares(
         [c.weight for c in data.sources], [c.epochs for c in data.sources], tokens
     )
-    mix = mixture_mix(run, [s.name for s in sources], shares, sum(tokens))
     vocab = opened[0][1].vocab
     data.tokenizer_dir = str(opened[0][1].tokenizer_dir)
     corruption = build_corruption(run, vocab)
-    check_mixture_objective(run, corruption)
+    lengths = getattr(corruption, "stage_lengths", None)
+    mix = mixture_mix(run, [s.name for s in sources], shares, sum(tokens), lengths)
     spec = stream_spec(
         run,
         shard_paths=tuple(path for s in sources for path in s.shard_paths),

@@ -157,29 +157,33 @@ def partition_sequences(
     partition: int,
     resume: PartitionPosition | None = None,
     mark_partition: int | None = None,
+    sequence_length: Callable[[int], int] | None = None,
 ) -> Iterator[dict]:
     """The sequences of canonical `partition` in this epoch, each with its "mark" (a
     `StreamMark`: where it came from in the partition, whose number there is `mark_partition`,
     by default `partition`: a mixture's source numbers its partitions after the previous
-    sources'). The format
+    sources'). Under a context-extension stage the partition's n-th sequence has
+    `sequence_length(n)` tokens, by default its stage's as global sample n P + p (a mixture
+    passes its own, by its schedule). The format
     starts afresh at every chunk (`partition_chunks`), so `resume` = `next_position(mark)` of
     the last sequence trained continues after it by reading from that chunk's first document
     only: a seek that costs at most a chunk."""
     n, first_chunk, order, document, offset, tokens = resume or PartitionPosition()
     entry = INPUT_FORMATS[spec.format]
     lengths = getattr(spec.corruption, "stage_lengths", None)
+    if lengths is not None and sequence_length is None:  # the partition's n-th: sample n P + p
+        tokens_of_epoch, partitions = sum(spec.shard_tokens), spec.stream_partitions
+        sequence_length = partial(
+            _sample_length, lengths, epoch, tokens_of_epoch, partitions, partition
+        )
     marked = partition if mark_partition is None else mark_partition
     for chunk, start, documents in partition_chunks(
         spec, epoch, partition, first_chunk, (order, document)
     ):
-        if lengths is None:
+        if sequence_length is None:
             sequences = entry.sequences(documents, spec, epoch)
-        else:  # a context-extension stage: the partition's n-th sequence is sample n P + p
-            first = n - offset  # the chunk's first sequence's number in the partition
-            length_of = partial(
-                _sample_length, lengths, epoch, sum(spec.shard_tokens),
-                spec.stream_partitions, partition, first,
-            )  # fmt: skip
+        else:  # a context-extension stage: the chunk's first sequence is number n - offset
+            length_of = partial(_chunk_length, sequence_length, n - offset)
             sequences = entry.sequences(documents, spec, epoch, length_of)
         for number, sequence in enumerate(sequences):
             if number >= offset:
@@ -190,10 +194,16 @@ def partition_sequences(
 
 
 def _sample_length(
-    lengths, epoch: int, epoch_tokens: int, partitions: int, partition: int, first: int, number: int
+    lengths, epoch: int, epoch_tokens: int, partitions: int, partition: int, number: int
 ) -> int:
-    """Tokens of the chunk's `number`-th sequence: its stage's length (`StageLengths`)."""
-    return lengths.length_of((first + number) * partitions + partition, epoch, epoch_tokens)
+    """Tokens of the partition's `number`-th sequence: its stage's length (`StageLengths`)."""
+    return lengths.length_of(number * partitions + partition, epoch, epoch_tokens)
+
+
+def _chunk_length(sequence_length: Callable[[int], int], first: int, number: int) -> int:
+    """Tokens of a chunk's `number`-th sequence, the chunk's first being the partition's
+    `first`-th."""
+    return sequence_length(first + number)
 
 
 def rank_sequences(
