@@ -104,6 +104,18 @@ def test_a_resume_seeks_each_sources_partitions_and_continues_exactly(
                 assert got[: len(want)] == want, (start, ranks, rank)
 
 
+def test_an_epoch_of_two_sources_decodes_each_shared_shard_once(prepared_corpus, docstring_corpus):
+    """The sources' 6 + 38 shards are each read by several partitions, in turn across the
+    sources: each source's decoded shards are held apart (`reading.decoded_shard`)."""
+    from pretrain.data.reading import decoded_shard
+
+    spec = mixture_spec(prepared_corpus, docstring_corpus)
+    decoded_shard.cache_clear()
+    assert len(list(rank_sequences(spec, 0))) > 1000
+    info = decoded_shard.cache_info()
+    assert info.hits > 0 and info.misses == info.currsize <= len(spec.shard_paths)
+
+
 def test_epochs_set_the_shares_by_passes_over_each_sources_tokens(
     prepared_corpus, docstring_corpus
 ):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from pretrain.data.corpus_cache import corpus_lru
 from pretrain.data.keyed_rng import STREAM_SHARD_ORDER, STREAM_SHUFFLE
 from pretrain.data.shard_blocks import block_documents
 from pretrain.data.shard_format import (
@@ -224,31 +225,7 @@ def prefetch(spec: StreamSpec, epoch: int, upcoming: list[tuple[int, int]]) -> N
         prefetcher().prefetch(spec.storage, wanted)
 
 
-def per_corpus_cache(maxsize: int) -> Callable[[Callable], Callable]:
-    """An LRU cache of `maxsize` entries per corpus: the function's first argument is a
-    shard's path, and each directory (a corpus, or a remote corpus's node cache) has an LRU
-    of its own, so the sources of a mixture (`data.sources`), read at once, do not evict
-    each other's shards. Memory: `maxsize` entries x the corpora a process reads. The
-    wrapper's `cache_clear()` empties every corpus's."""
-
-    def decorate(function: Callable) -> Callable:
-        caches: dict[str, Callable] = {}
-
-        @functools.wraps(function)
-        def cached(path: str, *args: Any) -> Any:
-            corpus = os.path.dirname(path)
-            cache = caches.get(corpus)
-            if cache is None:
-                cache = caches[corpus] = functools.lru_cache(maxsize=maxsize)(function)
-            return cache(path, *args)
-
-        cached.cache_clear = caches.clear
-        return cached
-
-    return decorate
-
-
-@per_corpus_cache(maxsize=16)  # the shards being read now
+@corpus_lru(64)  # a corpus's shards being read now (an owner per document: small)
 def shard_owners(path: str, share: tuple[tuple[int, int], ...], bad_shards: str) -> np.ndarray:
     """The reader of each document of a shard shared by the readers of `share` ((reader,
     units) pairs): each document in turn goes to the sharer with the fewest tokens of the
@@ -307,7 +284,8 @@ def _documents(path: str, start: int, wanted: np.ndarray | None) -> Iterable[dic
     )
 
 
-SHARED_SHARD_CACHE_BYTES = 8 << 20  # x 8 shards a corpus: 64 MB a source per process at most
+SHARED_SHARD_CACHE_BYTES = 8 << 20  # the largest shard decoded whole (`decoded_shard`)
+DECODED_BYTES_PER_CORPUS = 64 << 20  # decoded shards held a corpus (source) and process
 
 
 def decoded_in_memory(path: str) -> bool:
@@ -319,13 +297,14 @@ def decoded_in_memory(path: str) -> bool:
         return False
 
 
-@per_corpus_cache(maxsize=8)  # each corpus's shared shards being read now
+@corpus_lru(DECODED_BYTES_PER_CORPUS, os.path.getsize)
 def decoded_shard(path: str) -> tuple[tuple[Any, int], ...]:
     """The checked blocks of a shard shared by several partitions, with the number of each
     block's first document, decoded once per process: its sharers read it at about the same
-    time (the partitions advance together), each building only its own documents. Cached
-    per corpus (8 shards of at most SHARED_SHARD_CACHE_BYTES each: 64 MB per source and
-    process), so a mixture's sources, whose partitions read them in turn, keep theirs."""
+    time (the partitions advance together), each building only its own documents. Held per
+    corpus, the most recent shards of DECODED_BYTES_PER_CORPUS (64 MB) of files at most per
+    source and process (`corpus_cache.CorpusLRU`), so a mixture's sources, whose partitions
+    read them in turn, and a corpus of many small shared shards keep theirs."""
     return tuple((block, offset) for block, _, offset in checked_blocks(path))
 
 
