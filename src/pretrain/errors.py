@@ -58,12 +58,15 @@ def filesystem_error(
     return None
 
 
-def write_line(text: str) -> None:
-    """`text` and its newline on stderr in one write: the ranks and data-loader workers of a
-    run share the stream, and `print` writes the newline apart, so two processes' lines
-    printed at once came out as one ("...directoryerror: epoch 0, rank 0: ...")."""
-    sys.stderr.write(f"{text}\n")
-    sys.stderr.flush()
+def write_line(text: str, stream: Any = None) -> None:
+    """`text` and its newline on `stream` (stderr by default) in one write: the ranks, data-
+    loader workers and SLURM's own daemons of a run share the stream, and `print` writes the
+    newline apart (two writes where output is unbuffered, PYTHONUNBUFFERED), so two processes'
+    lines printed at once came out as one ("...directoryerror: epoch 0, rank 0: ...", "...(exit
+    status 75)slurmstepd-n1: error: ...")."""
+    stream = stream or sys.stderr
+    stream.write(f"{text}\n")
+    stream.flush()
 
 
 def report_error(error: BaseException, prog: str = "") -> None:

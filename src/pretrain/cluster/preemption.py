@@ -59,6 +59,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from pretrain.cluster.collectives import reduce_on_host
 from pretrain.cluster.signals import PREEMPTION_SIGNALS, is_holding, parse_signal, take_held
+from pretrain.errors import write_line
 from pretrain.lightning_compat import (
     clear_lightning_sigterm,
     save_last_checkpoint,
@@ -115,13 +116,12 @@ def requeue_slurm_job(job_id: str) -> bool:
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
-        print(f"preemption: scontrol requeue {job_id} failed: {error}", file=sys.stderr)
+        write_line(f"preemption: scontrol requeue {job_id} failed: {error}")
         return False
     if result.returncode != 0:
-        print(
+        write_line(
             f"preemption: scontrol requeue {job_id} failed (exit status {result.returncode}): "
-            f"{result.stderr.strip()}",
-            file=sys.stderr,
+            f"{result.stderr.strip()}"
         )
     return result.returncode == 0
 
@@ -205,7 +205,7 @@ class PreemptionCheckpoint(Callback):
                 signal.signal(signum, signal.SIG_DFL)
         for signum in take_held():
             if signum in handled:
-                print(f"preemption: {signum.name} came during start-up", flush=True)
+                write_line(f"preemption: {signum.name} came during start-up", sys.stdout)
                 self._handle(signum, None)
             else:
                 signal.raise_signal(signum)
@@ -244,10 +244,10 @@ class PreemptionCheckpoint(Callback):
             return
         self.save_last(trainer)
         self.saved_step, self.saved_path = trainer.global_step, self._last_path(trainer)
-        print(
+        write_line(
             f"preemption: saved step {trainer.global_step} to {self._last_path(trainer)} "
             f"(rank {trainer.global_rank}); stopping",
-            flush=True,
+            sys.stdout,
         )
         trainer.should_stop = True
         if requeue and trainer.is_global_zero:
@@ -260,11 +260,11 @@ class PreemptionCheckpoint(Callback):
                 return True
         job_id = slurm_job_id()
         if job_id is None:
-            print("preemption: not a SLURM job, nothing to requeue", flush=True)
+            write_line("preemption: not a SLURM job, nothing to requeue", sys.stdout)
         else:
             # Said before `scontrol requeue`: SLURM cancels the job's steps as it requeues, and a
             # line printed after it may never reach the log (a failure is printed after it).
-            print(f"preemption: requeueing SLURM job {job_id}", flush=True)
+            write_line(f"preemption: requeueing SLURM job {job_id}", sys.stdout)
             return self._requeue(job_id)
         return False
 

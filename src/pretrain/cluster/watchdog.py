@@ -45,6 +45,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from pretrain.cluster.preemption import PREEMPTED_EXIT_STATUS, requeue_slurm_job, slurm_job_id
+from pretrain.errors import write_line
 
 STALL_DIR = "stalled"  # under the run directory: one record per rank that stops
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ class HangWatchdog(Callback):
             path.with_suffix(".partial").write_text(where + "\n")
             os.replace(path.with_suffix(".partial"), path)  # read whole or not at all
         except OSError as error:
-            print(f"watchdog: {path}: not written ({error})", file=sys.stderr, flush=True)
+            write_line(f"watchdog: {path}: not written ({error})")
             return False
         return True
 
@@ -146,12 +147,12 @@ class HangWatchdog(Callback):
             f"{state}: rank {trainer.global_rank} after step {self.step}, in {main_thread_place()}"
         )
         if stalled:
-            print(line, file=sys.stderr, flush=True)
+            write_line(line)
         dump_stacks(line)
         local_ranks = take_local_ranks(trainer)  # before the record: Lightning kills on exit
         recorded = self.record(where)
         if trainer.is_global_zero and (job := slurm_job_id()):  # before srun ends the tasks
-            print(f"watchdog: requeueing SLURM job {job}", file=sys.stderr, flush=True)
+            write_line(f"watchdog: requeueing SLURM job {job}")
             requeue_slurm_job(job)
         deadline = time.monotonic() + self.grace_s
         while recorded and len(self.stall_records(others=False)) < trainer.world_size:
@@ -168,7 +169,7 @@ class HangWatchdog(Callback):
             log.error(f"watchdog: local rank (pid {rank.pid}) exited with status {status}")
         if trainer.is_global_zero:  # the stuck rank may be one waiting for no collective
             stood = "; ".join(self.stall_records(others=False))
-            print(f"watchdog: where the ranks stood: {stood}", file=sys.stderr, flush=True)
+            write_line(f"watchdog: where the ranks stood: {stood}")
         flush_logs()
         os._exit(PREEMPTED_EXIT_STATUS)
 

@@ -349,7 +349,7 @@ def run_or_exit(cfg: DictConfig) -> Path:
         sys.exit(4)
     except Preempted as stop:
         if stop.report:  # rank 0's one line; every rank exits 75
-            print(stop, file=sys.stderr, flush=True)
+            write_line(str(stop))
         sys.exit(PREEMPTED_EXIT_STATUS)
     except (OSError, RuntimeError) as error:  # a log, a config or a directory it writes
         fault = filesystem_error(
