@@ -73,12 +73,24 @@ def bases(doc: Path) -> list[Path]:
     return [ROOT, doc.parent, ROOT / "src", ROOT / "src" / "pretrain"]
 
 
+# The top-level folders .gitignore keeps out of the repository (`/runs/`, `/exports/`, ...):
+# made by `make demo` and runs, so `runs/demo/...` in a document stays a run's output there.
+OUTPUT_FOLDERS = {
+    line.strip().strip("/")
+    for line in (ROOT / ".gitignore").read_text().splitlines()
+    if line.startswith("/") and line.strip().endswith("/")
+}
+
+
 def is_checked(token: str, doc: Path) -> bool:
     """True for a token that must name a file of this repository (module docstring)."""
     first = token.split("/")[0]
     if "/" not in token or first in TOP_FOLDERS:
         return True
-    return any((base / first).is_dir() for base in bases(doc))
+    return any(
+        (base / first).is_dir() and not (base == ROOT and first in OUTPUT_FOLDERS)
+        for base in bases(doc)
+    )
 
 
 def exists(token: str, doc: Path) -> bool:
