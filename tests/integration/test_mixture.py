@@ -67,6 +67,23 @@ def keys_and_ids(sequences):
     return [(s["key"], s["input_ids"].tolist()) for s in sequences]
 
 
+def check_resumes_at(spec, order, starts) -> None:
+    """Resumed at each of `starts` (the partitions' positions after order[:start]), on 1 and
+    2 ranks, every rank's sequences continue epoch 0's `order` from there, dealt by rank."""
+    from pretrain.data.positions import next_position
+
+    for start in starts:
+        positions = {}
+        for sequence in order[:start]:
+            positions[sequence["mark"].partition] = next_position(sequence["mark"])
+        for ranks in (1, 2):
+            for rank in range(ranks):
+                shape = replace(spec, rank=rank, world_size=ranks)
+                got = keys_and_ids(rank_sequences(shape, 0, start, positions))
+                want = keys_and_ids(order[start + rank :: ranks])
+                assert got[: len(want)] == want, (start, ranks, rank)
+
+
 def test_the_global_order_does_not_depend_on_ranks_or_workers(prepared_corpus, docstring_corpus):
     spec = mixture_spec(prepared_corpus, docstring_corpus)
     order = keys_and_ids(rank_sequences(spec, 1))
@@ -88,20 +105,10 @@ def test_the_global_order_does_not_depend_on_ranks_or_workers(prepared_corpus, d
 def test_a_resume_seeks_each_sources_partitions_and_continues_exactly(
     prepared_corpus, docstring_corpus
 ):
-    from pretrain.data.positions import next_position
 
     spec = mixture_spec(prepared_corpus, docstring_corpus)
     order = list(rank_sequences(spec, 0))
-    for start in (len(order) // 3, len(order) - 7):
-        positions = {}
-        for sequence in order[:start]:
-            positions[sequence["mark"].partition] = next_position(sequence["mark"])
-        for ranks in (1, 2):
-            for rank in range(ranks):
-                shape = replace(spec, rank=rank, world_size=ranks)
-                got = keys_and_ids(rank_sequences(shape, 0, start, positions))
-                want = keys_and_ids(order[start + rank :: ranks])
-                assert got[: len(want)] == want, (start, ranks, rank)
+    check_resumes_at(spec, order, (len(order) // 3, len(order) - 7))
 
 
 def test_an_epoch_of_two_sources_decodes_each_shared_shard_once(prepared_corpus, docstring_corpus):
@@ -266,7 +273,6 @@ def test_a_context_extension_stage_over_a_mixture_keeps_each_phases_mix_and_resu
     """A first stage of 32-token samples (768 tokens: 24 samples) at 70/30, then 64 tokens
     at 20/80: each partition packs its sequences to the length of their global sample."""
     from pretrain.data.mixture import mixture_progress
-    from pretrain.data.positions import next_position
 
     short = "until_tokens: 768, max_seq_length: 32, global_rope_theta: 10000"
     spec = mixture_spec(
@@ -288,16 +294,7 @@ def test_a_context_extension_stage_over_a_mixture_keeps_each_phases_mix_and_resu
     tokens = sum(spec.shard_tokens)
     want = [32 * i if i < 24 else min(768 + 64 * (i - 24), tokens) for i in range(len(order))]
     assert mixture_progress(spec, [s["mark"] for s in order], 0).tolist() == want
-    for start in (10, 50):  # in mid-phase, each phase
-        positions = {}
-        for sequence in order[:start]:
-            positions[sequence["mark"].partition] = next_position(sequence["mark"])
-        for ranks in (1, 2):
-            for rank in range(ranks):
-                shape = replace(spec, rank=rank, world_size=ranks)
-                got = keys_and_ids(rank_sequences(shape, 0, start, positions))
-                want = keys_and_ids(order[start + rank :: ranks])
-                assert got[: len(want)] == want, (start, ranks, rank)
+    check_resumes_at(spec, order, (10, 50))  # in mid-phase, each phase
 
 
 def test_a_run_stopped_in_mid_phase_logs_each_phases_shares(
