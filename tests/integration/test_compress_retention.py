@@ -8,6 +8,7 @@ import shutil
 import lightning as L
 import pytest
 import torch
+from conftest import tiny_module_config
 from safetensors.torch import load_file, save_file
 
 from pretrain.compress.encoders import EncoderWithMLM, write_hf_directory
@@ -40,20 +41,8 @@ PRUNED = "bert.encoder.layer.0.intermediate.dense.weight"
 def teacher(prepared_corpus, tmp_path_factory):
     tokenizer = prepared_corpus / "tokenizer"
     vocab = load_vocabulary(tokenizer)
-    config = {
-        "name": "teacher",
-        "_target_": "pretrain.models.bert.BertEncoder",
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": 64,
-        "type_vocab_size": 2,
-        "hidden_dropout_prob": 0.0,
-        "attention_probs_dropout_prob": 0.0,
-        "layer_norm_eps": 1e-12,
-        "initializer_range": 0.05,
-    }
+    # conftest's tiny encoder, its weights drawn wider (a teacher whose logits are not flat)
+    config = {**tiny_module_config({})["model"], "name": "teacher", "initializer_range": 0.05}
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("retention") / "teacher"
     return write_hf_directory(EncoderWithMLM(config, vocab), tokenizer, vocab, out)

@@ -235,7 +235,6 @@ def test_a_mix_per_phase_changes_the_shares_at_the_stage_and_resumes_in_mid_phas
     prepared_corpus, docstring_corpus
 ):
     from pretrain.data.mixture import mixture_progress
-    from pretrain.data.positions import next_position
     from pretrain.data.reading import MARKS_KEY
 
     spec = mixture_spec(prepared_corpus, docstring_corpus, stages())
@@ -251,16 +250,7 @@ def test_a_mix_per_phase_changes_the_shares_at_the_stage_and_resumes_in_mid_phas
     assert progress.tolist() == [min(64 * i, tokens) for i in range(len(order))]
     batch = next(iter(EpochStream(spec, 0)))
     assert MARKS_KEY in batch and len(batch["keys"]) == 8
-    start = 50  # in the second phase
-    positions = {}
-    for sequence in order[:start]:
-        positions[sequence["mark"].partition] = next_position(sequence["mark"])
-    for ranks in (1, 2):
-        for rank in range(ranks):
-            shape = replace(spec, rank=rank, world_size=ranks)
-            got = keys_and_ids(rank_sequences(shape, 0, start, positions))
-            want = keys_and_ids(order[start + rank :: ranks])
-            assert got[: len(want)] == want, (ranks, rank)
+    check_resumes_at(spec, order, (50,))  # in the second phase
     # a source left out of a phase, and one only in the second (mmBERT's decay phase)
     spec = mixture_spec(prepared_corpus, docstring_corpus, stages("{help: 1}", "{docs: 1}"))
     names = [source_of(s, spec) for s in rank_sequences(spec, 0)]
