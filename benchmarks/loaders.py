@@ -389,14 +389,20 @@ def print_local_table(measured: dict, converted: dict, args) -> None:
             f"| {per_worker[(way, workers)] / 1e3:.0f} |"
         )
     print()
+    print_ratios(per_worker)
+
+
+def print_ratios(per_worker: dict[tuple[str, int], float], where: str = "") -> None:
+    """For each worker count, ours against the best of theirs in `per_worker` {(way,
+    workers): real tokens/s a worker}, each line prefixed by `where` ("s3, ")."""
     for workers in sorted({w for _, w in per_worker}):
         theirs = {w: s for (w, n), s in per_worker.items() if n == workers and w not in OURS}
         if ("ours", workers) in per_worker and theirs:
             way = max(theirs, key=theirs.get)
             ratio = per_worker[("ours", workers)] / theirs[way]
             print(
-                f"{workers} worker(s): ours / the best of theirs ({way}), real tokens/s a "
-                f"worker: {ratio:.2f}x"
+                f"{where}{workers} worker(s): ours / the best of theirs ({way}), real tokens/s "
+                f"a worker: {ratio:.2f}x"
             )
 
 
@@ -480,7 +486,7 @@ def run(args, work: Path, endpoint: str | None) -> None:
             f"\nThe same from moto's S3 server on 127.0.0.1 (an empty cache each time), best of "
             f"{args.repeats}, beside the local figures:\n"
         )
-        print_table(measured, converted, uploaded, args.batch_size)
+        print_table(measured, converted, uploaded, args.batch_size, print_ratios)
 
 
 if __name__ == "__main__":

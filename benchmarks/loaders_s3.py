@@ -14,7 +14,7 @@ any http:// endpoint.
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -72,11 +72,13 @@ def upload(way: str, local: Path) -> tuple[float, str | list[str]]:
     return seconds, [filesystem(url).sign(f"{url}/{name}", expiration=86400) for name in tars]
 
 
-def print_table(measured: dict, converted: dict, uploaded: dict, batch_size: int) -> None:
+def print_table(
+    measured: dict, converted: dict, uploaded: dict, batch_size: int, ratios: Callable
+) -> None:
     """The S3 rows beside the local ones: `measured` {(way, workers, place): (batches/s,
     batches, tokens a row, first batch s)} with place None (local) or "s3"; `converted` {way:
     (conversion s, dir)}; `uploaded` {way: (upload s, URL)}. Then ours against the best of
-    theirs from S3, in real tokens/s a worker."""
+    theirs from S3, in real tokens/s a worker (`ratios`: loaders.py's `print_ratios`)."""
     print(
         "| way | convert s | upload s | workers | local batches/s per worker "
         "| s3 batches/s per worker | s3 / local | s3 first batch s |"
@@ -94,14 +96,4 @@ def print_table(measured: dict, converted: dict, uploaded: dict, batch_size: int
             f"| {local:.2f} | {remote:.2f} | {remote / local:.2f} | {first_s:.1f} |"
         )
     print()
-    for workers in sorted({w for _, w in per_worker}):
-        theirs = {
-            w: s for (w, n), s in per_worker.items() if n == workers and not w.startswith("ours")
-        }
-        if ("ours", workers) in per_worker and theirs:
-            way = max(theirs, key=theirs.get)
-            ratio = per_worker[("ours", workers)] / theirs[way]
-            print(
-                f"s3, {workers} worker(s): ours / the best of theirs ({way}), real tokens/s a "
-                f"worker: {ratio:.2f}x"
-            )
+    ratios(per_worker, "s3, ")
