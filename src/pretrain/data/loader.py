@@ -25,8 +25,10 @@ The rule holds for every input format, strategy, number of data-loader workers a
 resume in the middle of an epoch (the loader counts from the resumed batch).
 """
 
+import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import numpy as np
 import torch
@@ -172,9 +174,15 @@ class StepAlignedLoader(DataLoader):
         self._source: Iterator | None = None  # DataLoader's iterator (its workers)
         self._batches: Iterator[dict] = iter(())  # its batches in the stream's order
         self.killed_workers: list[int] = []  # pids of workers that died unasked (`close`)
+        self._init_worker = self.worker_init_fn
+        self._started: list = []  # per worker of the iteration: 1 once it began its loop
 
     def __iter__(self) -> Iterator[dict]:
         self.close()
+        if self.num_workers > 0:  # shared with the workers, which mark their start in it
+            context = self.multiprocessing_context or multiprocessing.get_context()
+            self._started = context.RawArray("b", self.num_workers)
+            self.worker_init_fn = partial(_start_worker, self._started, self._init_worker)
         self._source = super().__iter__()
         self._batches = in_stream_order(map(self._unpack, self._source))
         self._buffer.clear()
@@ -248,12 +256,20 @@ class StepAlignedLoader(DataLoader):
         self._buffer.clear()
         if source is not None and hasattr(source, "_shutdown_workers"):
             self.killed_workers = _died(source)  # before they are told to stop
+            # A worker still starting (unpickling its stream and queues in the forkserver's
+            # child, slow under load) has the job's signals blocked and reads no queue yet:
+            # torch's shutdown would wait 5 s for it, SIGTERM it and wait 5 s more; killed
+            # now instead, before it could fail once this process and its queues' semaphores
+            # have gone, and print a traceback under the run's last line
+            started = self._started
+            starting = [w for i, w in enumerate(getattr(source, "_workers", [])) if not started[i]]
+            if starting and source._worker_pids_set:  # torch's SIGCHLD check would raise
+                torch.utils.data._utils.signal_handling._remove_worker_pids(id(source))
+                source._worker_pids_set = False
+            for worker in starting:
+                worker.kill()
             source._shutdown_workers()
-            # torch's shutdown gives each worker a few seconds and then SIGTERM, which workers
-            # ignore (`job_signals`); one still starting then (unpickling its queues in the
-            # forkserver's child, slow under load) would fail once this process has gone and
-            # its queues' semaphores with it, and print a traceback under the run's last line
-            for worker in getattr(source, "_workers", []):
+            for worker in getattr(source, "_workers", []):  # a started one that did not end
                 if worker.is_alive():
                     worker.kill()
                     worker.join()
@@ -294,6 +310,14 @@ class StepAlignedLoader(DataLoader):
             count += sum(batch_samples(b) for b in self._batches)
         self.close()
         return count
+
+
+def _start_worker(started, init: Callable[[int], None] | None, worker_id: int) -> None:
+    """A worker's `worker_init_fn`: the loader's own (`init`), then its start marked in
+    `started` (shared memory), which `StepAlignedLoader.close` reads."""
+    if init is not None:
+        init(worker_id)
+    started[worker_id] = 1
 
 
 def _died(source: object) -> list[int]:
