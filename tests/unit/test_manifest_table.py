@@ -5,6 +5,8 @@ table, never unpickled."""
 import json
 import pickle
 import shutil
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,3 +94,72 @@ def test_shard_paths_carry_the_table_to_workers(prepared_corpus, tmp_path, monke
     assert manifest_table.registered_table(opened.root) is None
     pickle.loads(pickle.dumps(paths))
     assert manifest_table.registered_table(opened.root) == str(opened.table.directory)
+
+
+def counted_reads(monkeypatch, manifest) -> list:
+    """The reads of `manifest`'s bytes from now on (Path.read_bytes, as node_table reads)."""
+    reads, read_bytes = [], Path.read_bytes
+
+    def counting(self):
+        if self == manifest:
+            reads.append(self)
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", counting)
+    return reads
+
+
+def test_a_later_process_maps_the_table_without_reading_the_manifest(
+    prepared_corpus, tmp_path, monkeypatch
+):
+    shards, tables = tmp_path / "shards", tmp_path / "tables"
+    shutil.copytree(prepared_corpus, shards)
+    manifest = shards.resolve() / "manifest.json"
+    record = manifest_table.identity_path(manifest, tables)
+    open_manifest(shards, tables)
+    assert not record.exists()  # a manifest changed this instant is not trusted by identity
+    monkeypatch.setattr(manifest_table, "SETTLED_NS", 0)
+    first = open_manifest(shards, tables)  # verifies the table: records the identity
+    assert json.loads(record.read_text())["manifest_sha256"] == first.table.directory.name
+    reads = counted_reads(monkeypatch, manifest)
+    again = node_table(manifest, tables, not_parsed)
+    assert reads == [] and again.directory == first.table.directory
+    # a record of odd content is never trusted: the manifest is hashed, the record rewritten
+    for odd in (
+        "{not json",
+        "[]",
+        json.dumps({**json.loads(record.read_text()), "manifest_sha256": "../../elsewhere"}),
+        record.read_text().replace('"size": ', '"size": 1'),
+    ):
+        record.write_text(odd)
+        assert node_table(manifest, tables, not_parsed).directory == first.table.directory
+        assert len(reads) == 1
+        reads.clear()
+    assert node_table(manifest, tables, not_parsed).directory == first.table.directory
+    assert reads == []
+
+
+def test_a_manifest_rewritten_in_place_at_its_size_is_hashed_again(
+    prepared_corpus, tmp_path, monkeypatch
+):
+    shards, tables = tmp_path / "shards", tmp_path / "tables"
+    shutil.copytree(prepared_corpus, shards)
+    manifest = shards.resolve() / "manifest.json"
+    monkeypatch.setattr(manifest_table, "SETTLED_NS", 0)
+    before = open_manifest(shards, tables)
+    assert manifest_table.identity_path(manifest, tables).exists()
+    identity = manifest_table.file_identity(manifest.stat())
+    original = manifest.read_bytes()
+    raw = json.loads(original)
+    raw["shards"][0]["documents"] += 1  # 50 -> 51: the same size, blocks no longer add up
+    changed = json.dumps(raw, indent=2).encode() + original[len(original.rstrip()) :]
+    assert len(changed) == len(original) and changed != original
+    time.sleep(0.05)  # past the file system's timestamp tick (a few ms)
+    with open(manifest, "r+b") as f:  # in place: the same inode, size and device
+        f.write(changed)
+    assert manifest_table.file_identity(manifest.stat()) != identity
+    with pytest.raises(ShardError, match=r"manifest.json: .*blocks of shard-000000.tar"):
+        open_manifest(shards, tables)
+    time.sleep(0.05)
+    manifest.write_bytes(original)  # put back: hashed again, the first table mapped
+    assert open_manifest(shards, tables).table.directory == before.table.directory

@@ -6,7 +6,9 @@ import pickle
 
 import pytest
 
+from pretrain.data.datamodule import open_corpus, split_holdout
 from pretrain.data.reading import _shard_sharing
+from pretrain.data.shard_format import load_manifest
 from pretrain.data.shard_table import ShardPaths, ShardSharing
 from pretrain.storage.corpus import ShardRecords, StorageSpec
 
@@ -55,3 +57,19 @@ def test_a_worker_holds_under_20_mb_of_shard_table_at_100k_shards():
     held = paths.nbytes() + records.nbytes() + sharing.nbytes()
     assert held < 20 << 20, held
     assert len(pickle.dumps((paths, records, sharing))) < 20 << 20
+
+
+def test_shard_paths_from_the_table_are_the_manifests_paths(prepared_corpus):
+    corpus = open_corpus(prepared_corpus)
+    manifest = corpus.manifest
+    training, heldout = split_holdout(corpus, 2)
+    assert "shard_paths" not in manifest.__dict__  # no Path a shard was built
+    paths = [str(path) for path in load_manifest(prepared_corpus).shard_paths]
+    assert list(training) == paths[:-2] and list(heldout) == paths[-2:]
+    assert hash(training) == hash(ShardPaths(paths[:-2]))
+    assert hash(manifest.shard_path_table) == hash(ShardPaths(paths))
+    picked = manifest.shard_path_table.take([4, 0, 2])
+    assert list(picked) == [paths[4], paths[0], paths[2]]
+    assert hash(picked) == hash(ShardPaths([paths[4], paths[0], paths[2]]))
+    assert list(pickle.loads(pickle.dumps(ShardPaths(picked)))) == list(picked)
+    assert len(manifest.shard_path_table.take([])) == 0

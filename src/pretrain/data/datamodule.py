@@ -26,6 +26,7 @@ from pretrain.data.shard_format import (
     check_tokenizer,
     verify_shard,
 )
+from pretrain.data.shard_table import ShardPaths
 from pretrain.data.stream import EpochStream, check_world_size, rows_per_sample
 from pretrain.data.vocab import Vocabulary, load_vocabulary
 from pretrain.data.worker_processes import init_data_worker, worker_context
@@ -127,17 +128,17 @@ def remote_storage(url: str, data: Any = None) -> tuple[StorageSpec, dict[str, i
     return spec, objects
 
 
-def split_holdout(corpus: Corpus, holdout_shards: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(training shard paths, held-out shard paths): the last `holdout_shards` shards of the
-    manifest are kept out of training for evaluation."""
-    paths = tuple(str(p) for p in corpus.manifest.shard_paths)
+def split_holdout(corpus: Corpus, holdout_shards: int) -> tuple[ShardPaths, ShardPaths]:
+    """(training shard paths, held-out shard paths), each a `ShardPaths` (a sequence of str):
+    the last `holdout_shards` shards of the manifest are kept out of training for evaluation."""
+    paths = corpus.manifest.shard_path_table
     if holdout_shards >= len(paths):
         raise ShardError(
             f"data.holdout_shards = {holdout_shards}: the corpus {corpus.manifest.root} has only {len(paths)} "
             "shards; hold out fewer, or prepare it with a smaller docs_per_shard"
         )
     cut = len(paths) - holdout_shards
-    return paths[:cut], paths[cut:]
+    return paths.take(range(cut)), paths.take(range(cut, len(paths)))
 
 
 def verified_shards(

@@ -8,7 +8,10 @@ allow_pickle=False)`), so a 100,000-shard manifest is parsed once, not once per 
 and its pages are shared by the node's processes. Nothing read from disk is trusted: a
 table whose header names another manifest hash, version or count, or whose arrays have
 other shapes or dtypes, is rebuilt; a manifest whose bytes changed has another hash, so
-another table.
+another table. The manifest itself is read and hashed once per node too: its identity
+(size, inode, device, mtime and ctime in ns) is recorded beside the tables,
+`<home>/identities/<sha256 of its path>.json`, and a process that finds it unchanged maps
+the table without reading it; a rewrite in place moves mtime and ctime, so it is hashed.
 
 Arrays (S shards, B blocks): `names` (S,) bytes, `bytes`, `documents`, `tokens` (S,) int64
 (tokens -1 where a record has none), `sha256` (S, 32) uint8, `block_bounds` (S + 1,) int64
@@ -24,7 +27,10 @@ directory} that `register_table` fills in the process that opened it and that
 import hashlib
 import json
 import os
+import re
 import shutil
+import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -236,14 +242,24 @@ def node_table(
     """The table of the manifest at `manifest_path`, from `<home>/<its sha256>/`: mapped when
     whole and right, else built under `home`'s lock by the first process of the node that
     asks (`parse(manifest bytes)` -> (the manifest without its shards, its checked shard
-    records, its content sha256); its errors pass through) and mapped by the others."""
+    records, its content sha256); its errors pass through) and mapped by the others. The
+    process that builds or first verifies the table records the manifest's identity
+    (`record_identity`); a later process whose `os.stat` of it matches maps the table without
+    reading or hashing the manifest (`known_table`), and any other hashes it as before."""
     from pretrain.storage.cache import file_lock
 
+    before = os.stat(manifest_path)
+    table = known_table(manifest_path, home, before)
+    if table is not None:
+        return table
     data = manifest_path.read_bytes()
     sha256 = manifest_sha256(data)
+    unchanged = file_identity(before) == file_identity(os.stat(manifest_path))
     directory = Path(home) / sha256
     table = read_table(directory, sha256)
     if table is not None:
+        if unchanged:
+            record_identity(manifest_path, home, before, sha256)
         return table
     Path(home).mkdir(parents=True, exist_ok=True)
     with file_lock(Path(home) / ".tables.lock"):
@@ -263,7 +279,83 @@ def node_table(
             table = read_table(directory, sha256)
     if table is None:
         raise OSError(f"{directory}: the manifest table just written does not read back")
+    if unchanged:
+        record_identity(manifest_path, home, before, sha256)
     return table
+
+
+IDENTITIES_DIR = "identities"
+IDENTITY_VERSION = 1
+SETTLED_NS = 2_000_000_000  # a manifest changed more recently than this is not recorded
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def file_identity(stat: os.stat_result) -> dict[str, int]:
+    """What tells a file changed without reading it: size, inode, device, mtime and ctime
+    in ns (an in-place rewrite of the same size moves mtime and ctime)."""
+    return {
+        "size": stat.st_size,
+        "ino": stat.st_ino,
+        "dev": stat.st_dev,
+        "mtime_ns": stat.st_mtime_ns,
+        "ctime_ns": stat.st_ctime_ns,
+    }
+
+
+def identity_path(manifest_path: Path, home: Path) -> Path:
+    """`<home>/identities/<sha256 of the manifest's absolute path>.json`: where the identity
+    of the manifest at `manifest_path` and the sha256 of its bytes are recorded."""
+    key = hashlib.sha256(os.path.abspath(manifest_path).encode()).hexdigest()
+    return Path(home) / IDENTITIES_DIR / f"{key}.json"
+
+
+def record_identity(manifest_path: Path, home: Path, stat: os.stat_result, sha256: str) -> None:
+    """Record that the manifest at `manifest_path`, while its `os.stat` was `stat`, had the
+    bytes of hex `sha256` (written whole: a temporary file renamed into place). Not recorded
+    when it changed less than SETTLED_NS before now: a rewrite within the file system's
+    timestamp granularity could keep its identity (git's "racy clean" entries)."""
+    now = time.time_ns()
+    if now - max(stat.st_mtime_ns, stat.st_ctime_ns) < SETTLED_NS:
+        return
+    path = identity_path(manifest_path, home)
+    record = {
+        "version": IDENTITY_VERSION,
+        "manifest": os.path.abspath(manifest_path),
+        "identity": file_identity(stat),
+        "manifest_sha256": sha256,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.")
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        os.replace(partial, path)
+    except OSError:  # a read-only home: the next process hashes the manifest, as before
+        return
+
+
+def known_table(manifest_path: Path, home: Path, stat: os.stat_result) -> ManifestTable | None:
+    """The table of the manifest at `manifest_path` when its identity record (written by
+    the process that built or first verified the table) matches `stat`, its `os.stat` now:
+    mapped without reading the manifest. None, so the manifest is hashed, when there is no
+    record, it is not a JSON object of the expected fields and types, or anything differs."""
+    try:
+        record = json.loads(identity_path(manifest_path, home).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("version") != IDENTITY_VERSION:
+        return None
+    identity, sha256 = record.get("identity"), record.get("manifest_sha256")
+    if record.get("manifest") != os.path.abspath(manifest_path) or not isinstance(sha256, str):
+        return None
+    if not _SHA256_HEX.fullmatch(sha256) or not isinstance(identity, dict):
+        return None
+    expected = file_identity(stat)
+    if set(identity) != set(expected) or any(type(v) is not int for v in identity.values()):
+        return None
+    if identity != expected:
+        return None
+    return read_table(Path(home) / sha256, sha256)
 
 
 _REGISTERED: dict[str, str] = {}  # manifest directory -> its table's directory

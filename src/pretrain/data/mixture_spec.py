@@ -52,7 +52,6 @@ def mixture_stream_spec(run: Any, build_corruption: Callable) -> Any:
 
     from pretrain.data.datamodule import open_corpus, split_holdout, unrepeated_shards
     from pretrain.data.reading import stream_spec
-    from pretrain.data.shard_table import ShardPaths
     from pretrain.storage import local_path
 
     data = run.data
@@ -75,7 +74,7 @@ def mixture_stream_spec(run: Any, build_corruption: Callable) -> Any:
             SourceStream(
                 name=config.name,
                 offset=offset,
-                shard_paths=ShardPaths([str(corpus.manifest.shard_paths[i]) for i in training]),
+                shard_paths=corpus.manifest.shard_path_table.take(training),
                 shard_tokens=tuple(shard["tokens"] for shard in shards),
                 stream_partitions=parts,
                 seed=source_seed(run.seed, config.name),

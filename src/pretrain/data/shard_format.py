@@ -43,6 +43,7 @@ import functools
 import hashlib
 import io
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ from pretrain.data.shard_blocks import (
     upgrade_hint,
 )
 from pretrain.data.shard_checks import check_block_index, repeat_message, repeated_shards
+from pretrain.data.shard_table import ShardPaths
 
 # The format's public names, those of its blocks included (`shard_blocks`).
 __all__ = [
@@ -144,6 +146,15 @@ class Manifest:
             return [self.root / name.decode() for name in self.table.arrays["names"]]
         return [self.root / shard["name"] for shard in self.shards]
 
+    @functools.cached_property
+    def shard_path_table(self) -> ShardPaths:
+        """`shard_paths` as str, compact: from the table's names where the manifest has a
+        table (no str or Path per shard), else from `shard_paths`."""
+        names = self.table.arrays["names"] if self.table is not None else None
+        if names is not None and _plain_names(names):
+            return ShardPaths.in_directory(str(self.root), names)
+        return ShardPaths([str(path) for path in self.shard_paths])
+
     @property
     def shard_documents(self) -> list[int]:
         """Documents per shard, in manifest order."""
@@ -164,6 +175,13 @@ class Manifest:
             raise IndexError(f"document {index} of a corpus of {ends[-1]} documents")
         shard = int(np.searchsorted(ends, index, side="right"))
         return shard, index - (int(ends[shard - 1]) if shard else 0)
+
+
+def _plain_names(names: np.ndarray) -> bool:
+    """Whether the bytes array `names` holds plain file names only (no "/", not "", "." or
+    ".."), which `root / name` and `os.path.join(str(root), name)` spell alike."""
+    odd = (names == b"") | (names == b".") | (names == b"..")
+    return b"/" not in np.ascontiguousarray(names).tobytes() and not odd.any()
 
 
 def file_sha256(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
@@ -286,9 +304,9 @@ def check_shards(manifest: Manifest, verify_sha256: bool = False) -> None:
         sizes = manifest.table.arrays["bytes"].tolist()
     else:
         sizes = [shard["bytes"] for shard in manifest.shards]
-    for number, (size, path) in enumerate(zip(sizes, manifest.shard_paths, strict=True)):
+    for number, (size, path) in enumerate(zip(sizes, manifest.shard_path_table, strict=True)):
         try:
-            found = path.stat().st_size
+            found = os.stat(path).st_size
         except FileNotFoundError:
             raise ShardError(
                 f"{path}: shard listed in {manifest.root / MANIFEST_FILE} is missing; {PREPARE_HINT}"

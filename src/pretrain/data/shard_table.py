@@ -21,6 +21,9 @@ class ShardPaths(Sequence[str]):
     its file name (one fixed-width bytes array): `paths[i]` is the i-th path as given."""
 
     def __init__(self, paths: Sequence[str]) -> None:
+        if isinstance(paths, ShardPaths):  # already compact (its arrays are never changed)
+            self.__dict__.update(paths.__dict__)
+            return
         paths = [str(path) for path in paths]
         directories: dict[str, int] = {}
         numbers = [directories.setdefault(os.path.dirname(p), len(directories)) for p in paths]
@@ -29,6 +32,33 @@ class ShardPaths(Sequence[str]):
         encoded = [os.path.basename(p).encode() for p in paths]
         self.names = np.asarray(encoded, dtype=f"S{max(map(len, encoded), default=1)}")
         self.tables = tuple(registered_table(d) if d else None for d in self.directories)
+
+    @classmethod
+    def in_directory(cls, directory: str, names: np.ndarray) -> "ShardPaths":
+        """The paths `os.path.join(directory, name)` of the file names `names` (a bytes
+        array, such as a manifest table's), in order, without a str or Path per shard: the
+        same `ShardPaths` as one built from those paths (`directory` absolute, each name a
+        plain file name)."""
+        paths = cls.__new__(cls)
+        paths.directories = (directory,)
+        paths.numbers = np.zeros(len(names), np.int32)
+        width = int(np.char.str_len(names).max()) if len(names) else 1
+        paths.names = np.asarray(names).astype(f"S{max(width, 1)}")  # a copy, not a map
+        paths.tables = (registered_table(directory) if directory else None,)
+        return paths
+
+    def take(self, numbers: Sequence[int]) -> "ShardPaths":
+        """The paths at places `numbers` (a range or list of ints), in that order."""
+        taken = type(self).__new__(type(self))
+        taken.__dict__.update(self.__dict__)
+        numbers = np.asarray(numbers, np.int64)
+        if not len(numbers):
+            return ShardPaths(())
+        names = self.names[numbers]
+        width = int(np.char.str_len(names).max()) if len(names) else 1
+        taken.names = names.astype(f"S{max(width, 1)}")
+        taken.numbers = self.numbers[numbers]
+        return taken
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

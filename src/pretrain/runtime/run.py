@@ -92,7 +92,7 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objecti
     training = unrepeated_shards(corpus.manifest, training, run.data.bad_shards)
     if run.data.verify_shards:
         training = verified_shards(corpus.manifest, training, run.data.bad_shards, corpus.storage)
-    training_paths = tuple(str(corpus.manifest.shard_paths[i]) for i in training)
+    training_paths = corpus.manifest.shard_path_table.take(training)
     training_shards = [corpus.manifest.shards[i] for i in training]
     spec = stream_spec(
         run,
