@@ -79,8 +79,14 @@ def measure(rank: int, world: int, port: int, stage: int, args, queue) -> None:
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world),
     )
+    import importlib
+
     import deepspeed
 
+    # no C++ build of DeepSpeed's shared-memory all-reduce, which only inference calls (as
+    # the project's CPU strategy, `runtime.strategies.CPUDeepSpeedStrategy`): 40-75 s of
+    # CPU on a machine that has not built it, every rank waiting on the build's lock
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed("gloo")
     model = build_model(args)
     config = {
