@@ -59,7 +59,7 @@ def test_a_worker_holds_under_20_mb_of_shard_table_at_100k_shards():
     assert len(pickle.dumps((paths, records, sharing))) < 20 << 20
 
 
-def test_shard_paths_from_the_table_are_the_manifests_paths(prepared_corpus):
+def test_shard_paths_and_counts_from_the_table_are_the_manifests(prepared_corpus):
     corpus = open_corpus(prepared_corpus)
     manifest = corpus.manifest
     training, heldout = split_holdout(corpus, 2)
@@ -73,3 +73,8 @@ def test_shard_paths_from_the_table_are_the_manifests_paths(prepared_corpus):
     assert hash(picked) == hash(ShardPaths([paths[4], paths[0], paths[2]]))
     assert list(pickle.loads(pickle.dumps(ShardPaths(picked)))) == list(picked)
     assert len(manifest.shard_path_table.take([])) == 0
+    records = load_manifest(prepared_corpus).shards  # counts from the arrays, as the records
+    assert manifest.shard_counts([4, 0, 2]) == (
+        tuple(records[i]["tokens"] for i in (4, 0, 2)),
+        sum(records[i]["documents"] for i in (4, 0, 2)),
+    )

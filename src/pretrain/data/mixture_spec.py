@@ -68,14 +68,14 @@ def mixture_stream_spec(run: Any, build_corruption: Callable) -> Any:
             )
         training = range(len(split_holdout(corpus, data.holdout_shards)[0]))
         training = unrepeated_shards(corpus.manifest, training, data.bad_shards)
-        shards = [corpus.manifest.shards[i] for i in training]
-        parts = stream_partitions(run, sum(shard["documents"] for shard in shards))
+        shard_tokens, documents = corpus.manifest.shard_counts(training)
+        parts = stream_partitions(run, documents)
         sources.append(
             SourceStream(
                 name=config.name,
                 offset=offset,
                 shard_paths=corpus.manifest.shard_path_table.take(training),
-                shard_tokens=tuple(shard["tokens"] for shard in shards),
+                shard_tokens=shard_tokens,
                 stream_partitions=parts,
                 seed=source_seed(run.seed, config.name),
                 content_sha256=corpus.manifest.content_sha256,

@@ -162,6 +162,19 @@ class Manifest:
             return self.table.arrays["documents"].tolist()
         return [int(shard["documents"]) for shard in self.shards]
 
+    def shard_counts(self, numbers: Sequence[int]) -> tuple[tuple[int, ...], int]:
+        """(tokens of each of the shards `numbers`, in that order; documents of them all),
+        from the table's arrays where it has every one's tokens (no record a shard), else
+        from the records (KeyError "tokens" where one has none)."""
+        if self.table is not None:
+            numbers = np.asarray(numbers, np.int64)
+            tokens = self.table.arrays["tokens"][numbers]
+            if not np.any(tokens < 0):
+                documents = int(self.table.arrays["documents"][numbers].sum())
+                return tuple(tokens.tolist()), documents
+        shards = [self.shards[number] for number in numbers]
+        return tuple(shard["tokens"] for shard in shards), sum(s["documents"] for s in shards)
+
     def block_documents(self, shard: int) -> list[int]:
         """Documents per block of shard number `shard`, in order."""
         return [int(block["documents"]) for block in self.shards[shard]["blocks"]]

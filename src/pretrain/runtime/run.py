@@ -93,14 +93,12 @@ def build_stream(cfg: DictConfig) -> tuple[TrainConfig, StreamSpec, type[Objecti
     if run.data.verify_shards:
         training = verified_shards(corpus.manifest, training, run.data.bad_shards, corpus.storage)
     training_paths = corpus.manifest.shard_path_table.take(training)
-    training_shards = [corpus.manifest.shards[i] for i in training]
+    shard_tokens, documents = corpus.manifest.shard_counts(training)
     spec = stream_spec(
         run,
         shard_paths=training_paths,
-        shard_tokens=tuple(shard["tokens"] for shard in training_shards),
-        stream_partitions=stream_partitions(
-            run, sum(shard["documents"] for shard in training_shards)
-        ),
+        shard_tokens=shard_tokens,
+        stream_partitions=stream_partitions(run, documents),
         vocab=corpus.vocab,
         corruption=objective_class.build_corruption(run, corpus.vocab),
         storage=corpus.storage,
