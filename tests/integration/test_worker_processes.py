@@ -67,3 +67,33 @@ def signals_held(pid: int) -> bool:
     status = dict(line.split(":\t") for line in open(f"/proc/{pid}/status").read().splitlines())
     held = int(status["SigBlk"], 16) | int(status["SigIgn"], 16)
     return all(held >> (signum - 1) & 1 for signum in PREEMPTION_SIGNALS)
+
+
+def test_workers_do_not_run_the_entry_script_again(tmp_path):
+    """The forkserver imports the entry script once ("__main__" in its preload); a worker
+    forked from it finds the script imported and runs nothing of it (before, every worker
+    of every epoch ran the whole script, its imports included: the standard library's
+    forkserver never got the script's path)."""
+    ran = tmp_path / "ran_in"
+    script = tmp_path / "entry.py"
+    script.write_text(
+        "import os\n"
+        f"with open({str(ran)!r}, 'a') as f:\n"
+        "    f.write(f'{os.getpid()}\\n')\n"
+        "from test_worker_processes import epoch_workers, worker_context\n"
+        "if __name__ == '__main__':\n"
+        "    context = worker_context(2)\n"
+        "    print(os.getpid(), os.getpid())\n"
+        "    for pid, parent, _ in epoch_workers(context) + epoch_workers(context):\n"
+        "        print(pid, parent)\n"
+    )
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    (main, _), *workers = [tuple(map(int, line.split())) for line in result.stdout.splitlines()]
+    assert len(workers) == 4, result.stderr[-3000:]
+    servers = {parent for _, parent in workers}
+    assert len(servers) == 1 and main not in servers
+    # once in the main process, once in the forkserver; in none of the 4 workers
+    assert sorted(map(int, ran.read_text().split())) == sorted({main, *servers})

@@ -5,8 +5,9 @@ Forked from the main process, a later epoch's workers would start as copies of w
 main process has grown to by then (the heap of every step so far) and their memory would
 grow with the run. So every loader's workers, the first epoch's included, are forked by
 multiprocessing's forkserver: a small process started once per launch, at the data module's set-up
-(a fresh interpreter that has imported only torch, the stream and the run's corruption
-module, a few seconds of CPU, and never trains), so every epoch's workers start alike and
+(a fresh interpreter that has imported only the entry point, torch, the stream and the
+run's corruption module, a few seconds of CPU, and never trains; a worker imports nothing of
+these again), so every epoch's workers start alike and
 the run's memory is the same from its first step as at its last (had the first epoch's
 workers been forked from the main process, the run's memory would step up once, at the
 second epoch, when the forkserver and its workers start: XLNet's demo by 60% at step 550). The
@@ -29,11 +30,13 @@ workers' own watchdog, which watches the forkserver, kept the three alive for go
 Imports only the standard library.
 """
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 
@@ -57,6 +60,10 @@ def worker_context(num_workers: int, corruption: object = None) -> BaseContext |
         return multiprocessing.get_context("fork")  # workers forked from the main process
     context = multiprocessing.get_context(START_METHOD)
     preload = list(PRELOAD)
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    main_name = getattr(main_spec, "name", None) or ""
+    if main_name and not main_name.endswith("__main__"):  # `python -m package.module`
+        preload.append(main_name)  # its imports once; each worker runs only its body again
     if corruption is not None and type(corruption).__module__ not in preload:
         preload.append(type(corruption).__module__)
     context.set_forkserver_preload(preload)  # read only when the server starts
@@ -87,9 +94,35 @@ def start_forkserver() -> None:
     try:
         start_resource_tracker()  # its death: one warning line, not a traceback per name
         signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
-        forkserver.ensure_running()
+        with forkserver_imports_main_script():
+            forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@contextlib.contextmanager
+def forkserver_imports_main_script() -> Iterator[None]:
+    """While the forkserver starts, give it the entry script's path, so that "__main__" in
+    its preload imports the script there once. The standard library (3.8 to 3.13) asks the
+    preparation data for "main_path", a key it does not have ("init_main_from_path"), so
+    the server never imported the script and every worker ran it again on its start (its
+    imports: 3.7 s of CPU a worker, each epoch, for benchmarks/loaders.py), where a worker
+    finding the script already imported (same path) runs nothing."""
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+
+    def with_main_path(name: str) -> dict:
+        data = original(name)
+        if "init_main_from_path" in data:
+            data.setdefault("main_path", data["init_main_from_path"])
+        return data
+
+    spawn.get_preparation_data = with_main_path
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = original
 
 
 MAIN_GONE_EXIT_STATUS = 128 + signal.SIGKILL  # a worker whose main process died
