@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -55,11 +56,16 @@ def test_a_fresh_process_starts_its_forkserver_with_sigterm_blocked(tmp_path):
         "    print(all(blocked for _, _, blocked in epoch_workers(worker_context(2))))\n"
         "    print(signals_held(resource_tracker._resource_tracker._pid))\n"
     )
+    result = run_script(script)
+    assert result.stdout.split() == ["True", "True"], result.stderr[-3000:]
+
+
+def run_script(script: Path) -> subprocess.CompletedProcess:
+    """`python script` in a fresh process that can import this test module."""
     env = os.environ | {"PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
     )
-    assert result.stdout.split() == ["True", "True"], result.stderr[-3000:]
 
 
 def signals_held(pid: int) -> bool:
@@ -87,10 +93,7 @@ def test_workers_do_not_run_the_entry_script_again(tmp_path):
         "    for pid, parent, _ in epoch_workers(context) + epoch_workers(context):\n"
         "        print(pid, parent)\n"
     )
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
-    result = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
-    )
+    result = run_script(script)
     (main, _), *workers = [tuple(map(int, line.split())) for line in result.stdout.splitlines()]
     assert len(workers) == 4, result.stderr[-3000:]
     servers = {parent for _, parent in workers}
