@@ -114,7 +114,7 @@ def test_head_pruned_model_ships_as_a_smaller_program_that_loads_without_this_pr
 
 
 def test_int8_ships_as_torchscript_within_tolerance_of_fp32_without_this_project(
-    prepared_corpus, teacher_dir, tmp_path
+    prepared_corpus, teacher_dir, tmp_path, monkeypatch
 ):
     from pretrain.compress.quantize import load_hf_masked_lm, load_quantized
 
@@ -131,6 +131,8 @@ def test_int8_ships_as_torchscript_within_tolerance_of_fp32_without_this_project
     assert report["mlm_accuracy"] == pytest.approx(report["teacher_mlm_accuracy"], abs=0.05)
     assert "quantized::linear_dynamic" in str(int8.inlined_graph)  # torch's int8 kernels
     torch.testing.assert_close(load_fresh(out / "model.ts", inputs), quantized)
+    monkeypatch.chdir(tmp_path)  # as `make demo-compress` names its artifacts: relative paths
+    torch.testing.assert_close(load_fresh("int8/model.ts", inputs), quantized)
     ids, types = inputs["input_ids"], inputs["token_type_ids"]
     unpadded = int8(ids, types, torch.ones_like(ids))
     assert not torch.allclose(unpadded[2], quantized[2])  # the trace kept the padding mask

@@ -147,12 +147,14 @@ def shipped_file(directory: str | Path) -> Path:
 
 def load_fresh(path: str | Path, inputs: dict[str, Tensor], timeout_s: float = 300) -> Tensor:
     """The logits of the shipped file `path` on `inputs` (ids, types, mask), computed by a new
-    interpreter that cannot import this project; raises ArtifactError with its last error line."""
+    interpreter that cannot import this project (it runs in a scratch directory: a relative
+    `path` is resolved here first); raises ArtifactError with its last error line."""
     with tempfile.TemporaryDirectory() as scratch:
         inputs_path, out_path = Path(scratch) / "inputs.pt", Path(scratch) / "logits.pt"
         torch.save({name: inputs[name] for name in INPUT_NAMES}, inputs_path)
         env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        command = [sys.executable, "-I", "-c", LOADER, str(path), str(inputs_path), str(out_path)]
+        shipped = str(Path(path).resolve())
+        command = [sys.executable, "-I", "-c", LOADER, shipped, str(inputs_path), str(out_path)]
         done = subprocess.run(
             command, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=scratch
         )
