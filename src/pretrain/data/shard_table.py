@@ -16,6 +16,12 @@ import numpy as np
 from pretrain.data.manifest_table import register_table, registered_table
 
 
+def _narrowest(names: np.ndarray) -> np.ndarray:
+    """The bytes array `names` as the narrowest fixed-width bytes dtype that holds its longest
+    name (a taken subset may be narrower than the table it came from; at least 1 wide)."""
+    return names.astype(f"S{int(np.char.str_len(names).max(initial=1))}")
+
+
 class ShardPaths(Sequence[str]):
     """Shard paths as the directories they lie in and, per shard, its directory's number and
     its file name (one fixed-width bytes array): `paths[i]` is the i-th path as given."""
@@ -42,21 +48,18 @@ class ShardPaths(Sequence[str]):
         paths = cls.__new__(cls)
         paths.directories = (directory,)
         paths.numbers = np.zeros(len(names), np.int32)
-        width = int(np.char.str_len(names).max()) if len(names) else 1
-        paths.names = np.asarray(names).astype(f"S{max(width, 1)}")  # a copy, not a map
+        paths.names = _narrowest(np.asarray(names))  # a copy, not a map
         paths.tables = (registered_table(directory) if directory else None,)
         return paths
 
     def take(self, numbers: Sequence[int]) -> "ShardPaths":
         """The paths at places `numbers` (a range or list of ints), in that order."""
-        taken = type(self).__new__(type(self))
-        taken.__dict__.update(self.__dict__)
         numbers = np.asarray(numbers, np.int64)
         if not len(numbers):
             return ShardPaths(())
-        names = self.names[numbers]
-        width = int(np.char.str_len(names).max()) if len(names) else 1
-        taken.names = names.astype(f"S{max(width, 1)}")
+        taken = type(self).__new__(type(self))
+        taken.__dict__.update(self.__dict__)
+        taken.names = _narrowest(self.names[numbers])
         taken.numbers = self.numbers[numbers]
         return taken
 
