@@ -34,14 +34,17 @@ from transformers import (  # noqa: E402
 
 
 class StopAfter(TrainerCallback):
-    """Ends training at the first optimizer step past `max_time_s` of the process's life."""
+    """Ends training at the first optimizer step past `max_time_s` of the process's life, or
+    at optimizer step `stop_at_step` (the schedule still runs to --max-steps)."""
 
-    def __init__(self, max_time_s: float) -> None:
-        self.max_time_s = max_time_s
+    def __init__(self, max_time_s: float | None, stop_at_step: int | None = None) -> None:
+        self.max_time_s, self.stop_at_step = max_time_s, stop_at_step
         self.started = psutil.Process().create_time()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if time.time() - self.started >= self.max_time_s:
+        if self.max_time_s is not None and time.time() - self.started >= self.max_time_s:
+            control.should_training_stop = True
+        if self.stop_at_step is not None and state.global_step >= self.stop_at_step:
             control.should_training_stop = True
         return control
 
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-dir", required=True)
     p.add_argument("--max-steps", type=int, required=True)
     p.add_argument("--max-time-s", type=float, default=None)
+    p.add_argument("--stop-at-step", type=int, default=None, help="stop there, schedule unchanged")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=32)
@@ -105,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
         max_steps=args.max_steps,
         seed=args.seed,
     )
-    callbacks = [StopAfter(args.max_time_s)] if args.max_time_s else []
+    stop = args.max_time_s is not None or args.stop_at_step is not None
+    callbacks = [StopAfter(args.max_time_s, args.stop_at_step)] if stop else []
     trainer = Trainer(
         model=model,
         args=training_args,

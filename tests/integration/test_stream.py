@@ -415,3 +415,33 @@ def test_collate_pads_each_row_and_keeps_the_dtypes():
             assert batch[name][row].tolist() == own.astype(dtypes[name]).tolist() + [0] * (24 - n)
     assert batch["next_sentence_label"].tolist() == [0, 1, 0, 1]
     assert batch["keys"] == ["d0", "d1", "d2", "d3"]
+
+
+def test_a_partitions_sequences_leave_each_chunk_shuffled(prepared_corpus):
+    """A packed format makes a document's sequences one after another; the partition gives
+    them out in a random order within each chunk (a global batch takes consecutive sequences
+    of a partition, which would be pieces of one document), every sequence of the chunk once."""
+    from pretrain.data.input_formats import INPUT_FORMATS
+    from pretrain.data.reading import partition_chunks
+    from pretrain.data.stream import partition_sequences
+
+    spec = stream_spec(prepared_corpus, "data=full_sentences", "objective=mlm")
+    made_pairs = kept_pairs = chunks = 0
+    for partition in range(spec.stream_partitions):
+        emitted: dict[int, list] = {}
+        for sequence in partition_sequences(spec, 0, partition):
+            emitted.setdefault(sequence["mark"].chunk, []).append(sequence["input_ids"].tolist())
+        for chunk, _, documents in partition_chunks(spec, 0, partition):
+            made = [
+                s["input_ids"].tolist()
+                for s in INPUT_FORMATS[spec.format].sequences(documents, spec, 0)
+            ]
+            assert sorted(emitted[chunk]) == sorted(made)
+            place = {tuple(ids): i for i, ids in enumerate(made)}
+            order = [place[tuple(ids)] for ids in emitted[chunk]]
+            kept_pairs += sum(b == a + 1 for a, b in zip(order, order[1:], strict=False))
+            made_pairs, chunks = made_pairs + len(made) - 1, chunks + 1
+    # a uniform permutation keeps (n - 1) / n of a chunk's made neighbours on average: about one
+    # a chunk, against every one of them unshuffled
+    assert made_pairs > 20 * chunks
+    assert kept_pairs < 3 * chunks

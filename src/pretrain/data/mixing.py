@@ -235,7 +235,7 @@ SOURCE_KEY = "source_rows"  # (batch,) int64: each row's source in a mixture's b
 
 def row_sources(spec, marks):
     """(rows,) int64: the source (its index in spec.sources) of each row, from the rows'
-    marks ((rows, 7) int64, `positions.StreamMark` a row: the partition is column 0)."""
+    marks ((rows, 8) int64, `positions.StreamMark` a row: the partition is column 0)."""
     offsets = np.asarray([source.offset for source in spec.sources])
     return np.searchsorted(offsets, np.asarray(marks)[:, 0], side="right").astype(np.int64) - 1
 

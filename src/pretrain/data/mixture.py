@@ -139,7 +139,7 @@ def mixture_progress(spec: Any, marks: np.ndarray, epoch: int) -> np.ndarray:
     """(rows,) int64: each row's training progress in tokens, e x T + min(i x L, T)
     (`stages.sample_progress_tokens`), i its global sample index in the mixture: its
     source's k-th sample (k = number x P_s + p from its mark) is `index_of(s, k)`. `marks`:
-    (rows, 7) int64; L = data.max_seq_length, T = every source's training tokens; under a
+    (rows, 8) int64; L = data.max_seq_length, T = every source's training tokens; under a
     context-extension stage, `StageLengths.progress` of i."""
     marks = np.asarray(marks)
     mix = spec.mix.of_epoch(epoch)

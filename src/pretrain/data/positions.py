@@ -1,7 +1,7 @@
 """Where the stream is: the records that cross module borders and go into checkpoints.
 
 A `StreamMark` travels with every sequence from the partition that made it
-(`stream.partition_sequences`) through the workers, as one row of a batch's (batch, 7) int64
+(`stream.partition_sequences`) through the workers, as one row of a batch's (batch, 8) int64
 array (`reading.MARKS_KEY`, column `MARK_COLUMNS[field]`), to the loader, which turns the
 last trained one of each partition into a `PartitionPosition`: where a resume of that
 partition continues. Checkpoints hold {partition: position} as plain lists of ints under the
@@ -13,7 +13,9 @@ from typing import NamedTuple
 
 # 1: [samples, chunk, order, document, in_chunk] (no "position_format" key in the state)
 # 2: the same and the partition's tokens up to the position (`PartitionPosition`)
-POSITION_FORMAT = 2
+# 3: the same and `made_order` (a chunk's sequences were emitted in the order made up to format
+#    2, shuffled since: a format 1 or 2 position continues its chunk in the made order)
+POSITION_FORMAT = 3
 
 
 class StreamMark(NamedTuple):
@@ -24,8 +26,9 @@ class StreamMark(NamedTuple):
     chunk: int  # the chunk of the partition it was made from (`reading.partition_chunks`)
     order: int  # the chunk's first document: its shard's index in the epoch's shard order,
     document: int  # and its index in that shard
-    in_chunk: int  # its number among the chunk's sequences
+    in_chunk: int  # its number among the chunk's sequences (as emitted)
     tokens: int  # the partition's tokens up to and including it
+    made_order: int = 0  # 1: its chunk is emitted in the order made (a format 1-2 resume)
 
 
 MARK_COLUMNS = {name: column for column, name in enumerate(StreamMark._fields)}
@@ -41,22 +44,32 @@ class PartitionPosition(NamedTuple):
     document: int = 0
     in_chunk: int = 0  # the chunk's sequences before it
     tokens: int = 0  # the partition's tokens before it
+    made_order: int = 0  # 1: the chunk continues in the order made, not shuffled (format 1-2)
 
 
 def next_position(mark: StreamMark | list[int]) -> PartitionPosition:
     """The position that continues after the sequence whose mark is `mark`."""
     mark = StreamMark(*mark)
     return PartitionPosition(
-        mark.number + 1, mark.chunk, mark.order, mark.document, mark.in_chunk + 1, mark.tokens
+        mark.number + 1,
+        mark.chunk,
+        mark.order,
+        mark.document,
+        mark.in_chunk + 1,
+        mark.tokens,
+        mark.made_order,
     )
 
 
 def position_from_saved(saved: list[int] | tuple[int, ...]) -> PartitionPosition:
     """A checkpoint's position of a partition, of any format: format 1 lacks the tokens
-    (they restart at 0 there, as that version's stream did). ValueError for anything else."""
+    (they restart at 0 there, as that version's stream did); formats 1 and 2 emitted a chunk's
+    sequences in the order made, so their chunk continues so. ValueError for anything else."""
     values = [int(value) for value in saved]
-    if len(values) not in (5, 6):
-        raise ValueError(f"a stream position has 5 or 6 integers, not {len(values)}: {saved!r}")
+    if len(values) not in (5, 6, 7):
+        raise ValueError(f"a stream position has 5 to 7 integers, not {len(values)}: {saved!r}")
+    if len(values) < 7:
+        values = [*values, 0][:6] + [1]
     return PartitionPosition(*values)
 
 

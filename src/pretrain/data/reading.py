@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # the storage layer is imported only for a corpus at a URL
 
 Corruption = Callable[[dict, int], dict]
 UNITS_PER_READER = 32
-MARKS_KEY = "stream_marks"  # (batch, 7) int64: a `positions.StreamMark` a row
+MARKS_KEY = "stream_marks"  # (batch, 8) int64: a `positions.StreamMark` a row
 
 
 @dataclass(frozen=True)

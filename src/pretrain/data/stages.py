@@ -55,7 +55,7 @@ def sample_progress_tokens(
     lengths: "StageLengths | None" = None,
 ) -> np.ndarray:
     """Each sample's training progress in tokens (the module docstring), (batch,) int64.
-    marks (batch, 7) int64: the stream's marks (a `positions.StreamMark` a row);
+    marks (batch, 8) int64: the stream's marks (a `positions.StreamMark` a row);
     `epoch_tokens`: T, the training shards' tokens per the manifest; `lengths`: the stages'
     sequence lengths when they differ (`StageLengths`)."""
     number, partition = marks[:, MARK_COLUMNS["number"]], marks[:, MARK_COLUMNS["partition"]]

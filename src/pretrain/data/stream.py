@@ -4,7 +4,8 @@ batch_size=None).
 
 Elastic order: an epoch's documents are split into `data.stream_partitions` canonical
 partitions (token-balanced, `reading.py`), each cut into chunks of consecutive documents,
-shuffled and formatted into sequences chunk by chunk as its own stream keyed by (seed, epoch,
+shuffled and formatted into sequences chunk by chunk, and each chunk's sequences shuffled
+(`shuffled_sequences`; not XLNet's memory slots), as its own stream keyed by (seed, epoch,
 partition, chunk). The global sample order interleaves them
 (sample i is the next sequence of partition i mod P), so it depends on the seed and P only:
 the same global batches, samples and masks (keyed by the sample's key) for any number of
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from pretrain.data.input_formats import INPUT_FORMATS
+from pretrain.data.keyed_rng import STREAM_SEQUENCE_ORDER
 from pretrain.data.loader import STREAM_BATCH_KEY, data_error_batch
 from pretrain.data.positions import PartitionPosition, StreamMark
 from pretrain.data.reading import (
@@ -168,7 +170,7 @@ def partition_sequences(
     starts afresh at every chunk (`partition_chunks`), so `resume` = `next_position(mark)` of
     the last sequence trained continues after it by reading from that chunk's first document
     only: a seek that costs at most a chunk."""
-    n, first_chunk, order, document, offset, tokens = resume or PartitionPosition()
+    n, first_chunk, order, document, offset, tokens, made_order = resume or PartitionPosition()
     entry = INPUT_FORMATS[spec.format]
     lengths = getattr(spec.corruption, "stage_lengths", None)
     if lengths is not None and sequence_length is None:  # the partition's n-th: sample n P + p
@@ -180,17 +182,43 @@ def partition_sequences(
     for chunk, start, documents in partition_chunks(
         spec, epoch, partition, first_chunk, (order, document)
     ):
+        length_of = None
         if sequence_length is None:
             sequences = entry.sequences(documents, spec, epoch)
         else:  # a context-extension stage: the chunk's first sequence is number n - offset
             length_of = partial(_chunk_length, sequence_length, n - offset)
             sequences = entry.sequences(documents, spec, epoch, length_of)
+        made = made_order and chunk == first_chunk
+        if not (entry.memory or made):
+            rng = np.random.default_rng([spec.seed, epoch, STREAM_SEQUENCE_ORDER, partition, chunk])
+            sequences = shuffled_sequences(list(sequences), rng, length_of)
         for number, sequence in enumerate(sequences):
             if number >= offset:
                 tokens += len(sequence["input_ids"])
-                yield sequence | {"mark": StreamMark(marked, n, chunk, *start, number, tokens)}
+                mark = StreamMark(marked, n, chunk, *start, number, tokens, int(made))
+                yield sequence | {"mark": mark}
                 n += 1
         offset = 0
+
+
+def shuffled_sequences(
+    sequences: list[dict], rng: np.random.Generator, length_of: Callable[[int], int] | None
+) -> list[dict]:
+    """A chunk's sequences in a random order. A format makes a document's sequences one after
+    another, and a partition gives a global batch consecutive sequences, so unshuffled a batch
+    holds pieces of a few documents: correlated samples, a noisier gradient (BERT's and
+    run_mlm.py's data shuffle their instances, not their documents; benchmarks/RESULTS.md,
+    issue 57). Under a context-extension stage (`length_of`: the chunk's n-th sequence's
+    length) only sequences of one length trade places, so the n-th keeps its length."""
+    if length_of is None:
+        return [sequences[i] for i in rng.permutation(len(sequences))]
+    order, start = [], 0
+    lengths = [length_of(i) for i in range(len(sequences))]
+    for end in range(1, len(sequences) + 1):
+        if end == len(sequences) or lengths[end] != lengths[start]:
+            order.extend((start + rng.permutation(end - start)).tolist())
+            start = end
+    return [sequences[i] for i in order]
 
 
 def _sample_length(
