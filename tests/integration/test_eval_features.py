@@ -238,3 +238,44 @@ def test_feature_statistics_are_the_mean_and_deviation_of_what_the_head_reads(
         got = feature_statistics(loaded.model, source, 7, pooling)
         torch.testing.assert_close(got[0], mean, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(got[1], std, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "name, layers, standardize, dropout",
+    [
+        ("builtin_order", "concat_all", True, 0.0),
+        ("builtin_continuation", "scalar_mix", False, 0.1),
+        ("builtin_replaced_qa", "concat_all", True, 0.1),
+    ],
+)
+def test_the_plain_features_loop_gives_lightnings_logits(
+    tiny_encoder_checkpoint, monkeypatch, name, layers, standardize, dropout
+):
+    """A features-mode fit on the CPU runs a plain torch loop (`run._fit_features`); with a
+    callback it runs Lightning's. Same batches, steps and draws (dropout included): the same
+    logits, bit for bit, whether the states are cached or not."""
+    import lightning as L
+
+    from pretrain.eval import run
+
+    plain_fits = []
+    fit_features = run._fit_features
+    monkeypatch.setattr(run, "_fit_features", lambda *a: plain_fits.append(1) or fit_features(*a))
+    task = builtin_task(name, train_size=40, dev_size=16)
+    settings = small_settings(
+        mode="features", layers=layers, epochs=3, standardize=standardize, dropout=dropout
+    )
+    for cache in (True, False):
+        fits = []
+        for callbacks in (None, [L.Callback()]):
+            loaded = load_encoder(tiny_encoder_checkpoint)
+            L.seed_everything(0, verbose=False)
+            train, dev = (
+                run._features(loaded, task, part, settings) for part in (task.train, task.dev)
+            )
+            module, logits = run._fit(
+                loaded, task, settings, train, dev, "cpu", cache, None, callbacks
+            )
+            fits.append((logits, module.head.weight.detach().clone()))
+        assert torch.equal(fits[0][0], fits[1][0]) and torch.equal(fits[0][1], fits[1][1])
+    assert len(plain_fits) == 2  # the fits without a callback, cached and not
