@@ -180,22 +180,23 @@ def heldout_batches(shards: Path, seq_len: int, seed: int = 57):
     )
 
 
-def heldout_loss(model_dir: Path, inputs, labels, batch_size: int = 64) -> float:
-    """Mean cross-entropy over every masked held-out token of the exported model."""
+def heldout_losses(model_dir: Path, inputs, labels, batch_size: int = 64):
+    """The exported model's cross-entropy on every masked held-out token, in order (a
+    tensor): their mean is the held-out loss; two models' differences pair token by token."""
     import torch
     from transformers import AutoModelForMaskedLM
 
     model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
-    total, count = 0.0, 0
+    losses = []
     with torch.no_grad():
         for start in range(0, len(inputs), batch_size):
             x, y = inputs[start : start + batch_size], labels[start : start + batch_size]
             logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits
             loss = torch.nn.functional.cross_entropy(
-                logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum"
+                logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="none"
             )
-            total, count = total + loss.item(), count + int((y != -100).sum())
-    return total / count
+            losses.append(loss[y.flatten() != -100])
+    return torch.cat(losses)
 
 
 def downstream(encoder: str, tasks, modes, seeds, overrides, out_dir: str) -> dict:
@@ -292,8 +293,14 @@ def compare_budget(model: str, minutes: float, args) -> dict:
         zip(("steps", "tokens"), ours_reached(work / "ours", settings["batch_size"]), strict=True)
     )
     row["hf"] = {"steps": hf_summary["steps"], "tokens": hf_summary["tokens"]}
-    for side, model_dir in dirs.items():
-        row[side]["heldout_loss"] = heldout_loss(model_dir, inputs, labels)
+    losses = {side: heldout_losses(model_dir, inputs, labels) for side, model_dir in dirs.items()}
+    for side, side_losses in losses.items():
+        row[side]["heldout_loss"] = float(side_losses.mean())
+    difference = losses["ours"] - losses["hf"]  # the same tokens: paired
+    row["heldout_difference"] = [
+        float(difference.mean()),
+        float(difference.std()) / len(difference) ** 0.5,
+    ]
     print(f"{model} {minutes:g} min: {json.dumps(row)}", flush=True)
     if args.tasks:
         for side, scores in downstream_side_by_side(dirs, args, work).items():
@@ -329,32 +336,57 @@ def profile_side_by_side(model: str, seconds: float, args) -> None:
         pstats.Stats(str(work / f"{side}.prof")).sort_stats("cumulative").print_stats(40)
 
 
+def worse(ours: list[float], hf: list[float]) -> bool:
+    """Ours' mean below transformers' by more than one standard deviation (the larger of the
+    two sides' sample stds; 0 for one seed)."""
+    stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in (ours, hf)]
+    return statistics.fmean(hf) - statistics.fmean(ours) > max(stds)
+
+
+def goal_met(row: dict) -> bool:
+    """Issue 57's goal at one budget: a lower held-out loss than transformers' recipe (the
+    paired difference below 0) and no built-in task's score worse beyond one std (`worse`)."""
+    scores = row["ours"].get("downstream", {})
+    tasks_hold = not any(worse(ours, row["hf"]["downstream"][k]) for k, ours in scores.items())
+    return row["heldout_difference"][0] < 0 and tasks_hold
+
+
 def tables(rows: list[dict]) -> str:
-    """Markdown: steps, tokens and held-out loss of each side; then each task's scores."""
+    """Markdown: steps, tokens and held-out loss of each side with the paired difference;
+    then each task's scores, a difference worse beyond one std in bold; then the goal."""
     lines = [
-        "| model | budget | side | optimizer steps | tokens | held-out MLM loss |",
-        "|---|---|---|---|---|---|",
+        "| model | budget | side | optimizer steps | tokens | held-out MLM loss | ours − theirs |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        mean, error = row["heldout_difference"]
         for side, name in (("ours", "ours"), ("hf", "transformers")):
             r = row[side]
+            paired = f"{mean:+.3f} ± {error:.3f}" if side == "ours" else ""
             lines.append(
                 f"| {row['model']} | {row['minutes']:g} min | {name} | {r['steps']} | "
-                f"{r['tokens']:,} | {r['heldout_loss']:.3f} |"
+                f"{r['tokens']:,} | {r['heldout_loss']:.3f} | {paired} |"
             )
     lines += [
         "",
-        "| model | budget | task | mode | ours | transformers |",
-        "|---|---|---|---|---|---|",
+        "| model | budget | task | mode | ours | transformers | ours − theirs |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         for key, ours in row["ours"].get("downstream", {}).items():
             hf = row["hf"]["downstream"][key]
             task, mode = key.split()
+            difference = f"{statistics.fmean(ours) - statistics.fmean(hf):+.3f}"
+            if worse(ours, hf):
+                difference = f"**{difference}**"
             lines.append(
                 f"| {row['model']} | {row['minutes']:g} min | {task} | {mode} | "
-                f"{mean_std(ours)} | {mean_std(hf)} |"
+                f"{mean_std(ours)} | {mean_std(hf)} | {difference} |"
             )
+    lines.append("")
+    for row in rows:
+        verdict = "met" if goal_met(row) else "NOT met"
+        lines.append(f"goal at {row['model']} {row['minutes']:g} min: {verdict}")
     return "\n".join(lines)
 
 
