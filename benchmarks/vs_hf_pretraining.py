@@ -35,6 +35,12 @@ STEPS_PER_MINUTE = 1200  # the demo's schedule: 2400 steps in its ~2 minutes on 
 MODELS = {
     "demo": [],
     "bert_mini": ["model=bert_mini", "model.hidden_size=256", "model.intermediate_size=1024"],
+    # the same at 1e-3 (both sides): at the demo's 3e-3 neither side left the token-frequency
+    # plateau in 15 minutes (benchmarks/RESULTS.md, issue 57)
+    "bert_mini_lr1e-3": [
+        *("model=bert_mini", "model.hidden_size=256", "model.intermediate_size=1024"),
+        "optim.optimizer.lr=1e-3",
+    ],
 }
 SMOKE_EVAL = ["eval.epochs=1", "eval.probe_epochs=1", "eval.task.train_size=16"]
 SMOKE_EVAL += ["eval.task.dev_size=8"]
