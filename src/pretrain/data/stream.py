@@ -210,10 +210,8 @@ def shuffled_sequences(
     run_mlm.py's data shuffle their instances, not their documents; benchmarks/RESULTS.md,
     issue 57). Under a context-extension stage (`length_of`: the chunk's n-th sequence's
     length) only sequences of one length trade places, so the n-th keeps its length."""
-    if length_of is None:
-        return [sequences[i] for i in rng.permutation(len(sequences))]
     order, start = [], 0
-    lengths = [length_of(i) for i in range(len(sequences))]
+    lengths = [0 if length_of is None else length_of(i) for i in range(len(sequences))]
     for end in range(1, len(sequences) + 1):
         if end == len(sequences) or lengths[end] != lengths[start]:
             order.extend((start + rng.permutation(end - start)).tolist())
