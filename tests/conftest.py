@@ -1,5 +1,6 @@
 """Shared fixtures: small prepared corpora that every data and training test can read."""
 
+import contextlib
 import io
 import multiprocessing.process
 import os
@@ -169,13 +170,16 @@ def three_file_corpus(root: Path) -> list[str]:
 
 
 def prepare_small_corpus(root: Path, **settings) -> Path:
-    """Prepare the small corpus under `root` (tokenized in this process); returns its shards dir."""
-    source = write_text_corpus(root / "corpus.txt", small_english_documents())
+    """Prepare the small corpus under `root` (tokenized in this process); returns its shards dir.
+    Its source is named `corpus.txt`, relative: document keys hash the source's name and seed
+    every mask and random choice, so with the temporary directory's absolute path in it every
+    session's corpus differed (and a statistical test passed or failed with the draw)."""
+    write_text_corpus(root / "corpus.txt", small_english_documents())
     tokenizer = TokenizerSettings(
         vocab_size=SMALL_CORPUS_VOCAB_SIZE, lowercase=True, min_frequency=2
     )
     config = PrepareConfig(
-        inputs=[str(source)],
+        inputs=["corpus.txt"],
         out_dir=str(root / "shards"),
         tokenizer=tokenizer,
         docs_per_shard=SMALL_CORPUS_DOCS_PER_SHARD,
@@ -183,7 +187,8 @@ def prepare_small_corpus(root: Path, **settings) -> Path:
     )
     for key, value in settings.items():
         setattr(config, key, value)
-    return prepare(config, progress=False)
+    with contextlib.chdir(root):
+        return prepare(config, progress=False)
 
 
 @pytest.fixture(scope="session")
@@ -198,9 +203,10 @@ def prepared_corpus(build_once) -> Path:
 def prepare_chinese_corpus(root: Path, **settings) -> Path:
     """Prepare tests/data/chinese_prose.txt under `root` as Chinese BERT-wwm + ERNIE data:
     character-level `chinese` tokenizer, jieba word starts, phrases and the entities of
-    tests/data/entities_zh.txt; 2 documents per shard. Returns the shards dir."""
+    tests/data/entities_zh.txt; 2 documents per shard. Returns the shards dir. The source is
+    named relative to tests/data, so the keys are the same in every checkout."""
     config = PrepareConfig(
-        inputs=[str(CHINESE_PROSE)],
+        inputs=[CHINESE_PROSE.name],
         out_dir=str(root / "shards"),
         tokenizer=TokenizerSettings(kind="chinese", vocab_size=1000, min_frequency=2),
         segmenter="jieba",
@@ -211,7 +217,8 @@ def prepare_chinese_corpus(root: Path, **settings) -> Path:
     )
     for key, value in settings.items():
         setattr(config, key, value)
-    return prepare(config, progress=False)
+    with contextlib.chdir(CHINESE_PROSE.parent):
+        return prepare(config, progress=False)
 
 
 @pytest.fixture(scope="session")
@@ -367,7 +374,8 @@ def assert_corrupts_like_the_full_batch(corrupt, full: dict, fields: tuple[str, 
 
 
 def prepare_docstring_corpus(root: Path, tokenizer: Path) -> Path:
-    """120 documents of standard-library docstrings, tokenized with `tokenizer`."""
+    """120 documents of standard-library docstrings, tokenized with `tokenizer`; its source is
+    named `docstrings.txt`, relative (as in `prepare_small_corpus`)."""
     documents = []
     for path in stdlib_source_files():
         text = "\n".join(module_docstrings(path.read_text(encoding="utf-8", errors="replace")))
@@ -376,13 +384,15 @@ def prepare_docstring_corpus(root: Path, tokenizer: Path) -> Path:
         if len(documents) == 120:
             break
     config = PrepareConfig(
-        inputs=[str(write_text_corpus(root / "docstrings.txt", documents))],
+        inputs=["docstrings.txt"],
         out_dir=str(root / "shards"),
         tokenizer=TokenizerSettings(path=str(tokenizer)),
         docs_per_shard=30,
         num_proc=1,
     )
-    return prepare(config, progress=False)
+    write_text_corpus(root / "docstrings.txt", documents)
+    with contextlib.chdir(root):
+        return prepare(config, progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ When a change is meant to alter numerics, regenerate the stored curves and commi
     make golden    # = REGENERATE_GOLDEN=1 OMP_NUM_THREADS=1 pytest tests/integration/test_golden.py
 """
 
-import contextlib
 import csv
 import json
 import math
@@ -22,9 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENGLISH_ENTITIES, cpu_run_overrides, prepare_small_corpus
+from conftest import cpu_run_overrides
 
-from data_pipelines.prepare_config import EntitySettings, PhraseSettings
 from pretrain.config import compose_config
 from pretrain.runtime.run import train
 
@@ -101,28 +99,16 @@ def run_case(shards_dir: Path, run_dir: Path, overrides: tuple[str, ...]) -> Pat
     return run_dir
 
 
-def prepare_golden_corpus(root: Path, **settings) -> Path:
-    """`prepare_small_corpus` under `root` with its source named `corpus.txt` (relative):
-    document keys hash the source's name and seed every mask, so the shards of the session's
-    `prepared_corpus` (an absolute temporary path) differ from run to run; these do not."""
-    with contextlib.chdir(root):
-        return prepare_small_corpus(root, inputs=["corpus.txt"], **settings)
+@pytest.fixture(scope="module")
+def golden_corpus(prepared_corpus) -> Path:
+    """The session's `prepared_corpus` (its document keys do not depend on its path)."""
+    return prepared_corpus
 
 
 @pytest.fixture(scope="module")
-def golden_corpus(tmp_path_factory) -> Path:
-    """The session's `prepared_corpus`, with path-independent document keys."""
-    return prepare_golden_corpus(tmp_path_factory.mktemp("golden_corpus"))
-
-
-@pytest.fixture(scope="module")
-def golden_annotated_corpus(tmp_path_factory) -> Path:
-    """The session's `prepared_annotated_corpus`, with path-independent document keys."""
-    return prepare_golden_corpus(
-        tmp_path_factory.mktemp("golden_annotated_corpus"),
-        phrases=PhraseSettings(enabled=True),
-        entities=EntitySettings(path=str(ENGLISH_ENTITIES)),
-    )
+def golden_annotated_corpus(prepared_annotated_corpus) -> Path:
+    """The session's `prepared_annotated_corpus` (its keys do not depend on its path)."""
+    return prepared_annotated_corpus
 
 
 @pytest.fixture(scope="module")
