@@ -3,7 +3,12 @@
 import numpy as np
 import pytest
 
-from pretrain.data.formats import make_segment_pairs, pack_sentences, truncated_lengths
+from pretrain.data.formats import (
+    SentencePieces,
+    make_segment_pairs,
+    pack_sentences,
+    truncated_lengths,
+)
 from pretrain.data.masking import IGNORE_INDEX
 from pretrain.data.vocab import Vocabulary
 
@@ -63,6 +68,38 @@ def test_full_sentences_keeps_every_token_in_order_and_separates_documents(max_l
     assert crossings > 0
     # sequences are filled: all but the last leave less room than the next sentence needs
     assert np.mean([len(s["input_ids"]) for s in seqs[:-1]]) > 0.7 * max_len
+
+
+@pytest.mark.parametrize("max_len", [16, 64])
+def test_token_blocks_fill_every_row_and_keep_every_token_in_order(max_len):
+    """TOKEN-BLOCKS (run_mlm.py's group_texts): rows are max_len tokens (the last shorter), the
+    rows' bodies are the documents end to end with a [SEP] between documents (where a row has
+    room for it), and a row that starts inside a sentence is keyed by it and the offset."""
+    docs = make_documents(30, max_len=30)
+    seqs = list(pack_sentences(docs, max_len, VOCAB, cross_documents=True, split_sentences=True))
+    # full rows, or one short where a document ends at the row's last token (its separator
+    # is the row's own [SEP])
+    short = [s for s in seqs[:-1] if len(s["input_ids"]) != max_len]
+    assert all(len(s["input_ids"]) == max_len - 1 for s in short)
+    assert len(short) < len(docs) / 2
+    assert 0 < len(seqs[-1]["input_ids"]) <= max_len
+    np.testing.assert_array_equal(
+        np.concatenate([content(s) for s in seqs]), np.concatenate([d["ids"] for d in docs])
+    )
+    keys = [s["key"] for s in seqs]
+    assert len(set(keys)) == len(keys)
+    pieces = {d["key"]: SentencePieces(d, max_len - 2).starts for d in docs}
+    ids = {d["key"]: d["ids"] for d in docs}
+    split = 0
+    for s in seqs:
+        piece, _, offset = s["key"].partition("+")  # a piece of a document, maybe an offset
+        document, index = piece.split(":")
+        start = pieces[document][int(index)] + int(offset or 0)
+        assert int(content(s)[0]) == int(ids[document][start])
+        split += bool(offset)
+    assert split > len(seqs) // 2  # most rows start inside a sentence
+    # fewer rows than FULL-SENTENCES for the same tokens
+    assert len(seqs) < len(list(pack_sentences(docs, max_len, VOCAB, cross_documents=True)))
 
 
 def test_doc_sentences_never_crosses_documents():

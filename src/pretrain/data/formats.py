@@ -111,12 +111,18 @@ def pack_sentences(
     vocab: Vocabulary,
     *,
     cross_documents: bool,
+    split_sentences: bool = False,
     document_ids: bool = False,
     length_of: Callable[[int], int] | None = None,
 ) -> Iterator[dict]:
     """FULL-SENTENCES (cross_documents=True: documents joined by an extra [SEP]) or
     DOC-SENTENCES (False: a sequence never spans two documents, so the last one of a document
     may be short). Whole sentences are packed until the next would exceed max_seq_length.
+    With `split_sentences` (TOKEN-BLOCKS, run_mlm.py's group_texts: cross_documents too) the
+    sentence that does not fit is cut where the row is full and goes on in the next row, so
+    every row but the last is max_seq_length tokens (one less where a document ends at the
+    row's last token: the row's [SEP] separates it); a row that starts inside a sentence is
+    keyed by the sentence and the offset (`<document>:<sentence>+<offset>`).
     With `document_ids` each sequence also has "document_ids" (L,) int64: the documents of
     its row numbered 0, 1, ... along it ([CLS] with the first, a separator with the
     document before it), for attention that never crosses a document (`data.document_masks`).
@@ -133,14 +139,24 @@ def pack_sentences(
     for document in documents:
         pieces = SentencePieces(document, pieces_budget)
         for index, (start, stop) in enumerate(zip(pieces.starts, pieces.stops, strict=True)):
-            if segments and used + stop - start > budget:
+            offset = start
+            while split_sentences and used + stop - offset > budget:
+                cut = offset + budget - used
+                if cut > offset:
+                    if not segments:
+                        key = _row_key(document, index, offset - start)
+                    segments.append((pieces, offset, cut))
+                yield _packed(key, segments, budget, vocab, document_ids)
+                segments, used, made, offset = [], 0, made + 1, cut
+                budget = next_budget()
+            if segments and used + stop - offset > budget:
                 yield _packed(key, segments, used, vocab, document_ids)
                 segments, used, made = [], 0, made + 1
                 budget = next_budget()
             if not segments:
-                key = f"{document['key']}:{index}"
-            segments.append((pieces, start, stop))
-            used += stop - start
+                key = _row_key(document, index, offset - start)
+            segments.append((pieces, offset, stop))
+            used += stop - offset
         if not cross_documents and segments:
             yield _packed(key, segments, used, vocab, document_ids)
             segments, used, made = [], 0, made + 1
@@ -150,6 +166,12 @@ def pack_sentences(
             used += 1
     if segments:
         yield _packed(key, segments, used, vocab, document_ids)
+
+
+def _row_key(document: dict, sentence: int, offset: int) -> str:
+    """A packed row's key: its document and the sentence piece it starts at, with the offset
+    into the piece where it starts inside one (TOKEN-BLOCKS)."""
+    return f"{document['key']}:{sentence}" + (f"+{offset}" if offset else "")
 
 
 def _packed(

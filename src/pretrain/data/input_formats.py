@@ -34,9 +34,12 @@ class InputFormat:
     pairs: bool = False
     memory: bool = False
     staged_lengths: bool = False  # takes each sequence's length (a context-extension stage)
+    crosses_documents: bool = False  # a row packs documents (data.document_masks)
 
 
-def _packed(cross_documents: bool) -> Callable[[Iterable[dict], StreamSpec, int], Sequences]:
+def _packed(
+    cross_documents: bool, split_sentences: bool = False
+) -> Callable[[Iterable[dict], StreamSpec, int], Sequences]:
     def sequences(
         documents: Iterable[dict], spec: StreamSpec, epoch: int, length_of=None
     ) -> Sequences:
@@ -48,6 +51,7 @@ def _packed(cross_documents: bool) -> Callable[[Iterable[dict], StreamSpec, int]
             spec.max_seq_length if length_of is None else min(lengths.lengths),
             spec.vocab,
             cross_documents=cross_documents,
+            split_sentences=split_sentences,
             document_ids=spec.document_masks,
             length_of=length_of,
         )
@@ -101,7 +105,15 @@ def _xlnet_memory(documents: Iterable[dict], spec: StreamSpec, epoch: int) -> Se
 
 
 INPUT_FORMATS: dict[str, InputFormat] = {
-    "full_sentences": InputFormat(_packed(cross_documents=True), staged_lengths=True),
+    "full_sentences": InputFormat(
+        _packed(cross_documents=True), staged_lengths=True, crosses_documents=True
+    ),
+    # run_mlm.py's group_texts: rows of max_seq_length tokens, sentences cut where a row is full
+    "token_blocks": InputFormat(
+        _packed(cross_documents=True, split_sentences=True),
+        staged_lengths=True,
+        crosses_documents=True,
+    ),
     "doc_sentences": InputFormat(_packed(cross_documents=False), staged_lengths=True),
     "segment_pair": InputFormat(_pairs(single_sentences=False), pairs=True),
     "sentence_pair": InputFormat(_pairs(single_sentences=True), pairs=True),
