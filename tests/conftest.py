@@ -203,10 +203,9 @@ def prepared_corpus(build_once) -> Path:
 def prepare_chinese_corpus(root: Path, **settings) -> Path:
     """Prepare tests/data/chinese_prose.txt under `root` as Chinese BERT-wwm + ERNIE data:
     character-level `chinese` tokenizer, jieba word starts, phrases and the entities of
-    tests/data/entities_zh.txt; 2 documents per shard. Returns the shards dir. The source is
-    named relative to tests/data, so the keys are the same in every checkout."""
+    tests/data/entities_zh.txt; 2 documents per shard. Returns the shards dir."""
     config = PrepareConfig(
-        inputs=[CHINESE_PROSE.name],
+        inputs=[str(CHINESE_PROSE)],
         out_dir=str(root / "shards"),
         tokenizer=TokenizerSettings(kind="chinese", vocab_size=1000, min_frequency=2),
         segmenter="jieba",
@@ -217,8 +216,7 @@ def prepare_chinese_corpus(root: Path, **settings) -> Path:
     )
     for key, value in settings.items():
         setattr(config, key, value)
-    with contextlib.chdir(CHINESE_PROSE.parent):
-        return prepare(config, progress=False)
+    return prepare(config, progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """ERNIE annotations: the collocation scorer, entity matching, span flags and their shards."""
 
+import contextlib
 import json
 import math
 import re
@@ -387,7 +388,8 @@ def _config_from_manifest(shards_dir: Path, out_dir: Path, num_proc: int) -> Pre
 def test_annotated_preparation_is_deterministic(prepared_annotated_corpus, tmp_path):
     config = _config_from_manifest(prepared_annotated_corpus, tmp_path / "again", num_proc=2)
     assert config.phrases.enabled and config.entities.path == str(ENGLISH_ENTITIES)
-    again = prepare(config, progress=False)
+    with contextlib.chdir(prepared_annotated_corpus.parent):  # its source: corpus.txt there
+        again = prepare(config, progress=False)
     assert _dir_bytes(again) == _dir_bytes(prepared_annotated_corpus)
     manifest = load_manifest(again)
     assert sum(s["tokens"] for s in manifest.shards) == manifest.counts["tokens"]
