@@ -279,7 +279,15 @@ def test_step_aligned_loader_holds_back_short_batches():
 
 
 @pytest.mark.parametrize(
-    "data", ["segment_pair", "full_sentences", "token_blocks", "doc_sentences", "xlnet_memory"]
+    "data",
+    [
+        "segment_pair",
+        "full_sentences",
+        "filled_sentences",
+        "token_blocks",
+        "doc_sentences",
+        "xlnet_memory",
+    ],
 )
 @pytest.mark.parametrize(("ranks", "workers"), [(2, 0), (4, 0), (2, 2)])
 def test_ranks_shares_differ_by_a_few_batches_in_every_format(

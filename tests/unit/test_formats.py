@@ -76,7 +76,7 @@ def test_token_blocks_fill_every_row_and_keep_every_token_in_order(max_len):
     rows' bodies are the documents end to end with a [SEP] between documents (where a row has
     room for it), and a row that starts inside a sentence is keyed by it and the offset."""
     docs = make_documents(30, max_len=30)
-    seqs = list(pack_sentences(docs, max_len, VOCAB, cross_documents=True, split_sentences=True))
+    seqs = list(pack_sentences(docs, max_len, VOCAB, cross_documents=True, fill="carry"))
     # full rows, or one short where a document ends at the row's last token (its separator
     # is the row's own [SEP])
     short = [s for s in seqs[:-1] if len(s["input_ids"]) != max_len]
@@ -100,6 +100,37 @@ def test_token_blocks_fill_every_row_and_keep_every_token_in_order(max_len):
     assert split > len(seqs) // 2  # most rows start inside a sentence
     # fewer rows than FULL-SENTENCES for the same tokens
     assert len(seqs) < len(list(pack_sentences(docs, max_len, VOCAB, cross_documents=True)))
+
+
+@pytest.mark.parametrize("max_len", [16, 64])
+def test_filled_sentences_start_at_a_sentence_and_fill_every_row(max_len):
+    """FILLED-SENTENCES: rows are max_len tokens (the last shorter, one less where a document
+    ends at the row's end), each starts at a sentence piece (keyed by it) and is a run of the
+    documents' tokens end to end; a row that ends inside a piece has the next row start with
+    that piece whole, so every token is in a row and only cut heads are read twice."""
+    docs = make_documents(30, max_len=30)
+    seqs = list(pack_sentences(docs, max_len, VOCAB, cross_documents=True, fill="restart"))
+    short = [s for s in seqs[:-1] if len(s["input_ids"]) != max_len]
+    assert all(len(s["input_ids"]) == max_len - 1 for s in short)
+    assert len(short) < len(docs) / 2
+    stream = np.concatenate([d["ids"] for d in docs])
+    where = {int(token): i for i, token in enumerate(stream)}
+    pieces = {d["key"]: SentencePieces(d, max_len - 2).starts for d in docs}
+    ids = {d["key"]: d["ids"] for d in docs}
+    covered, cut_heads, previous_end = np.zeros(len(stream), bool), 0, -1
+    for s in seqs:
+        body = [where[int(t)] for t in content(s)]
+        assert body == list(range(body[0], body[0] + len(body)))  # a run of the stream
+        document, index = s["key"].split(":")
+        assert int(content(s)[0]) == int(ids[document][pieces[document][int(index)]])
+        assert body[0] <= previous_end + 1  # nothing skipped
+        cut_heads += body[0] <= previous_end
+        covered[body] = True
+        previous_end = body[-1]
+    assert covered.all()
+    assert cut_heads > len(seqs) // 3  # most rows are filled by cutting their last sentence
+    # as many rows as FULL-SENTENCES makes, each full
+    assert len(seqs) == len(list(pack_sentences(docs, max_len, VOCAB, cross_documents=True)))
 
 
 def test_doc_sentences_never_crosses_documents():

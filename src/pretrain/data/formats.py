@@ -111,18 +111,20 @@ def pack_sentences(
     vocab: Vocabulary,
     *,
     cross_documents: bool,
-    split_sentences: bool = False,
+    fill: str | None = None,
     document_ids: bool = False,
     length_of: Callable[[int], int] | None = None,
 ) -> Iterator[dict]:
     """FULL-SENTENCES (cross_documents=True: documents joined by an extra [SEP]) or
     DOC-SENTENCES (False: a sequence never spans two documents, so the last one of a document
     may be short). Whole sentences are packed until the next would exceed max_seq_length.
-    With `split_sentences` (TOKEN-BLOCKS, run_mlm.py's group_texts: cross_documents too) the
-    sentence that does not fit is cut where the row is full and goes on in the next row, so
-    every row but the last is max_seq_length tokens (one less where a document ends at the
-    row's last token: the row's [SEP] separates it); a row that starts inside a sentence is
-    keyed by the sentence and the offset (`<document>:<sentence>+<offset>`).
+    `fill` fills every row but the last to max_seq_length tokens (one less where a document
+    ends at the row's last token: the row's [SEP] separates it) by cutting the sentence that
+    does not fit where the row is full: "carry" (TOKEN-BLOCKS, run_mlm.py's group_texts) goes
+    on with the rest of it in the next row, which is keyed by the sentence and the offset
+    (`<document>:<sentence>+<offset>`); "restart" (FILLED-SENTENCES) starts the next row with
+    the whole sentence again, so every row starts at a sentence and the cut heads are read
+    twice (about a fifth more tokens than the documents hold, at 64-token rows).
     With `document_ids` each sequence also has "document_ids" (L,) int64: the documents of
     its row numbered 0, 1, ... along it ([CLS] with the first, a separator with the
     document before it), for attention that never crosses a document (`data.document_masks`).
@@ -140,7 +142,7 @@ def pack_sentences(
         pieces = SentencePieces(document, pieces_budget)
         for index, (start, stop) in enumerate(zip(pieces.starts, pieces.stops, strict=True)):
             offset = start
-            while split_sentences and used + stop - offset > budget:
+            while fill == "carry" and used + stop - offset > budget:
                 cut = offset + budget - used
                 if cut > offset:
                     if not segments:
@@ -150,6 +152,9 @@ def pack_sentences(
                 segments, used, made, offset = [], 0, made + 1, cut
                 budget = next_budget()
             if segments and used + stop - offset > budget:
+                if fill == "restart" and budget > used:  # the row's end: the piece's head
+                    segments.append((pieces, offset, offset + budget - used))
+                    used = budget
                 yield _packed(key, segments, used, vocab, document_ids)
                 segments, used, made = [], 0, made + 1
                 budget = next_budget()

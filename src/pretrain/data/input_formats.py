@@ -38,7 +38,7 @@ class InputFormat:
 
 
 def _packed(
-    cross_documents: bool, split_sentences: bool = False
+    cross_documents: bool, fill: str | None = None
 ) -> Callable[[Iterable[dict], StreamSpec, int], Sequences]:
     def sequences(
         documents: Iterable[dict], spec: StreamSpec, epoch: int, length_of=None
@@ -51,7 +51,7 @@ def _packed(
             spec.max_seq_length if length_of is None else min(lengths.lengths),
             spec.vocab,
             cross_documents=cross_documents,
-            split_sentences=split_sentences,
+            fill=fill,
             document_ids=spec.document_masks,
             length_of=length_of,
         )
@@ -110,9 +110,11 @@ INPUT_FORMATS: dict[str, InputFormat] = {
     ),
     # run_mlm.py's group_texts: rows of max_seq_length tokens, sentences cut where a row is full
     "token_blocks": InputFormat(
-        _packed(cross_documents=True, split_sentences=True),
-        staged_lengths=True,
-        crosses_documents=True,
+        _packed(cross_documents=True, fill="carry"), staged_lengths=True, crosses_documents=True
+    ),
+    # full sentences, the row's last one cut where the row is full and whole in the next row
+    "filled_sentences": InputFormat(
+        _packed(cross_documents=True, fill="restart"), staged_lengths=True, crosses_documents=True
     ),
     "doc_sentences": InputFormat(_packed(cross_documents=False), staged_lengths=True),
     "segment_pair": InputFormat(_pairs(single_sentences=False), pairs=True),

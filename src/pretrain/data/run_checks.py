@@ -29,7 +29,7 @@ def check_data_against_run(run: Any) -> None:
         not data.document_masks or INPUT_FORMATS[data.format].crosses_documents,
         "data.document_masks",
         data.document_masks,
-        f"needs rows that pack documents (data=full_sentences or token_blocks; data.format is "
+        f"needs rows that pack documents (data=full_sentences, filled_sentences or token_blocks; data.format is "
         f"{data.format!r}); set it to false",
     )
     require(

@@ -11,7 +11,7 @@ from pretrain.objectives.configs import (
 )
 
 # Input formats (`data.format`) the causal LM reads
-CAUSAL_FORMATS = ("full_sentences", "token_blocks", "doc_sentences")
+CAUSAL_FORMATS = ("full_sentences", "filled_sentences", "token_blocks", "doc_sentences")
 
 
 @objective_schema

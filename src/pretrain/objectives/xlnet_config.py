@@ -13,7 +13,14 @@ from pretrain.objectives.configs import (
 )
 
 # Input formats (`data.format`) XLNet reads
-XLNET_FORMATS = ("xlnet_pair", "xlnet_memory", "full_sentences", "token_blocks", "doc_sentences")
+XLNET_FORMATS = (
+    "xlnet_pair",
+    "xlnet_memory",
+    "full_sentences",
+    "filled_sentences",
+    "token_blocks",
+    "doc_sentences",
+)
 
 
 @objective_schema
