@@ -29,8 +29,8 @@ def check_data_against_run(run: Any) -> None:
         not data.document_masks or INPUT_FORMATS[data.format].crosses_documents,
         "data.document_masks",
         data.document_masks,
-        f"needs rows that pack documents (data=full_sentences, filled_sentences or token_blocks; data.format is "
-        f"{data.format!r}); set it to false",
+        "needs rows that pack documents (data=full_sentences, filled_sentences or "
+        f"token_blocks; data.format is {data.format!r}); set it to false",
     )
     require(
         not data.document_masks or model.attends_by_document,
@@ -112,7 +112,7 @@ def stage_context(run: Any) -> tuple[tuple[int, ...] | None, tuple[float, ...] |
             f"{where}.max_seq_length",
             length,
             f"data.format={run.data.format} does not pack sentences to a length; use "
-            "data=full_sentences, token_blocks or doc_sentences",
+            "data=full_sentences, filled_sentences, token_blocks or doc_sentences",
         )
         default_theta = getattr(run.model, "global_rope_theta", None)
         require(
