@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-DEMO_RUN := runs/demo/bert_tiny-mlm-full_sentences
+DEMO_RUN := runs/demo/bert_tiny-mlm-filled_sentences
 DEMO_EXPORT := exports/demo-bert
 
 comma := ,

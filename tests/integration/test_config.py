@@ -34,7 +34,7 @@ def test_every_data_format_composes(data):
 
 def test_run_dir_is_named_from_the_config_not_a_timestamp():
     cfg = compose_config(["experiment=demo"])
-    assert cfg.run_dir == "runs/demo/bert_tiny-mlm-full_sentences"
+    assert cfg.run_dir == "runs/demo/bert_tiny-mlm-filled_sentences"
 
 
 @pytest.mark.parametrize(
