@@ -16,6 +16,7 @@ checkpoint or an export is loaded.
 import contextlib
 import pickle
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,9 @@ def refusal_message(path: str | Path, error: Exception) -> str:
 
 def deepspeed_safe_globals() -> list:
     """The classes DeepSpeed's checkpoint files hold besides tensors and containers (its
-    ZeRO stage enum, loss scaler and fragment addresses); none runs code when rebuilt."""
+    ZeRO stage enum, loss scaler and fragment addresses); none runs code when rebuilt.
+    Importing them imports DeepSpeed (1.5 s), so `load_weights_only` asks only for a file
+    that names one, or in a process that has DeepSpeed already."""
     allowed: list = []
     with contextlib.suppress(ImportError):
         from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
@@ -141,17 +144,27 @@ def deepspeed_safe_globals() -> list:
 def load_weights_only(path: str | Path, **kwargs: Any) -> Any:
     """`torch.load(path, weights_only=True, **kwargs)` with `deepspeed_safe_globals`
     allowed; a refused pickle raises `UnsafeCheckpointError` (one line, the file named).
-    Tensors load on the CPU unless `map_location` says otherwise: a GPU run's checkpoint
-    tags its storages `cuda:N`, which would put every rank's read on that device, and fail
-    on a host without CUDA."""
+    A file refused for one of DeepSpeed's classes is read again with them allowed, so a
+    DDP run's resume or export never imports DeepSpeed. Tensors load on the CPU unless
+    `map_location` says otherwise: a GPU run's checkpoint tags its storages `cuda:N`, which
+    would put every rank's read on that device, and fail on a host without CUDA."""
     kwargs.pop("weights_only", None)
     kwargs.pop("pickle_module", None)
     kwargs.setdefault("map_location", "cpu")
-    with torch.serialization.safe_globals(deepspeed_safe_globals()):
-        try:
-            return _torch_load(path, weights_only=True, **kwargs)
-        except pickle.UnpicklingError as error:
-            raise UnsafeCheckpointError(refusal_message(path, error)) from None
+    with_deepspeed = "deepspeed" in sys.modules
+    start = path.tell() if hasattr(path, "seek") else None  # a file object: read it again
+    while True:
+        if start is not None:
+            path.seek(start)
+        allowed = deepspeed_safe_globals() if with_deepspeed else []
+        with torch.serialization.safe_globals(allowed):
+            try:
+                return _torch_load(path, weights_only=True, **kwargs)
+            except pickle.UnpicklingError as error:
+                found = _GLOBAL.search(str(error))
+                if with_deepspeed or not (found and found.group(1).startswith("deepspeed.")):
+                    raise UnsafeCheckpointError(refusal_message(path, error)) from None
+                with_deepspeed = True
 
 
 _torch_load = torch.load
