@@ -11,6 +11,12 @@ from pretrain.data.input_formats import INPUT_FORMATS
 from pretrain.errors import require
 
 
+def formats_with(flag: str) -> str:
+    """The `data=` choices whose InputFormat has `flag` set, for a message: "a, b or c"."""
+    names = [name for name, spec in INPUT_FORMATS.items() if getattr(spec, flag)]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
 def check_data_against_run(run: Any) -> None:
     """ConfigError naming the key when data.format keeps a memory across steps with
     objective.stages or a batch-size warm-up, data.document_masks is set without packed
@@ -29,8 +35,8 @@ def check_data_against_run(run: Any) -> None:
         not data.document_masks or INPUT_FORMATS[data.format].crosses_documents,
         "data.document_masks",
         data.document_masks,
-        "needs rows that pack documents (data=full_sentences, filled_sentences or "
-        f"token_blocks; data.format is {data.format!r}); set it to false",
+        f"needs rows that pack documents (data={formats_with('crosses_documents')}; "
+        f"data.format is {data.format!r}); set it to false",
     )
     require(
         not data.document_masks or model.attends_by_document,
@@ -112,7 +118,7 @@ def stage_context(run: Any) -> tuple[tuple[int, ...] | None, tuple[float, ...] |
             f"{where}.max_seq_length",
             length,
             f"data.format={run.data.format} does not pack sentences to a length; use "
-            "data=full_sentences, filled_sentences, token_blocks or doc_sentences",
+            f"data={formats_with('staged_lengths')}",
         )
         default_theta = getattr(run.model, "global_rope_theta", None)
         require(
